@@ -1,0 +1,380 @@
+"""llmplan's command line: a thin typer app over :mod:`planner.api`.
+
+Each command parses its flags, calls one API function and renders the result as a rich
+table or, with ``--json``, as the result's JSON. Problems with the input are one line on
+stderr and exit code 2. Heavy imports (pandas, plotly, the planner) happen inside the
+commands so that ``llmplan --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="llmplan: plan parallel layouts for LLM training and predict step time and memory.",
+)
+catalog_app = typer.Typer(
+    help="List and show catalog entries (models, accelerators, clusters, links)."
+)
+app.add_typer(catalog_app, name="catalog")
+
+GIB = 2**30
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+
+
+class Precision(str, Enum):
+    bf16_mixed = "bf16-mixed"
+    fp16_mixed = "fp16-mixed"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp8_mixed = "fp8-mixed"
+
+
+class Optimizer(str, Enum):
+    adamw = "adamw"
+    sgd_momentum = "sgd-momentum"
+    sgd = "sgd"
+    lion = "lion"
+    adafactor = "adafactor"
+    muon = "muon"
+
+
+class GradDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class MasterDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    none = "none"
+
+
+class Recompute(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+def _value(option):
+    return option.value if isinstance(option, Enum) else option
+
+
+def _emit_json(data) -> None:
+    """Print a pydantic model or plain data as JSON on stdout."""
+    if hasattr(data, "model_dump"):
+        data = data.model_dump(mode="json")
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / GIB:,.2f}"
+
+
+# ----- plan -----------------------------------------------------------------------------
+
+
+@app.command()
+def plan(as_json: JsonFlag = False) -> None:
+    """Search layouts and rank them (default: Llama 3 405B on 16,384 H100s)."""
+    message = (
+        "llmplan plan: the layout search is not yet available in this version; "
+        "use `llmplan memory` and `llmplan bytes-per-param` for now."
+    )
+    if as_json:
+        _emit_json({"status": "not yet available", "message": message})
+    else:
+        _console().print(message)
+
+
+# ----- catalog --------------------------------------------------------------------------
+
+
+@catalog_app.command("list")
+def catalog_list(
+    kind: Annotated[
+        str | None, typer.Argument(help="models, accelerators, clusters or links (default: all)")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List catalog names."""
+    from planner import api
+
+    result = api.list_catalog(kind)
+    if as_json:
+        _emit_json(result)
+        return
+    from rich.table import Table
+
+    table = Table(title="llmplan catalog")
+    table.add_column("kind")
+    table.add_column("names")
+    for name, entries in result.items():
+        table.add_row(name, ", ".join(entries))
+    _console().print(table)
+
+
+@catalog_app.command("show")
+def catalog_show(
+    name: Annotated[str, typer.Argument(help="a catalog name, e.g. llama3-405b or h100-sxm")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show one catalog entry with its sources (models also with parameter counts)."""
+    from planner import api
+
+    result = api.show_catalog(name)
+    if as_json:
+        _emit_json(result)
+        return
+    from rich.table import Table
+
+    sources = result.pop("sources", {}) or {}
+    table = Table(title=f"{result.get('kind')} {name}")
+    table.add_column("field")
+    table.add_column("value")
+    table.add_column("source", overflow="fold")
+    for key, value in result.items():
+        if isinstance(value, int) and not isinstance(value, bool) and key.startswith("num_params"):
+            value = f"{value:,} ({value / 1e9:.2f} B)"
+        table.add_row(key, str(value), sources.get(key, ""))
+    _console().print(table)
+
+
+# ----- bytes per parameter --------------------------------------------------------------
+
+
+@app.command("bytes-per-param")
+def bytes_per_param(
+    precision: Annotated[Precision, typer.Option(help="precision recipe")] = Precision.bf16_mixed,
+    optimizer: Annotated[Optimizer, typer.Option(help="optimizer")] = Optimizer.adamw,
+    grad_dtype: Annotated[GradDtype | None, typer.Option(help="gradient dtype override")] = None,
+    master_dtype: Annotated[
+        MasterDtype | None, typer.Option(help="master weight dtype override")
+    ] = None,
+    zero_stage: Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage 0-3")] = 0,
+    dp: Annotated[int, typer.Option(min=1, help="data-parallel ranks ZeRO shards over")] = 1,
+    model: Annotated[
+        str | None, typer.Option(help="model (for totals and shape-dependent optimizers)")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Model-state bytes per parameter for a precision recipe, optimizer and ZeRO stage."""
+    from planner import api
+
+    result = api.bytes_per_param(
+        precision=_value(precision),
+        optimizer=_value(optimizer),
+        grad_dtype=_value(grad_dtype),
+        master_dtype=_value(master_dtype),
+        zero_stage=zero_stage,
+        dp=dp,
+        model=model,
+    )
+    if as_json:
+        _emit_json(result)
+        return
+    from rich.table import Table
+
+    table = Table(
+        title=f"bytes per parameter: {result.precision}, {result.optimizer}, "
+        f"grads {result.grad_dtype}, ZeRO {result.zero_stage} over dp {result.dp}"
+    )
+    table.add_column("part")
+    table.add_column("bytes / param", justify="right")
+    for part, value in result.breakdown.items():
+        table.add_row(part, f"{value:.4g}")
+    table.add_row("total", f"{result.bytes_per_param:.4g}", style="bold")
+    if result.total_bytes is not None:
+        table.add_row(
+            f"{result.model} ({result.num_params / 1e9:.1f} B params)",
+            f"{_gib(result.total_bytes)} GiB",
+        )
+    _console().print(table)
+
+
+# ----- memory ---------------------------------------------------------------------------
+
+
+@app.command()
+def memory(
+    model: Annotated[
+        str, typer.Option(help="catalog model, model TOML or HF config.json")
+    ] = "llama3-405b",
+    tp: Annotated[int, typer.Option(min=1)] = 1,
+    cp: Annotated[int, typer.Option(min=1)] = 1,
+    pp: Annotated[int, typer.Option(min=1)] = 1,
+    dp: Annotated[int, typer.Option(min=1)] = 1,
+    ep: Annotated[int, typer.Option(min=1)] = 1,
+    vpp: Annotated[int | None, typer.Option(min=1, help="chunks per rank (default: the schedule's)")] = None,
+    seq_len: Annotated[int, typer.Option(min=1)] = 8192,
+    micro_batch_size: Annotated[int, typer.Option(min=1)] = 1,
+    num_microbatches: Annotated[
+        int | None, typer.Option(min=1, help="default: from the global batch, else pp")
+    ] = None,
+    global_batch_tokens: Annotated[int | None, typer.Option(min=1)] = None,
+    global_batch_size: Annotated[int | None, typer.Option(min=1, help="sequences per step")] = None,
+    zero_stage: Annotated[int, typer.Option(min=0, max=3)] = 1,
+    recompute: Annotated[Recompute, typer.Option()] = Recompute.none,
+    sequence_parallel: Annotated[
+        bool, typer.Option("--sequence-parallel/--no-sequence-parallel")
+    ] = True,
+    schedule: Annotated[
+        str, typer.Option(help="pipeline schedule (e.g. 1f1b, interleaved-1f1b, zbv)")
+    ] = "1f1b",
+    precision: Annotated[Precision, typer.Option()] = Precision.bf16_mixed,
+    optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
+    grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
+    flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention")] = True,
+    accelerator: Annotated[
+        str | None, typer.Option(help="accelerator whose HBM the result is checked against")
+    ] = "h100-sxm",
+    explain: Annotated[
+        bool, typer.Option("--explain", help="print each term's formula with its numbers")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Memory per GPU for one layout: model states, activations in flight, buffers, per stage."""
+    from planner import api
+
+    job = api.build_job(
+        model,
+        seq_len,
+        global_batch_tokens=global_batch_tokens,
+        global_batch_size=global_batch_size,
+        precision=_value(precision),
+        optimizer=_value(optimizer),
+        grad_dtype=_value(grad_dtype),
+        flash_attention=flash_attention,
+    )
+    layout = api.build_layout(
+        tp=tp,
+        cp=cp,
+        pp=pp,
+        dp=dp,
+        ep=ep,
+        vpp=vpp,
+        micro_batch_size=micro_batch_size,
+        num_microbatches=num_microbatches,
+        zero_stage=zero_stage,
+        recompute=_value(recompute),
+        sequence_parallel=sequence_parallel,
+        schedule=schedule,
+    )
+    report = api.memory(job, layout, accelerator)
+    if as_json:
+        _emit_json(report)
+        return
+    _print_memory(report, explain)
+
+
+def _print_memory(report, explain: bool) -> None:
+    from rich.table import Table
+
+    console = _console()
+    layout = report.layout
+    title = (
+        f"{report.model}: tp {layout.tp} cp {layout.cp} pp {layout.pp} dp {layout.dp} ep {layout.ep}"
+        f" vpp {layout.vpp}, seq {report.seq_len}, mbs {layout.micro_batch_size}, "
+        f"m {report.num_microbatches}, {layout.schedule}, ZeRO {layout.zero_stage}, "
+        f"recompute {layout.recompute} — GiB per GPU (mb: micro-batches in flight; "
+        f"optim: master weights + optimizer states; buffers: logits, comm, runtime)"
+    )
+    table = Table(title=title)
+    columns = {
+        "rank": None,
+        "layers": None,
+        "mb": "micro-batches in flight",
+        "weights": ("weights",),
+        "grads": ("gradients",),
+        "optim": ("master_weights", "optimizer_states"),
+        "acts": ("activations",),
+        "buffers": ("logits_buffers", "comm_buffers", "runtime_overhead"),
+        "total": ("total_bytes",),
+    }
+    for name in columns:
+        table.add_column(name, justify="right")
+    for stage in report.per_stage:
+        style = "bold" if stage.rank == report.peak_rank else None
+        sizes = [
+            _gib(sum(getattr(stage, part) for part in parts))
+            for parts in list(columns.values())[3:]
+        ]
+        table.add_row(
+            str(stage.rank),
+            str(stage.num_layers),
+            f"{stage.inflight_microbatches:g}",
+            *sizes,
+            style=style,
+        )
+    console.print(table)
+    if report.capacity_bytes is None:
+        console.print(f"peak: {_gib(report.total_bytes)} GiB on rank {report.peak_rank}")
+    else:
+        verdict = "fits" if report.fits else "does NOT fit"
+        console.print(
+            f"peak: {_gib(report.total_bytes)} GiB on rank {report.peak_rank}; "
+            f"{report.accelerator} has {_gib(report.capacity_bytes)} GiB: {verdict}"
+        )
+    if explain:
+        terms = Table(title=f"how rank {report.peak_rank}'s memory is computed")
+        terms.add_column("term")
+        terms.add_column("formula", overflow="fold")
+        terms.add_column("values", overflow="fold")
+        terms.add_column("GiB", justify="right")
+        for term in report.explain:
+            terms.add_row(term.term, term.formula, term.values, _gib(term.bytes))
+        console.print(terms)
+        layer = Table(title="activation tensors of one dense layer, one micro-batch (MiB)")
+        layer.add_column("tensor")
+        layer.add_column("MiB", justify="right")
+        for name, value in report.activation_tensors_per_layer.items():
+            layer.add_row(name, f"{value / 2**20:,.1f}")
+        console.print(layer)
+
+
+# ----- entry point ----------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; user errors are one line on stderr with exit code 2."""
+    from planner.errors import PlanError
+
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="llmplan", standalone_mode=False)
+    except PlanError as error:
+        sys.stderr.write(f"error: {error}\n")
+        return 2
+    except typer.Exit as done:
+        return done.exit_code
+    except typer.Abort:
+        sys.stderr.write("aborted\n")
+        return 1
+    except Exception as error:
+        # Usage errors (bad option values, unknown options) from typer's click layer.
+        if not hasattr(error, "format_message"):
+            raise
+        sys.stderr.write(f"error: {error.format_message()}\n")
+        return getattr(error, "exit_code", 2) or 2
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

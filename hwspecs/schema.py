@@ -1,0 +1,241 @@
+"""Hardware specs as data: accelerators, link tiers and clusters.
+
+Every spec is a pydantic model loaded from one TOML file under ``hwspecs/data/``. Unknown
+keys are rejected, units are in the field names (``bf16_tflops`` is dense TFLOP/s,
+``hbm_bytes`` bytes, ``bytes_per_s_per_direction`` bytes per second in one direction,
+``latency_s`` seconds), and every number carries its source: each file has a ``[sources]``
+table whose keys are the dotted names of the numeric fields (``bf16_tflops``,
+``matmul_efficiency.bf16``) and whose values cite where the number comes from. A number
+without a source is a validation error. Figures that are not measured but chosen say so
+in their source, starting with ``default:``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
+DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+
+#: Prefix of a source string that marks a documented default rather than a measurement.
+DEFAULT_SOURCE_PREFIX = "default:"
+
+
+class SpecModel(BaseModel):
+    """Base for all specs: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def numeric_field_paths(model: BaseModel, prefix: str = "") -> list[str]:
+    """Dotted names of every numeric value given in ``model`` (nested models and dicts).
+
+    Fields left at their schema default are not listed: their defaults are documented in
+    the field descriptions.
+    """
+    paths: list[str] = []
+    for name in type(model).model_fields:
+        if name == "sources" or name not in model.model_fields_set:
+            continue
+        value = getattr(model, name)
+        path = f"{prefix}{name}"
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, (int, float)):
+            paths.append(path)
+        elif isinstance(value, BaseModel):
+            paths.extend(numeric_field_paths(value, prefix=f"{path}."))
+        elif isinstance(value, dict):
+            paths.extend(
+                f"{path}.{key}"
+                for key, item in value.items()
+                if isinstance(item, (int, float)) and not isinstance(item, bool)
+            )
+        elif isinstance(value, (list, tuple)):
+            if any(isinstance(item, BaseModel) for item in value):
+                for index, item in enumerate(value):
+                    paths.extend(numeric_field_paths(item, prefix=f"{path}.{index}."))
+            elif any(isinstance(item, (int, float)) for item in value):
+                paths.append(path)
+    return paths
+
+
+class SourcedSpec(SpecModel):
+    """A spec whose every numeric field must be cited in ``sources``."""
+
+    sources: dict[str, str] = Field(
+        default_factory=dict,
+        description="dotted numeric field name -> citation (or 'default: why')",
+    )
+
+    @model_validator(mode="after")
+    def _every_number_has_a_source(self) -> SourcedSpec:
+        missing = [path for path in numeric_field_paths(self) if not self._source_for(path)]
+        if missing:
+            raise ValueError(f"numbers without a source in [sources]: {', '.join(missing)}")
+        return self
+
+    def _source_for(self, path: str) -> str | None:
+        """The citation for ``path``, falling back to a parent path (``tiers.0``)."""
+        parts = path.split(".")
+        for end in range(len(parts), 0, -1):
+            found = self.sources.get(".".join(parts[:end]))
+            if found:
+                return found
+        return None
+
+    def source_of(self, path: str) -> str:
+        """The citation of one numeric field (empty string if it has none)."""
+        return self._source_for(path) or ""
+
+
+class Accelerator(SourcedSpec):
+    """One accelerator (GPU or TPU chip): dense peak FLOP/s, HBM, links, achievable efficiency."""
+
+    id: str
+    name: str
+    vendor: str
+    kind: Literal["gpu", "tpu"] = "gpu"
+    fp32_tflops: float | None = Field(None, gt=0, description="dense non-tensor FP32")
+    tf32_tflops: float | None = Field(None, gt=0, description="dense tensor-core TF32")
+    bf16_tflops: float = Field(gt=0, description="dense BF16 matmul peak")
+    fp16_tflops: float | None = Field(None, gt=0)
+    fp8_tflops: float | None = Field(None, gt=0)
+    fp4_tflops: float | None = Field(None, gt=0)
+    hbm_bytes: int = Field(gt=0, description="usable HBM capacity as tools report it")
+    hbm_bytes_per_s: float = Field(gt=0, description="peak HBM bandwidth")
+    tdp_w: float | None = Field(None, gt=0)
+    scale_up_link: str | None = Field(None, description="link tier id of the scale-up fabric")
+    scale_up_domain_size: int = Field(1, ge=1, description="GPUs in one scale-up domain")
+    nic_link: str | None = Field(None, description="link tier id of the scale-out NIC")
+    nics_per_gpu: float = Field(1.0, gt=0)
+    matmul_efficiency: dict[DType, float] = Field(
+        default_factory=dict,
+        description="achievable fraction of dense peak for large GEMMs, per dtype",
+    )
+    hbm_bandwidth_efficiency: float = Field(
+        0.8, gt=0, le=1, description="achievable fraction of peak HBM bandwidth"
+    )
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _efficiencies_are_fractions(self) -> Accelerator:
+        for dtype, value in self.matmul_efficiency.items():
+            if not 0 < value <= 1:
+                raise ValueError(f"matmul_efficiency.{dtype} must be in (0, 1], got {value}")
+            if self.peak_tflops(dtype) is None:
+                raise ValueError(f"matmul_efficiency.{dtype} given but {dtype}_tflops is not")
+        return self
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        """Dense peak TFLOP/s for ``dtype`` (None where the accelerator has no such unit)."""
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype '{dtype}'; choose one of: {', '.join(DTYPES)}")
+        return getattr(self, f"{dtype}_tflops")
+
+    def peak_flops_per_s(self, dtype: str = "bf16") -> float:
+        """Dense peak FLOP/s for ``dtype``; raises if the accelerator lacks it."""
+        tflops = self.peak_tflops(dtype)
+        if tflops is None:
+            raise ValueError(f"accelerator '{self.id}' has no {dtype} peak in its spec")
+        return tflops * 1e12
+
+    def achievable_matmul_flops_per_s(self, dtype: str = "bf16") -> float:
+        """Peak × matmul efficiency; raises if the catalog records no efficiency for ``dtype``."""
+        if dtype not in self.matmul_efficiency:
+            recorded = ", ".join(sorted(self.matmul_efficiency)) or "none"
+            raise ValueError(
+                f"accelerator '{self.id}' has no matmul_efficiency for {dtype} "
+                f"(recorded: {recorded}); add one with its source"
+            )
+        return self.peak_flops_per_s(dtype) * self.matmul_efficiency[dtype]
+
+
+class LinkTier(SourcedSpec):
+    """One kind of link: NVLink generation, an InfiniBand/RoCE NIC, PCIe, TPU ICI, DCN.
+
+    ``bytes_per_s_per_direction`` is per GPU for scale-up fabrics (all of a GPU's NVLinks
+    together) and per port for NICs. ``busbw_efficiency`` holds achievable bus bandwidth as
+    a fraction of that figure, per collective algorithm, from nccl-tests measurements.
+    """
+
+    id: str
+    name: str
+    kind: Literal["scale-up", "scale-out", "host", "torus", "dcn"]
+    bytes_per_s_per_direction: float = Field(gt=0)
+    links_per_gpu: int | None = Field(None, ge=1)
+    bytes_per_s_per_direction_per_link: float | None = Field(None, gt=0)
+    latency_s: float = Field(ge=0, description="per-hop / per-message latency (alpha)")
+    busbw_efficiency: dict[str, float] = Field(
+        default_factory=dict, description="algorithm (ring, tree, nvls, ...) -> fraction"
+    )
+    in_network_reduction: bool = Field(
+        False, description="switch-side reduction (NVLink SHARP / NVLS, IB SHARP)"
+    )
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _efficiencies_positive(self) -> LinkTier:
+        for algorithm, value in self.busbw_efficiency.items():
+            if not 0 < value <= 1.5:
+                raise ValueError(f"busbw_efficiency.{algorithm} must be in (0, 1.5], got {value}")
+        return self
+
+
+class ClusterTier(SpecModel):
+    """One level of a cluster's network, innermost first.
+
+    ``group_size`` is how many GPUs sit under one instance of this level (8 for an NVLink
+    domain of 8, 16 for a rack of 2 servers, 3,072 for a pod); ``oversubscription`` is the
+    ratio of downlink to uplink bandwidth at this level's switches (7.0 for 1:7).
+    """
+
+    name: str
+    link: str = Field(description="link tier id used at this level")
+    group_size: int = Field(ge=1)
+    oversubscription: float = Field(1.0, ge=1.0)
+
+
+class Cluster(SourcedSpec):
+    """A cluster: accelerator, node and scale-up domain size, network levels or torus."""
+
+    id: str
+    name: str
+    accelerator: str = Field(description="accelerator id")
+    num_gpus: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    scale_up_domain_size: int = Field(ge=1)
+    tiers: list[ClusterTier] = Field(min_length=1)
+    torus_shape: list[int] | None = Field(
+        None,
+        description="chips per torus axis of one ICI domain (TPU); multiplies to scale_up_domain_size",
+    )
+    torus_wraparound: bool = True
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _tiers_nest(self) -> Cluster:
+        sizes = [tier.group_size for tier in self.tiers]
+        for inner, outer in itertools.pairwise(sizes):
+            if outer < inner or outer % inner:
+                raise ValueError(f"tier group sizes must grow and divide each other, got {sizes}")
+        if self.scale_up_domain_size % self.gpus_per_node and (
+            self.gpus_per_node % self.scale_up_domain_size
+        ):
+            raise ValueError(
+                f"scale_up_domain_size {self.scale_up_domain_size} and gpus_per_node "
+                f"{self.gpus_per_node} must divide one another"
+            )
+        if self.torus_shape is not None:
+            product = 1
+            for size in self.torus_shape:
+                product *= size
+            if product != self.scale_up_domain_size:
+                raise ValueError(
+                    f"torus_shape {self.torus_shape} holds {product} chips, "
+                    f"scale_up_domain_size is {self.scale_up_domain_size}"
+                )
+        return self

@@ -1,0 +1,198 @@
+"""Activation memory per layer, tensor by tensor.
+
+Each stored tensor of a transformer layer is listed with its size and how tensor
+parallelism splits it, following the accounting of Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models", §4.1 and Table 2). Configured as
+their GPT layer (LayerNorm, MHA, 4h GELU MLP, dropout, no flash attention) it gives exactly
+``sbh(34 + 5as/h)`` bytes with 16-bit activations; TP without sequence parallelism keeps
+the ``10·sbh`` of norms, their outputs and dropout masks whole on every rank; sequence
+parallelism splits those too; selective recomputation drops the ``5as²b`` score terms;
+full recomputation keeps only the layer input. The same accounting for a Llama layer
+(RMSNorm, GQA, SwiGLU, flash attention, no dropout) derives its own constants: GQA
+shrinks K and V, SwiGLU stores gate, up and their product (``3f`` instead of ``2·4h``),
+flash attention stores the FP32 log-sum-exp instead of the ``s × s`` scores (Dao et al.
+2022).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict
+
+from planner.model import ModelSpec
+
+#: Bytes of a dropout mask element (PyTorch stores masks as uint8/bool).
+DROPOUT_MASK_BYTES = 1
+#: Flash attention keeps its softmax log-sum-exp statistics in FP32.
+LSE_BYTES = 4
+
+
+class ActivationShape(BaseModel):
+    """The sizes that decide activation memory on one rank for one micro-batch."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq_len: int
+    micro_batch_size: int
+    tp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+    flash_attention: bool = True
+    recompute: str = "none"
+    element_bytes: float = 2.0
+
+    @property
+    def local_tokens(self) -> float:
+        """Tokens of one micro-batch on this rank before the SP split: s·b / cp."""
+        return self.seq_len * self.micro_batch_size / self.cp
+
+    @property
+    def replicated_share(self) -> float:
+        """Share of a TP-replicated tensor a rank stores: 1/tp under SP, else all of it."""
+        return 1.0 / self.tp if self.sequence_parallel else 1.0
+
+
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    """KV heads held by one TP rank: split when tp ≤ KV heads, replicated (one) beyond."""
+    return max(model.num_kv_heads // tp, 1)
+
+
+def attention_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:
+    """Stored tensors of the attention block (bytes), before recomputation is applied."""
+    tokens, e, t = shape.local_tokens, shape.element_bytes, shape.tp
+    h, rep = model.hidden_size, shape.replicated_share
+    heads = model.num_attention_heads / t
+    tensors = {
+        "attention.norm_input": tokens * h * e * rep,
+        "attention.qkv_input": tokens * h * e * rep,
+    }
+    if model.attention_kind == "mla":
+        q_rank = model.q_lora_rank or 0
+        kv_rank, rope = model.kv_lora_rank, model.qk_rope_head_dim
+        # Down-projected latents are small and computed whole on every TP rank; each is
+        # stored before (for its norm) and after its RMSNorm (for the up projection).
+        tensors["attention.latents"] = tokens * e * (2 * q_rank + (kv_rank + rope) + kv_rank)
+        tensors["attention.query"] = tokens * heads * model.head_dim * e
+        tensors["attention.key_value"] = (
+            tokens * heads * (model.head_dim + model.value_head_dim) * e
+        )
+    else:
+        kv = kv_heads_per_rank(model, t)
+        tensors["attention.query"] = tokens * heads * model.head_dim * e
+        tensors["attention.key_value"] = tokens * 2 * kv * model.head_dim * e
+    if shape.flash_attention:
+        tensors["attention.softmax_lse"] = tokens * heads * LSE_BYTES
+    else:
+        # Scores for the local queries against all keys: a·(s/cp)·s·b per rank.
+        scores = heads * tokens * shape.seq_len
+        tensors["attention.softmax_output"] = scores * e
+        if model.dropout > 0:
+            tensors["attention.dropout_mask"] = scores * DROPOUT_MASK_BYTES
+            tensors["attention.dropout_output"] = scores * e
+    tensors["attention.out_proj_input"] = tokens * heads * model.value_head_dim * e
+    if model.dropout > 0:
+        tensors["attention.residual_dropout_mask"] = tokens * h * DROPOUT_MASK_BYTES * rep
+    return tensors
+
+
+def _mlp_intermediates(model: ModelSpec, tokens: float, ffn: float, e: float, t: int) -> float:
+    """SwiGLU: gate and up outputs plus their product (3f); GELU: its input and output (2f)."""
+    stored = 3 if model.mlp_kind == "swiglu" else 2
+    return tokens * stored * ffn * e / t
+
+
+def mlp_tensors(model: ModelSpec, shape: ActivationShape, moe_layer: bool) -> dict[str, float]:
+    """Stored tensors of the MLP / MoE block (bytes), before recomputation."""
+    tokens, e, t = shape.local_tokens, shape.element_bytes, shape.tp
+    h, rep = model.hidden_size, shape.replicated_share
+    tensors = {
+        "mlp.norm_input": tokens * h * e * rep,
+        "mlp.up_input": tokens * h * e * rep,
+    }
+    if not moe_layer:
+        tensors["mlp.intermediate"] = _mlp_intermediates(model, tokens, model.ffn_hidden_size, e, t)
+    else:
+        k, f = model.num_experts_per_token, model.moe_ffn_hidden_size
+        tensors["moe.router_logits"] = tokens * model.num_routed_experts * 4 * rep
+        # Each token is copied to k experts (balanced routing: each rank receives k·tokens).
+        tensors["moe.expert_input"] = tokens * k * h * e * rep
+        tensors["moe.expert_intermediate"] = _mlp_intermediates(model, tokens * k, f, e, t)
+        tensors["moe.expert_output"] = tokens * k * h * e * rep
+        if model.num_shared_experts:
+            shared_ffn = model.num_shared_experts * f
+            tensors["moe.shared_intermediate"] = _mlp_intermediates(model, tokens, shared_ffn, e, t)
+    if model.dropout > 0:
+        tensors["mlp.residual_dropout_mask"] = tokens * h * DROPOUT_MASK_BYTES * rep
+    return tensors
+
+
+def layer_activation_tensors(
+    model: ModelSpec, shape: ActivationShape, moe_layer: bool = False
+) -> dict[str, float]:
+    """Bytes of every tensor one layer keeps for backward on one rank, one micro-batch.
+
+    ``selective`` drops the attention score tensors (recomputed); ``full`` keeps only the
+    layer input (``2sbh``, split under SP), the checkpoint of Korthikanti et al. §4.2.
+    """
+    if shape.recompute == "full":
+        return {
+            "layer_input_checkpoint": shape.local_tokens
+            * model.hidden_size
+            * shape.element_bytes
+            * shape.replicated_share
+        }
+    tensors = {**attention_tensors(model, shape), **mlp_tensors(model, shape, moe_layer)}
+    if shape.recompute == "selective":
+        for name in (
+            "attention.softmax_output",
+            "attention.dropout_mask",
+            "attention.dropout_output",
+        ):
+            tensors.pop(name, None)
+    return tensors
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec, shape: ActivationShape, moe_layer: bool = False
+) -> float:
+    """Total bytes one layer keeps for backward on one rank for one micro-batch."""
+    return math.fsum(layer_activation_tensors(model, shape, moe_layer).values())
+
+
+def recompute_working_bytes(model: ModelSpec, shape: ActivationShape, moe_layer: bool) -> float:
+    """Under full recomputation, one layer's activations are rebuilt during its backward."""
+    if shape.recompute != "full":
+        return 0.0
+    whole = shape.model_copy(update={"recompute": "none"})
+    return activation_bytes_per_layer(model, whole, moe_layer)
+
+
+def first_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:
+    """Embedding-side tensors: only a dropout mask (the lookup's backward needs token ids)."""
+    if model.dropout <= 0:
+        return {}
+    tokens = shape.local_tokens
+    return {
+        "embedding.dropout_mask": tokens
+        * model.hidden_size
+        * DROPOUT_MASK_BYTES
+        * shape.replicated_share
+    }
+
+
+def last_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:
+    """Per-micro-batch tensors of the final norm and the LM head input."""
+    tokens, e, h = shape.local_tokens, shape.element_bytes, model.hidden_size
+    return {
+        "final_norm.input": tokens * h * e * shape.replicated_share,
+        "lm_head.input": tokens * h * e * shape.replicated_share,
+    }
+
+
+def logits_buffer_bytes(model: ModelSpec, shape: ActivationShape) -> float:
+    """Logits (16-bit) and the FP32 softmax the cross-entropy keeps, vocabulary split over TP.
+
+    With 128K-token vocabularies this is large: s·b·V·(2 + 4)/tp bytes for one micro-batch.
+    """
+    return shape.local_tokens * model.vocab_size * (shape.element_bytes + 4) / shape.tp

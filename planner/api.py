@@ -1,0 +1,204 @@
+"""The library API under the CLI: each command calls one function here.
+
+Functions take plain values (names, numbers), build the pydantic specs, call the cost
+model and return pydantic results whose ``model_dump()`` is the command's JSON.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ValidationError
+
+from planner.errors import PlanError, unknown_name_error
+
+CATALOG_KINDS = ("models", "accelerators", "clusters", "links")
+
+
+def _validated(model_cls, **fields):
+    """Build a pydantic model from user values; errors become one-line PlanErrors."""
+    try:
+        return model_cls(**fields)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or model_cls.__name__
+        raise PlanError(f"{where}: {first['msg']}") from None
+
+
+# ----- catalog --------------------------------------------------------------------------
+
+
+def catalog_names(kind: str) -> list[str]:
+    """Catalog slugs of one kind: models, accelerators, clusters or links."""
+    from hwspecs import catalog
+    from planner.model import catalog_model_names
+
+    if kind == "models":
+        return catalog_model_names()
+    if kind in ("accelerators", "clusters", "links"):
+        return catalog.catalog_names(kind.rstrip("s"))
+    raise PlanError(f"unknown catalog kind '{kind}'; choose one of: {', '.join(CATALOG_KINDS)}")
+
+
+def list_catalog(kind: str | None = None) -> dict[str, list[str]]:
+    """``{kind: [names]}`` for one kind or all of them."""
+    kinds = [kind] if kind else list(CATALOG_KINDS)
+    return {name: catalog_names(name) for name in kinds}
+
+
+def show_catalog(name: str) -> dict:
+    """One catalog entry as JSON-ready data; models gain ``num_params`` and ``num_active_params``."""
+    from hwspecs import catalog
+    from planner.model import load_model
+
+    if name in catalog_names("models"):
+        model = load_model(name)
+        return {
+            "kind": "model",
+            **model.model_dump(),
+            "num_params": model.num_params(),
+            "num_active_params": model.num_active_params(),
+            "num_params_with_mtp": model.num_params(include_mtp=True),
+        }
+    loaders = {
+        "accelerators": ("accelerator", catalog.load_accelerator),
+        "clusters": ("cluster", catalog.load_cluster),
+        "links": ("link", catalog.load_link),
+    }
+    for kind, (label, loader) in loaders.items():
+        if name in catalog_names(kind):
+            return {"kind": label, **loader(name).model_dump()}
+    everything = [entry for kind in CATALOG_KINDS for entry in catalog_names(kind)]
+    raise unknown_name_error("catalog entry", name, everything)
+
+
+# ----- bytes per parameter --------------------------------------------------------------
+
+
+class BytesPerParamReport(BaseModel):
+    """Model-state bytes per parameter on one data-parallel rank."""
+
+    bytes_per_param: float
+    breakdown: dict[str, float]
+    precision: str
+    optimizer: str
+    grad_dtype: str
+    master_dtype: str
+    optimizer_state_dtype: str
+    zero_stage: int
+    dp: int
+    model: str | None = None
+    num_params: int | None = None
+    total_bytes: float | None = None
+
+
+def bytes_per_param(
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+    grad_dtype: str | None = None,
+    master_dtype: str | None = None,
+    optimizer_state_dtype: str | None = None,
+    zero_stage: int = 0,
+    dp: int = 1,
+    model: str | None = None,
+) -> BytesPerParamReport:
+    """Bytes per parameter for a recipe; with ``model``, also its total over all parameters.
+
+    Optimizers whose state depends on tensor shapes (Muon, Adafactor) use the model's
+    shapes when a model is given, else the large-matrix figure.
+    """
+    from planner.model import load_model
+    from planner.precision import (
+        PrecisionSpec,
+        optimizer_states_per_param,
+        sharded_bytes_per_param,
+    )
+
+    spec = _validated(
+        PrecisionSpec,
+        recipe=precision,
+        optimizer=optimizer,
+        grad_dtype=grad_dtype,
+        master_dtype=master_dtype,
+        optimizer_state_dtype=optimizer_state_dtype,
+    )
+    if dp < 1:
+        raise PlanError(f"dp must be a positive integer, got {dp}")
+    spec_model = load_model(model) if model else None
+    states = optimizer_states_per_param(optimizer, spec_model) if spec_model else None
+    parts = sharded_bytes_per_param(spec, zero_stage, dp, states)
+    num_params = spec_model.num_params() if spec_model else None
+    return BytesPerParamReport(
+        bytes_per_param=parts.total,
+        breakdown=parts.model_dump(),
+        precision=spec.recipe,
+        optimizer=spec.optimizer,
+        grad_dtype=spec.gradient_dtype,
+        master_dtype=spec.master_weight_dtype,
+        optimizer_state_dtype=spec.state_dtype,
+        zero_stage=zero_stage,
+        dp=dp,
+        model=spec_model.name if spec_model else None,
+        num_params=num_params,
+        total_bytes=parts.total * num_params if num_params else None,
+    )
+
+
+# ----- memory ---------------------------------------------------------------------------
+
+
+def build_job(
+    model: str,
+    seq_len: int,
+    global_batch_tokens: int | None = None,
+    global_batch_size: int | None = None,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+    grad_dtype: str | None = None,
+    flash_attention: bool = True,
+):
+    """A Job from CLI-style values (batch as tokens or as sequences, not both)."""
+    from planner.job import Job
+    from planner.model import load_model
+    from planner.precision import PrecisionSpec
+
+    if global_batch_tokens is not None and global_batch_size is not None:
+        raise PlanError("give the global batch as tokens or as sequences, not both")
+    if global_batch_size is not None:
+        if global_batch_size < 1:
+            raise PlanError(f"global_batch_size must be positive, got {global_batch_size}")
+        global_batch_tokens = global_batch_size * seq_len
+    spec = _validated(PrecisionSpec, recipe=precision, optimizer=optimizer, grad_dtype=grad_dtype)
+    return _validated(
+        Job,
+        model=load_model(model),
+        seq_len=seq_len,
+        global_batch_tokens=global_batch_tokens,
+        precision=spec,
+        flash_attention=flash_attention,
+    )
+
+
+def build_layout(**fields):
+    """A Layout from CLI-style values; unknown schedules and illegal vpp are rejected here.
+
+    ``vpp=None`` takes the schedule's default (2 for the V-shape schedules and interleaved).
+    """
+    from planner.layout import Layout
+    from planner.schedules import SCHEDULES
+
+    schedule = fields.get("schedule", "1f1b")
+    if schedule not in SCHEDULES:
+        raise unknown_name_error("schedule", schedule, SCHEDULES)
+    if fields.get("vpp") is None:
+        fields["vpp"] = SCHEDULES[schedule].default_vpp
+    layout = _validated(Layout, **fields)
+    SCHEDULES[schedule].resolve_vpp(layout.vpp)
+    return layout
+
+
+def memory(job, layout, accelerator: str | None = None):
+    """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.memory.memory_report`)."""
+    from hwspecs.catalog import load_accelerator
+    from planner.memory import memory_report
+
+    spec = load_accelerator(accelerator) if accelerator else None
+    return memory_report(job, layout, spec)

@@ -1,0 +1,46 @@
+"""The training job: model, sequence length, global batch and precision recipe."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.model import ModelSpec
+from planner.precision import PrecisionSpec
+
+
+class Job(BaseModel):
+    """What is trained: the model, at which sequence length and batch, in which precision.
+
+    ``global_batch_tokens`` is the number of tokens per optimizer step (Llama 3 405B:
+    16,777,216 = 2,048 sequences of 8,192). ``flash_attention`` stores no attention score
+    matrix (Dao et al. 2022); set it off to reproduce Korthikanti et al.'s accounting.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSpec
+    seq_len: int = Field(gt=0)
+    global_batch_tokens: int | None = Field(None, gt=0)
+    precision: PrecisionSpec = PrecisionSpec()
+    flash_attention: bool = True
+    runtime_overhead_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        description="CUDA context, cuBLAS/NCCL workspaces: documented default of 1 GiB",
+    )
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_sequences(self) -> Job:
+        if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            raise ValueError(
+                f"global_batch_tokens {self.global_batch_tokens} is not a multiple of "
+                f"seq_len {self.seq_len}"
+            )
+        return self
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """Sequences per optimizer step."""
+        if self.global_batch_tokens is None:
+            return None
+        return self.global_batch_tokens // self.seq_len

@@ -1,0 +1,193 @@
+"""One parallel layout, validated once.
+
+The same :class:`Layout` is costed by the planner, printed by the CLI and launched by the
+validator. Axes are ``tp`` (tensor), ``cp`` (context), ``pp`` (pipeline), ``dp`` (data) and
+``ep`` (expert, carved out of the ``dp·cp`` ranks); ``tp·cp·pp·dp`` is the GPU count. Its
+invariants against a model and job are checked in :func:`check_layout`, with messages
+that name both numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import PlanError
+
+RecomputeName = Literal["none", "selective", "full"]
+LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced"]
+
+#: Mesh axes, innermost first, as Llama 3 orders them ([TP, CP, PP, DP]) with EP inside DP.
+DEFAULT_MESH_ORDER: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp")
+
+
+class Layout(BaseModel):
+    """Degrees of parallelism and the per-layout training knobs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1, description="expert parallel; divides dp·cp")
+    vpp: int = Field(1, ge=1, description="virtual pipeline stages (chunks) per rank")
+    micro_batch_size: int = Field(1, ge=1, description="sequences per micro-batch")
+    num_microbatches: int | None = Field(
+        None, ge=1, description="micro-batches per step per pipeline; default from the batch"
+    )
+    schedule: str = "1f1b"
+    zero_stage: int = Field(1, ge=0, le=3)
+    sequence_parallel: bool = True
+    recompute: RecomputeName = "none"
+    pipeline_layer_split: LayerSplit = Field(
+        "auto",
+        description="'first-last-fewer': one layer fewer on the first and last stage "
+        "(Llama 3 §3.3.2); 'balanced': stage sizes differ by at most one, the extra layers "
+        "on the middle stages; 'auto' picks 'even', else 'first-last-fewer', else 'balanced'",
+    )
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def zero_group_size(self) -> int:
+        """Ranks over which ZeRO shards dense model states: dp·cp (CP ranks hold the same weights)."""
+        return self.dp * self.cp
+
+    def resolved_num_microbatches(self, global_batch_size: int | None) -> int:
+        """Micro-batches per step from the global batch (sequences), or the explicit count."""
+        if self.num_microbatches is not None:
+            return self.num_microbatches
+        if global_batch_size is None:
+            return self.pp * self.vpp if self.vpp > 1 else self.pp
+        per_replica = self.dp * self.micro_batch_size
+        if global_batch_size % per_replica:
+            raise PlanError(
+                f"global batch of {global_batch_size} sequences is not divisible by "
+                f"dp {self.dp} × micro_batch_size {self.micro_batch_size}"
+            )
+        return global_batch_size // per_replica
+
+
+def layers_per_virtual_stage(
+    num_layers: int, pp: int, vpp: int = 1, split: LayerSplit = "auto"
+) -> np.ndarray:
+    """Transformer layers in each virtual stage, in torch's stage order (chunk c, rank r → c·pp + r).
+
+    ``first-last-fewer`` gives the first and the last virtual stage one layer fewer, as
+    Llama 3 405B did (126 layers on 16 stages: 7, 8, …, 8, 7), leaving room for the
+    embedding and the LM head. ``balanced`` spreads ``L mod S`` extra layers over the
+    middle stages (DeepSeek-V3's 61 layers on 16 stages: 3, 3, 4, …, 4, 3, 3).
+    """
+    stages = pp * vpp
+    if num_layers < stages:
+        raise PlanError(f"num_layers {num_layers} is fewer than pp·vpp = {pp}·{vpp} = {stages} stages")
+    if split == "auto":
+        if num_layers % stages == 0:
+            split = "even"
+        elif stages > 1 and (num_layers + 2) % stages == 0:
+            split = "first-last-fewer"
+        else:
+            split = "balanced"
+    if split == "balanced":
+        layers = np.full(stages, num_layers // stages, dtype=np.int64)
+        extra = num_layers % stages
+        start = (stages - extra) // 2
+        layers[start : start + extra] += 1
+        return layers
+    if split == "even":
+        if num_layers % stages:
+            raise PlanError(
+                f"num_layers {num_layers} is not divisible by pp·vpp = {pp}·{vpp} = {stages}"
+            )
+        return np.full(stages, num_layers // stages, dtype=np.int64)
+    if stages == 1 or (num_layers + 2) % stages:
+        raise PlanError(
+            f"num_layers {num_layers} cannot be split over pp·vpp = {stages} stages, neither "
+            f"evenly nor with one layer fewer on the first and last stage"
+        )
+    layers = np.full(stages, (num_layers + 2) // stages, dtype=np.int64)
+    layers[0] -= 1
+    layers[-1] -= 1
+    return layers
+
+
+def layers_per_rank(
+    num_layers: int, pp: int, vpp: int = 1, split: LayerSplit = "auto", schedule: str = "1f1b"
+) -> np.ndarray:
+    """Transformer layers held by each pipeline rank (sum over its chunks)."""
+    per_stage = layers_per_virtual_stage(num_layers, pp, vpp, split)
+    ranks = virtual_stage_ranks(schedule, pp, vpp)
+    return np.bincount(ranks, weights=per_stage, minlength=pp).astype(np.int64)
+
+
+def check_layout(layout: Layout, model, seq_len: int | None = None) -> None:
+    """Check a layout against a model (and sequence length); raise PlanError naming the rule."""
+    heads, kv_heads = model.num_attention_heads, model.num_kv_heads
+    if heads % layout.tp:
+        raise PlanError(f"tp {layout.tp} does not divide num_attention_heads {heads}")
+    if model.attention_kind != "mla" and layout.tp % kv_heads and kv_heads % layout.tp:
+        raise PlanError(
+            f"tp {layout.tp} and num_kv_heads {kv_heads} must divide one another "
+            f"(KV heads are split, or replicated when tp > kv heads)"
+        )
+    if model.ffn_hidden_size % layout.tp:
+        raise PlanError(f"tp {layout.tp} does not divide ffn_hidden_size {model.ffn_hidden_size}")
+    if model.is_moe and model.moe_ffn_hidden_size % layout.tp:
+        raise PlanError(
+            f"tp {layout.tp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}"
+        )
+    layers_per_virtual_stage(model.num_layers, layout.pp, layout.vpp, layout.pipeline_layer_split)
+    if layout.ep > 1:
+        if not model.is_moe:
+            raise PlanError(
+                f"ep {layout.ep} needs a mixture-of-experts model; {model.name} is dense"
+            )
+        if (layout.dp * layout.cp) % layout.ep:
+            raise PlanError(f"ep {layout.ep} does not divide dp·cp = {layout.dp * layout.cp}")
+        if model.num_routed_experts % layout.ep:
+            raise PlanError(
+                f"ep {layout.ep} does not divide num_routed_experts {model.num_routed_experts}"
+            )
+    if seq_len is not None and layout.cp > 1 and seq_len % (2 * layout.cp):
+        raise PlanError(
+            f"seq_len {seq_len} is not divisible by 2·cp = {2 * layout.cp} "
+            f"(load-balanced context parallelism splits the sequence into 2·cp chunks)"
+        )
+    if (
+        seq_len is not None
+        and layout.sequence_parallel
+        and layout.tp > 1
+        and (seq_len // layout.cp) % layout.tp
+    ):
+        raise PlanError(
+            f"sequence parallelism needs seq_len/cp = {seq_len // layout.cp} divisible "
+            f"by tp {layout.tp}"
+        )
+
+
+#: Schedules whose ranks each hold two chunks in a V: rank r holds stages r and 2·pp−1−r.
+V_SHAPE_SCHEDULES = frozenset({"zbv", "dualpipev"})
+
+
+def virtual_stage_ranks(schedule: str, pp: int, vpp: int) -> np.ndarray:
+    """The pipeline rank that holds each virtual stage, in torch's stage numbering.
+
+    Interleaved (and every one-chunk schedule): stage c·pp + r sits on rank r. V-shape
+    schedules (ZB-V, DualPipeV): rank r holds stages r and 2·pp − 1 − r, so the first and
+    the last stage share rank 0. DualPipe runs the pipeline in both directions with every
+    rank holding stages r and pp − 1 − r; the direction that starts on rank r is counted
+    here, the mirrored copy shows up as the schedule's second parameter copy.
+    """
+    stages = np.arange(pp * vpp)
+    if schedule in V_SHAPE_SCHEDULES:
+        if vpp != 2:
+            raise PlanError(
+                f"schedule '{schedule}' holds exactly 2 chunks per rank (vpp 2), got {vpp}"
+            )
+        return np.where(stages < pp, stages, 2 * pp - 1 - stages)
+    return stages % pp

@@ -1,0 +1,345 @@
+"""Memory per GPU: model states per pipeline rank, activations in flight, buffers.
+
+For each pipeline rank (stage) the model states are its parameters — its layers split by
+TP (KV heads replicated beyond the KV head count), routed experts split by EP, the
+embedding on the first stage and the LM head on the last — times bytes per parameter
+after ZeRO sharding over the data-parallel group (:mod:`planner.precision`). Activations
+are one layer's stored tensors (:mod:`planner.activations`) times the rank's layers times
+the micro-batches its schedule keeps in flight (1F1B: p − i on rank i). Buffers that
+exist once are added: logits and loss on the last stage, communication buffers, and the
+runtime overhead (CUDA context and workspaces), reported apart. Memory per GPU is the
+maximum over ranks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from planner import activations as act
+from planner.job import Job
+from planner.layout import Layout, check_layout, layers_per_virtual_stage, virtual_stage_ranks
+from planner.model import ModelSpec
+from planner.precision import DTYPE_BYTES, optimizer_states_per_param, sharded_bytes_per_param
+from planner.schedules.closed_form import parameter_copies, peak_activation_microbatches
+
+#: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``), used when gradients are sharded.
+DDP_BUCKET_BYTES = 25 * 2**20
+
+MEMORY_PARTS = (
+    "weights",
+    "gradients",
+    "master_weights",
+    "optimizer_states",
+    "activations",
+    "logits_buffers",
+    "comm_buffers",
+    "runtime_overhead",
+)
+
+
+class StageMemory(BaseModel):
+    """Bytes on one GPU of one pipeline rank, by part."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    num_layers: int
+    num_params: int
+    num_expert_params: int
+    inflight_microbatches: float
+    weights: float
+    gradients: float
+    master_weights: float
+    optimizer_states: float
+    activations: float
+    logits_buffers: float
+    comm_buffers: float
+    runtime_overhead: float
+    total_bytes: float
+
+
+class ExplainTerm(BaseModel):
+    """One memory term with its formula and the numbers that went into it."""
+
+    term: str
+    formula: str
+    values: str
+    bytes: float
+
+
+class MemoryReport(BaseModel):
+    """Memory per GPU for one job and layout: the worst rank, its parts, and every rank."""
+
+    model: str
+    accelerator: str | None
+    layout: Layout
+    seq_len: int
+    num_microbatches: int
+    total_bytes: float
+    capacity_bytes: int | None
+    fits: bool | None
+    peak_rank: int
+    breakdown_bytes: dict[str, float]
+    activation_tensors_per_layer: dict[str, float]
+    per_stage: list[StageMemory]
+    explain: list[ExplainTerm]
+
+
+# ----- parameters per rank --------------------------------------------------------------
+
+
+def attention_params_per_rank(model: ModelSpec, tp: int) -> float:
+    """Attention parameters on one TP rank: head-split projections / tp, the rest whole."""
+    h, nq = model.hidden_size, model.num_attention_heads
+    if model.attention_kind == "mla":
+        rope, kv_rank, q_rank = model.qk_rope_head_dim, model.kv_lora_rank, model.q_lora_rank
+        qk, v = model.head_dim, model.value_head_dim
+        # Down projections and latent norms are small and kept whole on every TP rank.
+        whole = h * (kv_rank + rope) + kv_rank + ((h * q_rank + q_rank) if q_rank else 0)
+        split = kv_rank * nq * (qk - rope + v) + nq * v * h + (q_rank or h) * nq * qk
+        return whole + split / tp
+    kv_local = act.kv_heads_per_rank(model, tp) * model.head_dim
+    qw = model.query_width
+    weights = (h * qw + qw * h) / tp + 2 * h * kv_local
+    biases = (qw / tp + 2 * kv_local) if (model.qkv_bias or model.linear_bias) else 0
+    biases += h if model.linear_bias else 0
+    return weights + biases + (2 * model.head_dim if model.qk_norm else 0)
+
+
+def layer_params_per_rank(
+    model: ModelSpec, tp: int, ep: int, moe_layer: bool
+) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer on one rank; routed experts split by ep·tp."""
+    dense = 2 * model.norm_params() + attention_params_per_rank(model, tp)
+    if not moe_layer:
+        return dense + model.mlp_params() / tp, 0.0
+    expert = model.mlp_params(model.moe_ffn_hidden_size)
+    dense += model.router_params() + model.num_shared_experts * expert / tp
+    return dense, model.num_routed_experts * expert / (ep * tp)
+
+
+def params_per_virtual_stage(model: ModelSpec, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, expert) parameters per virtual stage on one of its TP/EP ranks."""
+    layers = layers_per_virtual_stage(
+        model.num_layers, layout.pp, layout.vpp, layout.pipeline_layer_split
+    )
+    bounds = np.concatenate([[0], np.cumsum(layers)])
+    dense_layer, _ = layer_params_per_rank(model, layout.tp, layout.ep, moe_layer=False)
+    moe_dense, moe_expert = layer_params_per_rank(model, layout.tp, layout.ep, moe_layer=True)
+    first_moe = model.num_dense_layers if model.is_moe else model.num_layers
+    num_dense = np.clip(first_moe - bounds[:-1], 0, layers)
+    num_moe = layers - num_dense
+    dense = num_dense * dense_layer + num_moe * moe_dense
+    expert = num_moe * moe_expert
+    dense[0] += model.embedding_params() / layout.tp
+    head = model.lm_head_params() or (model.vocab_size * model.hidden_size if layout.pp > 1 else 0)
+    dense[-1] += head / layout.tp + model.norm_params()
+    return dense, expert
+
+
+def rank_sums(values: np.ndarray, layout: Layout) -> np.ndarray:
+    """Sum per-virtual-stage values onto pipeline ranks (DualPipe adds the mirrored stage)."""
+    ranks = virtual_stage_ranks(layout.schedule, layout.pp, layout.vpp)
+    per_rank = np.bincount(ranks, weights=values, minlength=layout.pp)
+    if layout.schedule == "dualpipe":
+        per_rank = per_rank + per_rank[::-1]
+    return per_rank
+
+
+# ----- the report -----------------------------------------------------------------------
+
+
+def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
+    """Bytes per GPU on every pipeline rank for ``job`` under ``layout``; see module docstring."""
+    model = job.model
+    check_layout(layout, model, job.seq_len)
+    m = layout.resolved_num_microbatches(job.global_batch_size)
+    precision = job.precision
+    states = optimizer_states_per_param(precision.optimizer, model)
+    dense_bpp = sharded_bytes_per_param(
+        precision, layout.zero_stage, layout.zero_group_size, states
+    )
+    expert_group = max(layout.zero_group_size // layout.ep, 1)
+    expert_bpp = sharded_bytes_per_param(precision, layout.zero_stage, expert_group, states)
+
+    dense_stage, expert_stage = params_per_virtual_stage(model, layout)
+    dense = rank_sums(dense_stage, layout)
+    expert = rank_sums(expert_stage, layout)
+    layers_stage = layers_per_virtual_stage(
+        model.num_layers, layout.pp, layout.vpp, layout.pipeline_layer_split
+    )
+    layers = rank_sums(layers_stage.astype(float), layout)
+    # Activations are counted in micro-batches of one direction's share of layers (the
+    # schedule's units); DualPipe's mirrored stage shows up in its in-flight count.
+    ranks_of_stage = virtual_stage_ranks(layout.schedule, layout.pp, layout.vpp)
+    act_layers = np.bincount(ranks_of_stage, weights=layers_stage, minlength=layout.pp)
+    act_moe_layers = np.bincount(
+        ranks_of_stage, weights=_moe_layers_per_stage(model, layers_stage), minlength=layout.pp
+    )
+
+    shape = act.ActivationShape(
+        seq_len=job.seq_len,
+        micro_batch_size=layout.micro_batch_size,
+        tp=layout.tp,
+        cp=layout.cp,
+        sequence_parallel=layout.sequence_parallel and layout.tp > 1,
+        flash_attention=job.flash_attention,
+        recompute=layout.recompute,
+        element_bytes=precision.activation_bytes,
+    )
+    dense_tensors = act.layer_activation_tensors(model, shape, moe_layer=False)
+    per_dense_layer = math.fsum(dense_tensors.values())
+    per_moe_layer = (
+        act.activation_bytes_per_layer(model, shape, moe_layer=True) if model.is_moe else 0.0
+    )
+    inflight = np.asarray(
+        peak_activation_microbatches(layout.schedule, layout.pp, m, layout.vpp), dtype=float
+    )
+    first_rank, last_rank = int(ranks_of_stage[0]), int(ranks_of_stage[-1])
+    first_extra = math.fsum(act.first_stage_tensors(model, shape).values())
+    last_extra = math.fsum(act.last_stage_tensors(model, shape).values())
+    working = max(
+        act.recompute_working_bytes(model, shape, moe_layer=False),
+        act.recompute_working_bytes(model, shape, moe_layer=True) if model.is_moe else 0.0,
+    )
+
+    per_layer = (act_layers - act_moe_layers) * per_dense_layer + act_moe_layers * per_moe_layer
+    activations = per_layer * inflight + working * (act_layers > 0)
+    activations[first_rank] += first_extra * inflight[first_rank]
+    activations[last_rank] += last_extra * inflight[last_rank]
+    logits = np.zeros(layout.pp)
+    logits[last_rank] = act.logits_buffer_bytes(model, shape)
+    if layout.schedule == "dualpipe":
+        logits[first_rank] = logits[last_rank]
+
+    comm = _comm_buffer_bytes(model, layout, shape, precision)
+    copies = parameter_copies(layout.schedule)
+    stages = []
+    for rank in range(layout.pp):
+        parts = {
+            "weights": dense[rank] * dense_bpp.weights + expert[rank] * expert_bpp.weights,
+            "gradients": dense[rank] * dense_bpp.gradients + expert[rank] * expert_bpp.gradients,
+            "master_weights": dense[rank] * dense_bpp.master_weights
+            + expert[rank] * expert_bpp.master_weights,
+            "optimizer_states": dense[rank] * dense_bpp.optimizer_states
+            + expert[rank] * expert_bpp.optimizer_states,
+            "activations": float(activations[rank]),
+            "logits_buffers": float(logits[rank]),
+            "comm_buffers": comm,
+            "runtime_overhead": float(job.runtime_overhead_bytes),
+        }
+        stages.append(
+            StageMemory(
+                rank=rank,
+                num_layers=round(layers[rank]),
+                num_params=round(dense[rank] + expert[rank]),
+                num_expert_params=round(expert[rank]),
+                inflight_microbatches=float(inflight[rank]),
+                total_bytes=math.fsum(parts.values()),
+                **{k: float(v) for k, v in parts.items()},
+            )
+        )
+    peak = max(stages, key=lambda stage: stage.total_bytes)
+    capacity = accelerator.hbm_bytes if accelerator is not None else None
+    explain = _explain(model, layout, job, peak, dense_bpp, per_dense_layer, m, copies)
+    return MemoryReport(
+        model=model.name,
+        accelerator=accelerator.id if accelerator is not None else None,
+        layout=layout,
+        seq_len=job.seq_len,
+        num_microbatches=m,
+        total_bytes=peak.total_bytes,
+        capacity_bytes=capacity,
+        fits=None if capacity is None else peak.total_bytes <= capacity,
+        peak_rank=peak.rank,
+        breakdown_bytes={part: getattr(peak, part) for part in MEMORY_PARTS},
+        activation_tensors_per_layer=dense_tensors,
+        per_stage=stages,
+        explain=explain,
+    )
+
+
+def _moe_layers_per_stage(model: ModelSpec, layers_stage: np.ndarray) -> np.ndarray:
+    if not model.is_moe:
+        return np.zeros(len(layers_stage))
+    starts = np.concatenate([[0], np.cumsum(layers_stage)[:-1]])
+    dense = np.clip(model.num_dense_layers - starts, 0, layers_stage)
+    return (layers_stage - dense).astype(float)
+
+
+def _comm_buffer_bytes(model: ModelSpec, layout: Layout, shape, precision) -> float:
+    """Buffers that communication needs at its peak on one GPU.
+
+    Pipeline send/receive of one micro-batch's activations in both directions; the
+    all-gathered sequence under SP (one layer input, whole); under ZeRO-3 two layers'
+    gathered weights (the current one and the prefetched next one); with sharded
+    gradients (ZeRO ≥ 2) one DDP-sized gradient bucket before its reduce-scatter.
+    """
+    h, e = model.hidden_size, shape.element_bytes
+    total = 0.0
+    if layout.pp > 1:
+        total += 2 * shape.local_tokens * h * e * shape.replicated_share
+    if shape.sequence_parallel:
+        total += shape.local_tokens * h * e
+    if layout.zero_stage >= 3:
+        dense_layer, expert_layer = layer_params_per_rank(model, layout.tp, layout.ep, model.is_moe)
+        total += 2 * (dense_layer + expert_layer) * DTYPE_BYTES[precision.weight_dtype]
+    if layout.zero_stage >= 2:
+        total += DDP_BUCKET_BYTES
+    return total
+
+
+def _explain(model, layout, job, peak, bpp, per_dense_layer, m, copies) -> list[ExplainTerm]:
+    gib = 2**30
+    rank = peak.rank
+    params = peak.num_params
+    terms = [
+        ExplainTerm(
+            term="weights",
+            formula="params on rank × weight bytes / (dp·cp if ZeRO-3)",
+            values=f"{params:,} × {bpp.weights:.4g} B (parameter copies: {copies})",
+            bytes=peak.weights,
+        ),
+        ExplainTerm(
+            term="gradients",
+            formula="params on rank × grad bytes / (dp·cp if ZeRO ≥ 2)",
+            values=f"{params:,} × {bpp.gradients:.4g} B ({job.precision.gradient_dtype})",
+            bytes=peak.gradients,
+        ),
+        ExplainTerm(
+            term="master_weights + optimizer_states",
+            formula="params on rank × (master + states) bytes / (dp·cp if ZeRO ≥ 1)",
+            values=f"{params:,} × {bpp.master_weights + bpp.optimizer_states:.4g} B "
+            f"({job.precision.optimizer}, zero_stage {layout.zero_stage}, dp·cp {layout.zero_group_size})",
+            bytes=peak.master_weights + peak.optimizer_states,
+        ),
+        ExplainTerm(
+            term="activations",
+            formula="layers on rank × bytes per layer × micro-batches in flight (+ embedding/head tensors)",
+            values=f"{peak.num_layers} × {per_dense_layer / gib:.4g} GiB × {peak.inflight_microbatches:g} "
+            f"(schedule {layout.schedule}, rank {rank}, m {m}, recompute {layout.recompute})",
+            bytes=peak.activations,
+        ),
+        ExplainTerm(
+            term="logits_buffers",
+            formula="s·b/cp × vocab × (2 + 4 bytes) / tp on the last stage",
+            values=f"{job.seq_len}·{layout.micro_batch_size}/{layout.cp} × {model.vocab_size} × 6 / {layout.tp}",
+            bytes=peak.logits_buffers,
+        ),
+        ExplainTerm(
+            term="comm_buffers",
+            formula="PP send/recv + SP all-gather + ZeRO-3 prefetch + gradient bucket",
+            values="see planner.memory._comm_buffer_bytes",
+            bytes=peak.comm_buffers,
+        ),
+        ExplainTerm(
+            term="runtime_overhead",
+            formula="CUDA context and library workspaces (documented default)",
+            values=f"{job.runtime_overhead_bytes / gib:.3g} GiB",
+            bytes=peak.runtime_overhead,
+        ),
+    ]
+    return terms

@@ -1,0 +1,113 @@
+"""The CLI: JSON shapes, and one-line errors with exit code 2."""
+
+import json
+
+import pytest
+
+import cli
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv):
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_bytes_per_param_default_is_16(capsys):
+    result = run_json(capsys, "bytes-per-param")
+    assert result["bytes_per_param"] == 16
+    assert set(result["breakdown"]) == {
+        "weights",
+        "gradients",
+        "master_weights",
+        "optimizer_states",
+    }
+
+
+def test_bytes_per_param_fp32_grads_is_18(capsys):
+    assert run_json(capsys, "bytes-per-param", "--grad-dtype", "fp32")["bytes_per_param"] == 18
+
+
+def test_bytes_per_param_zero1_dp64(capsys):
+    result = run_json(capsys, "bytes-per-param", "--zero-stage", "1", "--dp", "64")
+    assert result["bytes_per_param"] == pytest.approx(4 + 12 / 64)
+
+
+def test_bytes_per_param_with_model_gives_total(capsys):
+    result = run_json(capsys, "bytes-per-param", "--model", "llama3-8b")
+    assert result["total_bytes"] == pytest.approx(16 * result["num_params"])
+
+
+def test_catalog_list_json(capsys):
+    result = run_json(capsys, "catalog", "list")
+    assert "llama3-405b" in result["models"]
+    assert "h100-sxm" in result["accelerators"]
+    assert "llama3-h100-24k" in result["clusters"]
+
+
+def test_catalog_show_model_has_param_counts(capsys):
+    result = run_json(capsys, "catalog", "show", "mixtral-8x7b")
+    assert result["num_params"] == pytest.approx(46.7e9, rel=0.003)
+    assert result["num_active_params"] == pytest.approx(12.9e9, rel=0.003)
+
+
+def test_catalog_show_accelerator_has_sources(capsys):
+    result = run_json(capsys, "catalog", "show", "h100-sxm")
+    assert result["bf16_tflops"] == 989.4
+    assert "bf16_tflops" in result["sources"]
+
+
+def test_plan_does_not_crash(capsys):
+    code, out, _ = run(capsys, "plan")
+    assert code == 0 and out
+
+
+def assert_one_line_error(code, out, err, *fragments):
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["catalog", "show", "llama3-40b"], ["llama3-40b", "did you mean"]),
+        (["memory", "--model", "llama3-450b"], ["unknown model", "llama3-405b"]),
+        (["memory", "--tp", "3"], ["tp 3", "num_attention_heads 128"]),
+        (["memory", "--pp", "127"], ["num_layers 126", "pp·vpp"]),
+        (["memory", "--tp", "0"], ["--tp"]),
+        (["memory", "--seq-len", "-5"], ["--seq-len"]),
+        (["memory", "--schedule", "1f1x"], ["unknown schedule", "1f1b"]),
+        (["memory", "--accelerator", "h100"], ["unknown accelerator", "h100-sxm"]),
+        (["bytes-per-param", "--optimizer", "adam"], ["--optimizer", "adamw"]),
+        (["bytes-per-param", "--zero-stage", "4"], ["--zero-stage"]),
+        (["memory", "--model", "/nonexistent/config.json"], ["file not found"]),
+        (["catalog", "list", "gpus"], ["unknown catalog kind", "models"]),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, argv, fragments):
+    assert_one_line_error(*run(capsys, *argv), *fragments)
+
+
+def test_bad_cluster_file_names_the_field(capsys, tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'id = "x"\nname = "x"\nvendor = "v"\nbf16_tflops = 1\nhbm_bytes = 1\n'
+        'hbm_bytes_per_s = 1\ncolour = "red"\n'
+    )
+    code, out, err = run(capsys, "memory", "--model", "llama3-8b", "--accelerator", str(path))
+    assert_one_line_error(code, out, err, "colour", "unknown key")
+
+
+def test_malformed_toml(capsys, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("id = [\n")
+    assert_one_line_error(*run(capsys, "memory", "--accelerator", str(path)), "malformed TOML")

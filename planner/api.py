@@ -202,3 +202,49 @@ def memory(job, layout, accelerator: str | None = None):
 
     spec = load_accelerator(accelerator) if accelerator else None
     return memory_report(job, layout, spec)
+
+
+# ----- communication and topology -------------------------------------------------------
+
+
+def collective(
+    op: str,
+    num_bytes,
+    ranks: int,
+    cluster: str,
+    algorithm: str | None = None,
+    gpus: int | None = None,
+):
+    """One collective on one cluster: time, algorithm and bus bandwidth."""
+    from hwspecs.catalog import load_cluster
+    from planner.comm import collective_time, parse_num_bytes
+
+    return collective_time(
+        op, parse_num_bytes(num_bytes), ranks, load_cluster(cluster), algorithm=algorithm, gpus=gpus
+    )
+
+
+def comm(job, layout, cluster: str, order: str | None = None, gpus: int | None = None):
+    """Per-axis communication of ``job`` under ``layout`` on ``cluster`` (raw and exposed)."""
+    from hwspecs.catalog import load_cluster
+    from planner.layout import DEFAULT_MESH_ORDER, check_layout
+    from planner.topology import resolve_order
+    from planner.traffic import axis_traffic
+
+    check_layout(layout, job.model, job.seq_len)
+    mesh = resolve_order(order) if order else DEFAULT_MESH_ORDER
+    return axis_traffic(
+        job, layout, load_cluster(cluster), order=mesh, gpus=gpus or layout.num_gpus
+    )
+
+
+def topology(
+    cluster: str, sizes: dict[str, int], order: str | None = None, gpus: int | None = None
+):
+    """Rank placement of each axis on ``cluster`` and the links each group crosses."""
+    from hwspecs.catalog import load_cluster
+    from planner.layout import DEFAULT_MESH_ORDER
+    from planner.topology import resolve_order, topology_report
+
+    mesh = resolve_order(order) if order else DEFAULT_MESH_ORDER
+    return topology_report(load_cluster(cluster), sizes, order=mesh, gpus=gpus)

@@ -111,3 +111,93 @@ def test_malformed_toml(capsys, tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("id = [\n")
     assert_one_line_error(*run(capsys, "memory", "--accelerator", str(path)), "malformed TOML")
+
+
+def test_collective_json_shape_and_nvls_busbw(capsys):
+    result = run_json(
+        capsys,
+        "collective",
+        "--op",
+        "all-reduce",
+        "--bytes",
+        "1GiB",
+        "--ranks",
+        "8",
+        "--cluster",
+        "dgx-h100",
+    )
+    assert {"time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "algorithm", "tiers"} <= set(result)
+    assert result["tiers"] == ["nvlink"]
+    assert (
+        470e9 < result["busbw_bytes_per_s"] < 485e9
+    )  # nccl-tests NVLS on 8×H100/H200: 476–480 GB/s
+
+
+def test_comm_llama3_layout_tp_on_nvlink_dp_across_pods(capsys):
+    result = run_json(
+        capsys, "comm", "--cluster", "llama3-h100-24k", "--tp", "8", "--pp", "16", "--dp", "128"
+    )
+    axes = {axis["axis"]: axis for axis in result["axes"]}
+    assert axes["tp"]["tier"] == "nvlink"
+    assert axes["dp"]["tier"] == "cluster"
+    for axis in axes.values():
+        assert {
+            "axis",
+            "group_size",
+            "tier",
+            "collective",
+            "bytes_per_step",
+            "time_s",
+            "exposed_time_s",
+        } <= set(axis)
+
+
+def test_topology_html(capsys, tmp_path):
+    path = tmp_path / "topology.html"
+    code, _, err = run(
+        capsys, "topology", "--cluster", "dgx-h100", "--tp", "8", "--html", str(path)
+    )
+    assert code == 0, err
+    assert "<html>" in path.read_text()[:200].lower()
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (
+            [
+                "collective",
+                "--op",
+                "all-reduce",
+                "--bytes",
+                "1GiB",
+                "--ranks",
+                "4096",
+                "--cluster",
+                "dgx-h100",
+            ],
+            ["4096"],
+        ),
+        (
+            [
+                "collective",
+                "--op",
+                "all-reduce",
+                "--bytes",
+                "1GiB",
+                "--ranks",
+                "8",
+                "--algorithm",
+                "nvls",
+                "--cluster",
+                "dgx-a100",
+            ],
+            ["nvls"],
+        ),
+        (["collective", "--op", "all-reduce", "--bytes", "lots", "--ranks", "8"], ["lots"]),
+        (["topology", "--cluster", "dgx-h100", "--tp", "3"], ["3"]),
+        (["comm", "--cluster", "dgx-h100", "--tp", "8", "--pp", "16", "--dp", "128"], ["16384"]),
+    ],
+)
+def test_comm_bad_input_is_one_line_exit_2(capsys, argv, fragments):
+    assert_one_line_error(*run(capsys, *argv), *fragments)

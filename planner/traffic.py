@@ -1,0 +1,192 @@
+"""Communication per training step of one layout, per parallel axis, explained.
+
+For each axis: the collectives one GPU takes part in per optimizer step (formulas and
+overlap rules in :mod:`planner.traffic_terms`), the tier they run on, the algorithm, the
+bytes sent, and raw and exposed time. Exposed time needs compute times
+(:class:`ComputeTimes`); without them every term is reported fully exposed (exposed = raw).
+:mod:`planner.traffic_columns` computes the same numbers for many layouts at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from hwspecs.schema import Cluster
+from planner.comm import algorithm_costs, choose, volume_factor
+from planner.job import Job
+from planner.layout import DEFAULT_MESH_ORDER, Layout, check_layout
+from planner.schedules.registry import get_schedule
+from planner.topology import axis_report, group_size, place_groups
+from planner.traffic_terms import (
+    AXIS_GROUPS,
+    EP_OVERLAP_SCHEDULES,
+    NO_COMPUTE_RULE,
+    RULES,
+    exposed_time,
+    step_terms,
+)
+
+
+class ComputeTimes(BaseModel):
+    """Compute of one micro-batch on the busiest pipeline rank (all its chunks), seconds."""
+
+    forward_s: float = Field(ge=0)
+    backward_s: float = Field(ge=0, description="input + weight gradients")
+    attention_s: float | None = Field(None, ge=0, description="attention core, fwd + bwd")
+
+
+class CollectiveTerm(BaseModel):
+    collective: str
+    what: str
+    algorithm: str
+    count_per_step: float
+    message_bytes: float
+    bytes_per_step: float
+    time_s: float
+    exposed_time_s: float
+    overlap_rule: str
+
+
+class AxisTraffic(BaseModel):
+    """Communication of one axis per step and per GPU (busiest rank)."""
+
+    axis: str
+    group_size: int
+    tier: str
+    tiers: list[str]
+    collective: str
+    bytes_per_step: float
+    time_s: float
+    exposed_time_s: float
+    terms: list[CollectiveTerm]
+
+
+class CommReport(BaseModel):
+    cluster: str
+    model: str
+    num_gpus: int
+    order: list[str]
+    sizes: dict[str, int]
+    num_microbatches: int
+    compute_given: bool
+    axes: list[AxisTraffic]
+    total_time_s: float
+    total_exposed_time_s: float
+    notes: list[str]
+
+
+# ----- one layout, explained -------------------------------------------------------------
+
+
+def axis_traffic(
+    job: Job,
+    layout: Layout,
+    cluster: Cluster | str,
+    order=DEFAULT_MESH_ORDER,
+    gpus: int | None = None,
+    compute: ComputeTimes | None = None,
+    tp_comm_overlap: bool = False,
+) -> CommReport:
+    """Per-axis bytes, tier, raw and exposed time per step for one layout (see module doc)."""
+    check_layout(layout, job.model, job.seq_len)
+    spec = get_schedule(layout.schedule)
+    chunks = spec.fixed_vpp or layout.vpp
+    m = layout.resolved_num_microbatches(job.global_batch_size)
+    placement = place_groups(cluster, layout, order, gpus)
+    sizes = placement.sizes
+    args = [np.asarray(sizes[a]) for a in ("tp", "cp", "pp", "dp", "ep")]
+    terms = step_terms(
+        job,
+        *args,
+        np.asarray(chunks),
+        layout.micro_batch_size,
+        m,
+        np.asarray(layout.sequence_parallel),
+        int(layout.recompute == "full"),
+        np.asarray(layout.zero_stage),
+        layout.pipeline_layer_split,
+    )
+    times = (
+        None if compute is None else (compute.forward_s, compute.backward_s, compute.attention_s)
+    )
+    by_axis: dict[str, list[CollectiveTerm]] = {}
+    for term in terms:
+        count, message = float(term.count), float(term.message_bytes)
+        if count == 0:
+            continue
+        group = placement.groups[AXIS_GROUPS[term.axis]]
+        n = group.group_size
+        levels = (group.neighbour_level,) if term.op == "p2p" else group.levels
+        costs = algorithm_costs(term.op, levels, n)
+        name, cost = choose(costs, message)
+        one = cost.time_s(message)
+        bucket = one
+        if term.bucket_bytes:
+            bucket = choose(costs, float(term.bucket_bytes))[1].time_s(float(term.bucket_bytes))
+        raw = count * one
+        exposed = exposed_time(
+            term.rule,
+            raw,
+            one,
+            bucket,
+            m,
+            sizes["pp"],
+            chunks,
+            times,
+            tp_comm_overlap,
+            layout.schedule in EP_OVERLAP_SCHEDULES,
+        )
+        rule = RULES[term.rule] if times is not None else NO_COMPUTE_RULE
+        by_axis.setdefault(term.axis, []).append(
+            CollectiveTerm(
+                collective=term.op,
+                what=term.what,
+                algorithm=name,
+                count_per_step=count,
+                message_bytes=message,
+                bytes_per_step=count * message * volume_factor(term.op, n),
+                time_s=raw,
+                exposed_time_s=float(exposed),
+                overlap_rule=rule,
+            )
+        )
+    axes = []
+    for axis, group_name in AXIS_GROUPS.items():
+        if axis not in by_axis:
+            continue
+        where = axis_report(placement.groups[group_name])
+        parts = by_axis[axis]
+        axes.append(
+            AxisTraffic(
+                axis=axis,
+                group_size=group_size(group_name, sizes),
+                tier=where.tier,
+                tiers=where.tiers,
+                collective=" + ".join(dict.fromkeys(t.collective for t in parts)),
+                bytes_per_step=sum(t.bytes_per_step for t in parts),
+                time_s=sum(t.time_s for t in parts),
+                exposed_time_s=sum(t.exposed_time_s for t in parts),
+                terms=parts,
+            )
+        )
+    notes = [
+        "bytes_per_step: bytes one GPU sends per optimizer step, on the busiest pipeline rank",
+        f"{m} micro-batches of {layout.micro_batch_size} sequences of {job.seq_len} tokens",
+        "axes run one after another in time_s totals; concurrent axes do not share links here",
+    ]
+    if compute is None:
+        notes.append(NO_COMPUTE_RULE + " (pass compute times for the overlap rules)")
+    return CommReport(
+        cluster=placement.view.cluster.id,
+        model=job.model.name,
+        num_gpus=placement.view.num_gpus,
+        order=list(placement.order),
+        sizes=sizes,
+        num_microbatches=m,
+        compute_given=compute is not None,
+        axes=axes,
+        total_time_s=sum(a.time_s for a in axes),
+        total_exposed_time_s=sum(a.exposed_time_s for a in axes),
+        notes=notes,
+    )

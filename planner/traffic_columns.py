@@ -1,0 +1,192 @@
+"""Per-axis communication for many layouts at once: the search's form of :mod:`planner.traffic`.
+
+:func:`axis_times_vectorized` takes one numpy column per layout field (scalars broadcast)
+and returns one column per quantity, with no Python loop per row. The terms come from
+:func:`planner.traffic.step_terms` (the same formulas the explained report uses); the
+collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp): every
+algorithm costs ``alpha + beta · bytes`` (:mod:`planner.comm`), so a row's time is
+``min over algorithms of alpha[combo] + beta[combo] · message_bytes``. Placements are cached
+by :func:`planner.topology.placement_for_view`, so repeated calls are cheap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hwspecs.schema import Cluster
+from planner.comm import algorithm_costs, volume_factor
+from planner.job import Job
+from planner.layout import DEFAULT_MESH_ORDER
+from planner.network import as_cluster, cluster_view
+from planner.schedules.registry import SCHEDULES, get_schedule
+from planner.topology import placement_for_view, resolve_order
+from planner.traffic_terms import (
+    AXIS_GROUPS,
+    EP_OVERLAP_SCHEDULES,
+    exposed_time,
+    stage_layers,
+    step_terms,
+)
+
+#: Axes whose columns :func:`axis_times_vectorized` returns (all of them, zeros where idle).
+AXES: tuple[str, ...] = tuple(AXIS_GROUPS)
+_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
+
+
+def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]):
+    """alpha, beta arrays [combo, group, op, algorithm]; inf alpha where unavailable/invalid."""
+    groups = list(dict.fromkeys(AXIS_GROUPS.values()))
+    num_algorithms = 7
+    alpha = np.full((len(combos), len(groups), len(_OPS), num_algorithms), np.inf)
+    beta = np.zeros_like(alpha)
+    views = {}
+    for u, (tp, cp, ep, pp, dp) in enumerate(combos.tolist()):
+        num_gpus = tp * cp * pp * dp
+        if num_gpus > cluster.num_gpus or (dp * cp) % ep:
+            continue  # stays inf: the row cannot be placed
+        if num_gpus not in views:
+            views[num_gpus] = cluster_view(cluster, num_gpus)
+        sizes = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
+        placement = placement_for_view(views[num_gpus], order, sizes)
+        for g, name in enumerate(groups):
+            group = placement.groups[name]
+            for o, op in enumerate(_OPS):
+                if op == "p2p":
+                    levels = (group.neighbour_level,) if group.neighbour_level else ()
+                else:
+                    levels = group.levels
+                costs = algorithm_costs(op, levels, group.group_size)
+                if not costs:  # a group of one rank: nothing to send
+                    alpha[u, g, o, 0] = 0.0
+                for a, cost in enumerate(costs.values()):
+                    alpha[u, g, o, a], beta[u, g, o, a] = cost.alpha_s, cost.beta_s_per_byte
+    return groups, alpha, beta
+
+
+def axis_times_vectorized(
+    job: Job,
+    cluster: Cluster | str,
+    *,
+    tp,
+    cp=1,
+    pp=1,
+    dp=1,
+    ep=1,
+    vpp=1,
+    micro_batch_size=1,
+    num_microbatches=None,
+    zero_stage=1,
+    sequence_parallel=True,
+    recompute="none",
+    schedule="1f1b",
+    pipeline_layer_split="auto",
+    order=DEFAULT_MESH_ORDER,
+    forward_s=None,
+    backward_s=None,
+    attention_s=None,
+    tp_comm_overlap=False,
+) -> dict[str, np.ndarray]:
+    """Per-axis bytes and times per step for rows of layouts (numpy columns, scalars broadcast).
+
+    Integer columns: ``tp, cp, pp, dp, ep, vpp, micro_batch_size, num_microbatches`` (None:
+    global batch / (dp · micro_batch_size), as Layout resolves it), ``zero_stage``; boolean
+    ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "full"),
+    ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``.
+    Optional float columns ``forward_s``, ``backward_s`` (and ``attention_s``) give compute
+    per micro-batch on the busiest rank for the overlap rules; without them exposed = raw.
+
+    Returns ``{axis}_bytes_per_step``, ``{axis}_time_s``, ``{axis}_exposed_time_s`` for each
+    axis in :data:`AXES` (tp, cp, ep, pp, dp, edp), ``total_time_s``,
+    ``total_exposed_time_s``, ``num_microbatches`` and ``valid``. Rows that cannot be placed
+    (more GPUs than the cluster, ep not dividing dp·cp, an illegal layer split, a batch that
+    dp · micro_batch_size does not divide) are NaN and
+    ``valid`` False; layout rules about the model (heads by tp, …) are the search's filter.
+    """
+    cluster = as_cluster(cluster)
+    order = resolve_order(order)
+    tp, cp, pp, dp, ep, vpp, b, zero = np.broadcast_arrays(
+        *(
+            np.asarray(x, dtype=np.int64)
+            for x in (tp, cp, pp, dp, ep, vpp, micro_batch_size, zero_stage)
+        )
+    )
+    rows = tp.shape
+    sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
+    full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
+    schedule = np.broadcast_to(np.asarray(schedule), rows)
+    chunks = vpp.copy()
+    for name, spec in SCHEDULES.items():  # zbv and dualpipev always run two chunks
+        if spec.fixed_vpp:
+            chunks = np.where(schedule == name, spec.fixed_vpp, chunks)
+    unknown = ~np.isin(schedule, list(SCHEDULES))
+    if unknown.any():
+        get_schedule(str(schedule[unknown].ravel()[0]))  # raises the one-line error
+    ep_overlap = np.isin(schedule, EP_OVERLAP_SCHEDULES)
+    batch_ok = np.ones(rows, dtype=bool)
+    if num_microbatches is not None:
+        m = np.broadcast_to(np.asarray(num_microbatches, dtype=np.int64), rows)
+    elif job.global_batch_size is None:  # as Layout.resolved_num_microbatches
+        m = np.where(vpp > 1, pp * vpp, pp)
+    else:
+        m, remainder = np.divmod(job.global_batch_size, dp * b)
+        batch_ok = remainder == 0
+    compute = None
+    if forward_s is not None and backward_s is not None:
+        compute = (
+            np.asarray(forward_s, dtype=float),
+            np.asarray(backward_s, dtype=float),
+            None if attention_s is None else np.asarray(attention_s, dtype=float),
+        )
+
+    combos = np.stack([tp, cp, ep, pp, dp], axis=-1).reshape(-1, 5)
+    radix = combos.max(axis=0) + 1  # one integer key per row: np.unique on ints is fast
+    keys = np.ravel_multi_index(tuple(combos.T), tuple(radix))
+    unique_keys, inv = np.unique(keys, return_inverse=True)
+    unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
+    inv = inv.reshape(rows)
+    groups, alpha, beta = _cost_tables(cluster, unique, order)
+    terms = step_terms(job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, pipeline_layer_split)
+    sizes = {
+        "tp": tp,
+        "cp": cp,
+        "ep": ep,
+        "pp": pp,
+        "dp_cp": dp * cp,
+        "edp": dp * cp // np.maximum(ep, 1),
+    }
+    out = {}
+    for axis in AXES:
+        out[f"{axis}_bytes_per_step"] = np.zeros(rows)
+        out[f"{axis}_time_s"] = np.zeros(rows)
+        out[f"{axis}_exposed_time_s"] = np.zeros(rows)
+    with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
+        for term in terms:
+            count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
+            if not count.any():
+                continue
+            g, o = groups.index(AXIS_GROUPS[term.axis]), _OPS.index(term.op)
+            usable = np.flatnonzero(np.isfinite(alpha[:, g, o]).any(axis=0))
+            a_rows, b_rows = alpha[:, g, o][:, usable][inv], beta[:, g, o][:, usable][inv]
+            message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
+            one = (a_rows + b_rows * message[..., None]).min(axis=-1)
+            bucket = one
+            if np.any(term.bucket_bytes):
+                size = np.broadcast_to(np.asarray(term.bucket_bytes, dtype=float), rows)
+                bucket = (a_rows + b_rows * size[..., None]).min(axis=-1)
+            raw = np.where(count > 0, count * one, 0.0)
+            n = sizes["pp"] if term.op == "p2p" else sizes[AXIS_GROUPS[term.axis]]
+            exposed = exposed_time(term.rule, raw, one, bucket, m, pp, chunks, compute,
+                                   tp_comm_overlap, ep_overlap)  # fmt: skip
+            out[f"{term.axis}_bytes_per_step"] += count * message * volume_factor(term.op, n)
+            out[f"{term.axis}_time_s"] += raw
+            out[f"{term.axis}_exposed_time_s"] += np.where(count > 0, exposed, 0.0)
+    valid = np.isfinite(alpha[inv, 0, 0].min(axis=-1))
+    valid &= np.asarray(stage_layers(job.model.num_layers, pp, chunks, pipeline_layer_split)[3])
+    valid &= batch_ok
+    for key, column in out.items():
+        out[key] = np.where(valid, column, np.nan)
+    out["total_time_s"] = sum(out[f"{axis}_time_s"] for axis in AXES)
+    out["total_exposed_time_s"] = sum(out[f"{axis}_exposed_time_s"] for axis in AXES)
+    out["num_microbatches"] = np.broadcast_to(m, rows)
+    out["valid"] = valid
+    return out

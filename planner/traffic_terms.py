@@ -1,0 +1,240 @@
+"""The collectives of one training step, per parallel axis: counts, sizes and overlap rules.
+
+Each term counts the collectives one GPU takes part in during one optimizer step, on the
+pipeline rank where the term is largest ("busiest rank"), with ``m`` micro-batches of
+``b`` sequences of ``s`` tokens, hidden size ``h``, activation bytes ``a``:
+
+* **tp** (Megatron-LM, Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2): per layer per
+  micro-batch, 2 all-reduces of the [b, s/cp, h] activation in forward and 2 in backward, or
+  with sequence parallelism 2 all-gathers + 2 reduce-scatters each way (same bytes); full
+  recompute repeats the forward ones. Embedding and loss all-reduces are left out.
+* **cp** (Llama 3 §3.3.2, all-gather based CP): per layer per micro-batch an all-gather of K
+  and V for the whole sequence in forward (repeated under full recompute) and a
+  reduce-scatter of their gradients in backward; GQA keeps only ``max(1, kv_heads/tp)``
+  heads per TP rank (MLA gathers its compressed latent + rotary key).
+* **pp** (Narayanan et al. 2021 §4.1, scatter/gather optimisation): one send of the
+  activation (÷ tp) per micro-batch per chunk forward and one gradient backward; ``vpp``
+  chunks (2 for the V-shaped zbv / dualpipev) multiply the sends.
+* **dp** over the dp·cp ranks holding the same dense weights (ZeRO, Rajbhandari et al. 2020
+  §5, §7): stage 0 all-reduces the gradients (gradient dtype) once per step; stages 1–2
+  reduce-scatter them once per step (Megatron's distributed optimizer accumulates in the
+  full buffer) and all-gather the updated weights (weight dtype) after the step; stage 3
+  (FSDP, resharded after forward) all-gathers each layer's weights in forward and again in
+  backward and reduce-scatters its gradients, every micro-batch.
+* **edp**: the same for routed-expert weights over dp·cp/ep ranks (MoE with ep > 1).
+* **ep** (GShard / DeepSeek-V3 §3.2): per MoE layer per micro-batch, dispatch and combine
+  all-to-alls of ``b·s/(cp·tp)`` tokens × top-k × h, in forward and backward (+ forward
+  again under full recompute); with an FP8 recipe the forward dispatch is FP8.
+
+Message sizes follow nccl-tests (see :mod:`planner.comm`); ``bytes_per_step`` is what one
+GPU sends. Raw time = count × the cheapest algorithm's time for the message on the group's
+placement. **Exposed** time needs compute times (:class:`planner.traffic.ComputeTimes`,
+per micro-batch on the busiest rank); without them every term is reported fully exposed
+(exposed = raw). With them: TP is exposed (with ``tp_comm_overlap`` it hides behind the m·(F+B) GEMMs); CP
+hides behind attention (m·attention) when shorter; PP exposes the 2·(pp·chunks − 1) fill
+and drain transfers plus any steady-state excess over m·(F+B); DP gradients hide behind the
+last micro-batch's backward except the last bucket (one layer); ZeRO-1/2 weight all-gathers
+hide behind the next step's first forward except the first bucket; FSDP all-gathers are
+prefetched behind m·(F+B) except the first, its reduce-scatters behind m·B except the
+last; EP is exposed unless the schedule overlaps it (dualpipe, dualpipev: behind m·(F+B)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.job import Job
+from planner.precision import DTYPE_BYTES
+
+#: Schedules that overlap one micro-batch's EP all-to-all with another's compute
+#: (DeepSeek-V3 §3.2.1 DualPipe; the V form keeps the F&B overlap).
+EP_OVERLAP_SCHEDULES: tuple[str, ...] = ("dualpipe", "dualpipev")
+#: Report order of the axes and the placement group each one's collectives run on.
+AXIS_GROUPS: dict[str, str] = {
+    "tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp_cp", "edp": "edp",
+}  # fmt: skip
+RULES: dict[str, str] = {
+    "exposed": "exposed: nothing to hide behind (hidden behind m·(F+B) with TP overlap on)",
+    "cp_attention": "hidden behind attention compute (m·attention) when shorter",
+    "pp_steady": "fill and drain transfers exposed; steady state hidden behind m·(F+B)",
+    "dp_grad": "hidden behind the last micro-batch's backward except the last bucket (one layer)",
+    "dp_param": "hidden behind the next step's first forward except the first bucket",
+    "fsdp_gather": "prefetched behind m·(F+B) except the first layer's gather",
+    "fsdp_grad": "hidden behind m·B except the last layer's reduce-scatter",
+    "ep": "exposed unless the schedule overlaps it (dualpipe, dualpipev: behind m·(F+B))",
+}
+NO_COMPUTE_RULE = "no compute times given: exposed = raw"
+
+
+def stage_layers(num_layers: int, pp, vpp, split="auto"):
+    """Layers on the first, a middle and the last pipeline rank, and whether the split is legal.
+
+    ``first-last-fewer`` (Llama 3 §3.3.2) takes one layer off the first and the last virtual
+    stage; ``auto`` uses it only when the layers do not divide evenly (planner.layout).
+    """
+    stages = pp * vpp
+    even_ok = num_layers % stages == 0
+    fewer_ok = ((num_layers + 2) % stages == 0) & (stages > 1)
+    split = np.asarray(split)
+    even = (split == "even") | ((split == "auto") & even_ok)
+    middle = np.where(even, vpp * (num_layers // stages), vpp * ((num_layers + 2) // stages))
+    edge = np.where(even, middle, middle - 1)
+    first = np.where(pp == 1, num_layers, edge)
+    return first, middle, edge, np.where(even, even_ok, fewer_ok)
+
+
+@dataclass
+class RankShape:
+    """What the busiest pipeline rank holds, per term (parameters are elements, ÷ tp)."""
+
+    layers: np.ndarray  # most transformer layers on one rank
+    moe_layers: np.ndarray  # most MoE layers on one rank
+    dense_params: np.ndarray  # parameters replicated over dp·cp (all but split experts)
+    expert_params: np.ndarray  # routed-expert parameters, split over ep (when ep > 1)
+    dense_bucket: np.ndarray  # one layer's dense parameters: the DP bucket
+    expert_bucket: np.ndarray
+
+
+def rank_shape(model, tp, pp, ep, chunks, split="auto") -> RankShape:
+    """Layers and parameters of the busiest rank (first, a middle, or the last one).
+
+    The embedding sits on the first rank, the final norm and LM head on the last; the dense
+    layers of an MoE model (``num_dense_layers``) are taken to fit on the first rank.
+    """
+    first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
+    middle, last = np.where(pp >= 3, middle, 0), np.where(pp >= 2, last, 0)
+    routed = model.num_routed_experts * model.mlp_params(model.moe_ffn_hidden_size or 1)
+    dense_layer = model.layer_params(moe_layer=False)
+    moe_layer = model.layer_params(moe_layer=True) - routed * (ep > 1) if model.is_moe else 0
+    dense_first = np.minimum(model.num_dense_layers, first) if model.is_moe else first
+    moe = [first - dense_first, middle, last] if model.is_moe else [0 * first] * 3
+    held = [first, middle, last]
+    head = model.lm_head_params() + model.norm_params()
+    extra = [model.embedding_params() + np.where(pp == 1, head, 0), 0, np.where(pp >= 2, head, 0)]
+    params = [
+        (n - k) * dense_layer + k * moe_layer + e for n, k, e in zip(held, moe, extra, strict=True)
+    ]
+    moe_layers = np.maximum(np.maximum(moe[0], moe[1]), moe[2])
+    has_dense = not model.is_moe or model.num_dense_layers > 0
+    return RankShape(
+        layers=np.maximum(np.maximum(first, middle), last),
+        moe_layers=moe_layers,
+        dense_params=np.maximum(np.maximum(params[0], params[1]), params[2]) / tp,
+        expert_params=moe_layers * routed * (ep > 1) / (ep * tp),
+        dense_bucket=np.maximum(dense_layer * has_dense, moe_layer) / tp,
+        expert_bucket=routed * (ep > 1) / (ep * tp),
+    )
+
+
+@dataclass
+class Term:
+    """Collectives of one kind on one axis per step: ``count`` × ``message_bytes``."""
+
+    axis: str
+    op: str
+    what: str
+    count: np.ndarray
+    message_bytes: np.ndarray
+    rule: str
+    bucket_bytes: np.ndarray | float = 0.0
+
+
+def step_terms(job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split="auto"):
+    """All collective terms of one step; every argument may be a numpy array (one row each).
+
+    ``chunks``: model chunks per rank (vpp; 2 for zbv / dualpipev); ``sp``: sequence
+    parallel; ``full``: 1 under full recompute; ``zero``: ZeRO stage.
+    """
+    model, precision, s, h = job.model, job.precision, job.seq_len, job.model.hidden_size
+    act_b, grad_b = precision.activation_bytes, DTYPE_BYTES[precision.gradient_dtype]
+    weight_b = DTYPE_BYTES[precision.weight_dtype]
+    shape = rank_shape(model, tp, pp, ep, chunks, split)
+    layers = shape.layers
+
+    def on(condition):
+        return np.where(condition, 1, 0)
+
+    act = b * (s / cp) * h * act_b  # one [b, s/cp, h] activation
+    passes = layers * m * (4 + 2 * full)  # per layer: 2 fwd + 2 bwd (+ 2 recomputed fwd)
+    sp_on, sp_off = on((tp > 1) & sp), on((tp > 1) & ~np.asarray(sp))
+    what_tp = "activations per layer (attention + MLP), fwd + bwd"
+    terms = [
+        Term("tp", "all-reduce", what_tp, passes * sp_off, act, "exposed"),
+        Term("tp", "all-gather", "sequence-parallel " + what_tp, passes * sp_on, act, "exposed"),
+        Term("tp", "reduce-scatter", "sequence-parallel " + what_tp, passes * sp_on, act,
+             "exposed"),
+    ]  # fmt: skip
+    if model.attention_kind == "mla":
+        kv_token = (model.kv_lora_rank + model.qk_rope_head_dim) * act_b + 0 * tp
+    else:
+        kv_token = 2 * np.maximum(model.num_kv_heads // tp, 1) * model.head_dim * act_b
+    kv = b * s * kv_token  # K and V of the whole sequence
+    sends = np.where(pp >= 3, 2 * m * chunks, np.where(pp == 2, m * (2 * chunks - 1), 0))
+    terms += [
+        Term("cp", "all-gather", "K and V, whole sequence, per layer", layers * m * (1 + full)
+             * on(cp > 1), kv, "cp_attention"),
+        Term("cp", "reduce-scatter", "K and V gradients per layer", layers * m * on(cp > 1), kv,
+             "cp_attention"),
+        Term("pp", "p2p", "activations forward, gradients backward", sends, act / tp,
+             "pp_steady"),
+    ]  # fmt: skip
+    if model.is_moe:
+        routed_tokens = b * s / (cp * tp) * model.num_experts_per_token * h
+        dispatch_b = DTYPE_BYTES["fp8"] if precision.gemm_dtype == "fp8" else act_b
+        per_layer = shape.moe_layers * m * on(ep > 1)
+        terms += [
+            Term("ep", "all-to-all", "token dispatch, forward", per_layer * (1 + full),
+                 routed_tokens * dispatch_b, "ep"),
+            Term("ep", "all-to-all", "combine fwd; dispatch and combine bwd",
+                 per_layer * (3 + full), routed_tokens * act_b, "ep"),
+        ]  # fmt: skip
+    groups = [("dp", shape.dense_params, shape.dense_bucket, dp * cp)]
+    if model.is_moe:
+        groups.append(("edp", shape.expert_params, shape.expert_bucket, dp * cp // ep))
+    units = np.maximum(layers, 1)  # FSDP wraps each transformer layer
+    for axis, params, bucket, size in groups:
+        live = on((size > 1) & (params > 0))
+        step_once, fsdp = on((zero == 1) | (zero == 2)) * live, on(zero == 3) * live
+        grads, weights = params * grad_b, params * weight_b
+        terms += [
+            Term(axis, "all-reduce", "gradients (ZeRO-0)", on(zero == 0) * live, grads,
+                 "dp_grad", bucket * grad_b),
+            Term(axis, "reduce-scatter", "gradients (ZeRO-1/2)", step_once, grads, "dp_grad",
+                 bucket * grad_b),
+            Term(axis, "all-gather", "updated weights (ZeRO-1/2)", step_once, weights,
+                 "dp_param", bucket * weight_b),
+            Term(axis, "all-gather", "weights per layer, fwd + bwd (ZeRO-3)",
+                 2 * m * units * fsdp, weights / units, "fsdp_gather"),
+            Term(axis, "reduce-scatter", "gradients per layer (ZeRO-3)", m * units * fsdp,
+                 grads / units, "fsdp_grad"),
+        ]  # fmt: skip
+    return terms
+
+
+def exposed_time(
+    rule, raw, one, bucket, m, pp, chunks, compute, tp_overlap=False, ep_overlap=False
+):
+    """Exposed seconds of a term under its overlap rule.
+
+    ``raw``: count × ``one`` (one collective); ``bucket``: time of the first/last bucket;
+    ``compute``: (forward, backward, attention) seconds per micro-batch, or None (then the
+    term is fully exposed). Works on numpy arrays.
+    """
+    if compute is None:
+        return raw
+    forward, backward, attention = compute
+    busy = m * (forward + backward)
+    if rule == "exposed":
+        return np.where(tp_overlap, np.maximum(0.0, raw - busy), raw)
+    if rule == "cp_attention":
+        return raw if attention is None else np.maximum(0.0, raw - m * attention)
+    if rule == "pp_steady":
+        critical = 2 * np.maximum(pp * chunks - 1, 0) * one
+        return np.minimum(raw, critical + np.maximum(0.0, raw - busy))
+    if rule == "ep":
+        return np.where(ep_overlap, np.maximum(0.0, raw - busy), raw)
+    window = {"dp_grad": backward, "dp_param": forward, "fsdp_gather": busy,
+              "fsdp_grad": m * backward}[rule]  # fmt: skip
+    return np.minimum(raw, np.maximum(bucket, raw - window))

@@ -1,0 +1,203 @@
+"""Per-axis traffic per step (planner.traffic, planner.traffic_terms, planner.traffic_columns)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hwspecs.catalog import catalog_names
+from planner.errors import PlanError
+from planner.job import Job
+from planner.layout import Layout, check_layout
+from planner.model import load_model
+from planner.traffic import ComputeTimes, axis_traffic
+from planner.traffic_columns import AXES, axis_times_vectorized
+
+LLAMA3_ORDER = ("tp", "cp", "pp", "dp")
+
+
+def job_for(model: str, seq_len: int = 8192, tokens: int = 16 * 2**20, **kwargs) -> Job:
+    return Job(model=load_model(model), seq_len=seq_len, global_batch_tokens=tokens, **kwargs)
+
+
+def axis(report, name):
+    return next(a for a in report.axes if a.axis == name)
+
+
+LLAMA3_LAYOUT = Layout(tp=8, pp=16, dp=128, vpp=2, schedule="interleaved-1f1b", zero_stage=2)
+
+
+def test_llama3_405b_tp_on_nvlink_dp_across_pods_with_exact_bytes():
+    job = job_for("llama3-405b")
+    report = axis_traffic(job, LLAMA3_LAYOUT, "llama3-h100-24k", LLAMA3_ORDER)
+    model, m, layers = job.model, 2048 // 128, 8  # 126 layers on 32 stages: 3, 4, …, 4, 3
+    tp, pp, dp = axis(report, "tp"), axis(report, "pp"), axis(report, "dp")
+    activation = 8192 * model.hidden_size * 2
+    assert tp.tier == "nvlink" and tp.collective == "all-gather + reduce-scatter"
+    assert tp.bytes_per_step == pytest.approx(layers * m * 4 * 2 * (7 / 8) * activation)
+    assert pp.bytes_per_step == pytest.approx(2 * m * 2 * activation / 8)
+    assert dp.tier == "cluster" and dp.tiers == ["pod", "cluster"]
+    params = layers * model.layer_params(moe_layer=False) / 8  # a middle rank is busiest
+    assert dp.bytes_per_step == pytest.approx(2 * (127 / 128) * params * 2)
+    assert report.model_dump()["axes"][0].keys() >= {
+        "axis", "group_size", "tier", "collective", "bytes_per_step", "time_s", "exposed_time_s"
+    }  # fmt: skip
+
+
+def test_sequence_parallel_moves_the_same_bytes_as_all_reduce_and_recompute_adds_half():
+    # Korthikanti et al. 2022 §4.2.2: RS + AG has the volume of one all-reduce.
+    job = job_for("llama3-8b", tokens=8192 * 64)
+    base = dict(tp=8, dp=4, pp=2)
+    sp = axis(axis_traffic(job, Layout(**base), "dgx-h100"), "tp")
+    ar = axis(axis_traffic(job, Layout(**base, sequence_parallel=False), "dgx-h100"), "tp")
+    full = axis(axis_traffic(job, Layout(**base, recompute="full"), "dgx-h100"), "tp")
+    assert ar.collective == "all-reduce" and sp.bytes_per_step == pytest.approx(ar.bytes_per_step)
+    assert full.bytes_per_step == pytest.approx(1.5 * sp.bytes_per_step)
+
+
+def test_zero_communication_volumes_of_the_zero_paper():
+    # ZeRO §7: 2Ψ for DP, P_os and P_os+g; 3Ψ for P_os+g+p (per step, one micro-batch).
+    job = job_for("llama3-8b", tokens=8192 * 8)
+    psi_bytes = job.model.num_params() * 2 * (7 / 8)
+    volumes = [
+        axis(axis_traffic(job, Layout(dp=8, zero_stage=z), "dgx-h100"), "dp").bytes_per_step
+        for z in (0, 1, 2, 3)
+    ]
+    assert volumes == pytest.approx([2 * psi_bytes, 2 * psi_bytes, 2 * psi_bytes, 3 * psi_bytes])
+
+
+def test_gqa_shrinks_the_context_parallel_all_gather():
+    job = job_for("llama3-8b", tokens=8192 * 8)
+    mha = job.model_copy(update={"model": job.model.model_copy(update={"num_kv_heads": 32})})
+    layout = Layout(cp=2, dp=4)
+    gqa_bytes = axis(axis_traffic(job, layout, "dgx-h100"), "cp").terms[0].message_bytes
+    mha_bytes = axis(axis_traffic(mha, layout, "dgx-h100"), "cp").terms[0].message_bytes
+    assert gqa_bytes == 8192 * 2 * 8 * 128 * 2  # b·s·(K and V)·kv heads·head dim·bf16
+    assert mha_bytes == 4 * gqa_bytes
+
+
+@pytest.mark.parametrize(("schedule", "vpp", "sends"), [
+    ("1f1b", 1, 2 * 8), ("interleaved-1f1b", 2, 2 * 8 * 2), ("zbv", 2, 2 * 8 * 2),
+])  # fmt: skip
+def test_pipeline_sends_per_micro_batch_and_chunk(schedule, vpp, sends):
+    job = job_for("llama3-8b", tokens=8192 * 16)
+    layout = Layout(tp=2, pp=4, dp=2, vpp=vpp, schedule=schedule)
+    (term,) = axis(axis_traffic(job, layout, "dgx-h100"), "pp").terms
+    assert term.count_per_step == sends
+    assert term.message_bytes == 8192 * job.model.hidden_size * 2 / 2
+
+
+def test_expert_all_to_all_dispatch_and_combine_forward_and_backward():
+    job = job_for("mixtral-8x7b", seq_len=4096, tokens=4096 * 64)
+    report = axis_traffic(job, Layout(ep=8, dp=8, zero_stage=1), "dgx-h100")
+    ep = axis(report, "ep")
+    m, model = 8, job.model
+    expected = model.num_layers * m * 4 * (7 / 8) * 4096 * 2 * model.hidden_size * 2
+    assert ep.collective == "all-to-all" and ep.bytes_per_step == pytest.approx(expected)
+    assert "edp" not in [a.axis for a in report.axes]  # ep = dp·cp: no expert replicas
+    dense = axis_traffic(job_for("llama3-8b", tokens=8192 * 8), Layout(dp=8), "dgx-h100")
+    assert "ep" not in [a.axis for a in dense.axes]
+
+
+def test_without_compute_times_everything_is_exposed():
+    report = axis_traffic(job_for("llama3-405b"), LLAMA3_LAYOUT, "llama3-h100-24k", LLAMA3_ORDER)
+    assert not report.compute_given
+    for entry in report.axes:
+        assert entry.exposed_time_s == entry.time_s
+        assert {t.overlap_rule for t in entry.terms} == {"no compute times given: exposed = raw"}
+
+
+def test_overlap_rules_with_compute_times():
+    job = job_for("mixtral-8x7b", seq_len=4096, tokens=4096 * 64)
+    compute = ComputeTimes(forward_s=1.0, backward_s=2.0, attention_s=1.0)
+    layout = Layout(tp=2, cp=2, pp=2, dp=4, ep=4, vpp=2, schedule="dualpipev")
+    report = axis_traffic(job, layout, "dgx-h100", compute=compute)
+    assert axis(report, "tp").exposed_time_s == axis(report, "tp").time_s  # TP is exposed
+    assert axis(report, "cp").exposed_time_s == 0  # shorter than attention
+    assert axis(report, "ep").exposed_time_s == 0  # DualPipe overlaps the all-to-all
+    dp = axis(report, "dp")
+    assert 0 < dp.exposed_time_s < dp.time_s  # the last bucket stays exposed
+    one_f_one_b = axis_traffic(job, layout.model_copy(update={"schedule": "1f1b", "vpp": 1}),
+                               "dgx-h100", compute=compute)  # fmt: skip
+    assert axis(one_f_one_b, "ep").exposed_time_s == axis(one_f_one_b, "ep").time_s
+
+
+def random_layouts(model_name: str, count: int, seed: int):
+    """Valid random layouts of ``model_name`` on at most 1,024 GPUs."""
+    rng = np.random.default_rng(seed)
+    job = job_for(model_name, seq_len=4096, tokens=4096 * 256)
+    layouts = []
+    while len(layouts) < count:
+        schedule, vpp = [("1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2), ("dualpipev", 2),
+                         ("gpipe", 1)][rng.integers(5)]  # fmt: skip
+        layout = Layout(
+            tp=int(rng.choice([1, 2, 4, 8])), cp=int(rng.choice([1, 2])),
+            pp=int(rng.choice([1, 2, 4])), dp=int(rng.choice([1, 2, 4, 8, 16])),
+            ep=int(rng.choice([1, 2, 4, 8])), vpp=vpp, schedule=schedule,
+            micro_batch_size=int(rng.choice([1, 2])), zero_stage=int(rng.integers(4)),
+            sequence_parallel=bool(rng.integers(2)),
+            recompute=str(rng.choice(["none", "selective", "full"])),
+        )  # fmt: skip
+        try:
+            check_layout(layout, job.model, job.seq_len)
+            layout.resolved_num_microbatches(job.global_batch_size)
+        except PlanError:
+            continue
+        layouts.append(layout)
+    return job, layouts
+
+
+@pytest.mark.parametrize(("model_name", "cluster"), [
+    ("llama3-8b", "dgx-h100"), ("mixtral-8x7b", "llama3-h100-24k"), ("llama3-70b", "tpu-v6e"),
+])  # fmt: skip
+def test_vectorized_equals_the_explained_report_for_random_layouts(model_name, cluster):
+    job, layouts = random_layouts(model_name, 25, seed=len(model_name))
+    rng = np.random.default_rng(7)
+    forward = rng.uniform(0.01, 0.5, len(layouts))
+    backward, attention = 2 * forward, forward / 3
+    columns = {
+        name: np.array([getattr(layout, name) for layout in layouts])
+        for name in ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "zero_stage",
+                     "sequence_parallel", "recompute", "schedule")
+    }  # fmt: skip
+    out = axis_times_vectorized(job, cluster, **columns, forward_s=forward,
+                                backward_s=backward, attention_s=attention)  # fmt: skip
+    assert out["valid"].all()
+    for row, layout in enumerate(layouts):
+        compute = ComputeTimes(forward_s=forward[row], backward_s=backward[row],
+                               attention_s=attention[row])  # fmt: skip
+        report = axis_traffic(job, layout, cluster, compute=compute)
+        found = {a.axis: a for a in report.axes}
+        for name in AXES:
+            entry = found.get(name)
+            for key in ("bytes_per_step", "time_s", "exposed_time_s"):
+                expected = getattr(entry, key) if entry else 0.0
+                assert out[f"{name}_{key}"][row] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        assert out["total_exposed_time_s"][row] == pytest.approx(report.total_exposed_time_s)
+
+
+def test_rows_that_cannot_be_placed_are_nan_not_errors():
+    out = axis_times_vectorized(job_for("llama3-8b"), "dgx-h100", tp=np.array([8, 8, 4, 8]),
+                                dp=np.array([4, 256, 2, 3]), ep=np.array([1, 1, 3, 1]))  # fmt: skip
+    assert out["valid"].tolist() == [True, False, False, False]  # last: 2048 seqs over dp 3
+    assert np.isnan(out["tp_time_s"][1:]).all() and out["tp_time_s"][0] > 0
+    assert out["num_microbatches"][0] == 2048 // 4
+
+
+@pytest.mark.parametrize("name", catalog_names("cluster"))
+def test_comm_report_for_every_catalog_cluster(name):
+    report = axis_traffic(job_for("llama3-8b", tokens=8192 * 32), Layout(tp=4, pp=2, dp=8), name)
+    assert [a.axis for a in report.axes] == ["tp", "pp", "dp"]
+    assert all(a.time_s > 0 and a.tier for a in report.axes)
+
+
+def test_bad_layouts_are_one_line_errors():
+    job = job_for("llama3-8b")
+    for layout, words in [
+        (Layout(tp=8, dp=256), "has 1024"),
+        (Layout(tp=8, dp=4, schedule="nope"), "unknown schedule"),
+        (Layout(tp=3, dp=4), "does not divide"),
+    ]:
+        with pytest.raises(PlanError, match=words) as error:
+            axis_traffic(job, layout, "dgx-h100")
+        assert "\n" not in str(error.value)

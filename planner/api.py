@@ -248,3 +248,37 @@ def topology(
 
     mesh = resolve_order(order) if order else DEFAULT_MESH_ORDER
     return topology_report(load_cluster(cluster), sizes, order=mesh, gpus=gpus)
+
+
+# ----- pipeline schedules ---------------------------------------------------------------
+
+
+def schedule(
+    name: str,
+    pp: int,
+    num_microbatches: int,
+    vpp: int | None = None,
+    f: float = 1.0,
+    b: float = 1.0,
+    w: float = 1.0,
+    comm: float = 0.0,
+    overlap_fb: float = 0.0,
+    microbatch_group_size: int | None = None,
+):
+    """Generate and simulate one schedule with uniform stages (durations per rank per micro-batch)."""
+    from planner.pipeline import schedule_report
+    from planner.schedules import SCHEDULES
+
+    if name not in SCHEDULES:
+        raise unknown_name_error("schedule", name, SCHEDULES)
+    for label, value in (("f", f), ("b", b), ("w", w)):
+        if value < 0:
+            raise PlanError(f"--{label} must be ≥ 0, got {value}")
+    if comm < 0:
+        raise PlanError(f"--comm must be ≥ 0, got {comm}")
+    if not 0 <= overlap_fb <= 1:
+        raise PlanError(f"--overlap-fb must be in [0, 1], got {overlap_fb}")
+    options = {"microbatch_group_size": microbatch_group_size} if microbatch_group_size else {}
+    if options and name != "interleaved-1f1b":
+        raise PlanError("--microbatch-group-size applies only to interleaved-1f1b")
+    return schedule_report(name, pp, num_microbatches, vpp, f, b, w, comm, overlap_fb, **options)

@@ -201,3 +201,48 @@ def test_topology_html(capsys, tmp_path):
 )
 def test_comm_bad_input_is_one_line_exit_2(capsys, argv, fragments):
     assert_one_line_error(*run(capsys, *argv), *fragments)
+
+
+def test_schedule_1f1b_acceptance(capsys):
+    """Issue acceptance: 1F1B, pp 4, m 8, F = B = W = 1 → step 33, peak activations 4 … 1."""
+    result = run_json(capsys, "schedule", "--schedule", "1f1b", "--pp", "4", "--microbatches", "8")
+    assert result["step_time"] == 33
+    assert result["peak_activations"] == [4, 3, 2, 1]
+    row = result["timeline"][0]
+    assert set(row) == {"rank", "stage_index", "microbatch", "action", "start", "end"}
+
+
+def test_schedule_compare_writes_one_html_page(capsys, tmp_path):
+    path = tmp_path / "compare.html"
+    code, out, err = run(
+        capsys,
+        "schedule",
+        "--compare",
+        "1f1b,zb-h1,zbv,dualpipev",
+        "--pp",
+        "4",
+        "--microbatches",
+        "8",
+        "--html",
+        str(path),
+    )
+    assert code == 0, err
+    assert all(name in out for name in ("1f1b", "zb-h1", "zbv", "dualpipev"))
+    assert path.read_text().count("<html") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (
+            ["schedule", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"],
+            ["multiple of pp"],
+        ),
+        (["schedule", "--schedule", "dualpipe", "--pp", "3", "--microbatches", "8"], ["even"]),
+        (["schedule", "--schedule", "zbv", "--vpp", "3"], ["vpp"]),
+        (["schedule", "--schedule", "1f2b"], ["unknown schedule", "1f1b"]),
+        (["schedule", "--overlap-fb", "2"], ["overlap"]),
+    ],
+)
+def test_schedule_bad_input_is_one_line_exit_2(capsys, argv, fragments):
+    assert_one_line_error(*run(capsys, *argv), *fragments)

@@ -1,0 +1,145 @@
+"""Pipeline timelines as plotly figures: ranks down the y axis, time along x.
+
+Each :class:`~planner.pipeline.ScheduleReport` becomes one panel: one horizontal bar per
+action, coloured by kind (F forward, B input gradient, W weight gradient, BW full backward),
+labelled with its micro-batch, with micro-batch, stage, start and end on hover and the
+step time and bubble fraction in the panel title. Several reports (``--compare``) stack as
+panels on one page sharing the time axis, so equal durations line up. The simulator did
+all the computing; this module only draws. plotly is imported inside the functions so the
+CLI starts fast.
+
+    from planner.pipeline import schedule_report
+    from plots.schedule import schedule_figure, write_figure
+    write_figure(schedule_figure([schedule_report("zbv", 4, 8)]), html_path="zbv.html")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from planner.errors import PlanError
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from planner.pipeline import ScheduleReport
+
+#: Colour per action kind (torch.distributed.pipelining's visualizer uses the same hues).
+KIND_COLORS = {"F": "#4C78A8", "B": "#2CA6A4", "W": "#59A14F", "BW": "#F28E2B"}
+KIND_NAMES = {"F": "forward", "B": "input grad", "W": "weight grad", "BW": "full backward"}
+#: Above this many bars a panel drops its in-bar labels (hover still has them).
+LABELLED_BARS = 4000
+
+
+def panel_title(report: ScheduleReport) -> str:
+    return (
+        f"{report.schedule}: pp {report.pp}, {report.microbatches} micro-batches, vpp "
+        f"{report.vpp} — step {report.step_time:.4g}, bubble {report.bubble_fraction:.1%}"
+    )
+
+
+def schedule_figure(reports: list[ScheduleReport]) -> go.Figure:
+    """One timeline panel per report, stacked, sharing the time axis."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    if not reports:
+        raise PlanError("schedule_figure needs at least one report")
+    heights = [report.pp + 1.5 for report in reports]
+    fig = make_subplots(
+        rows=len(reports),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=min(0.08, 0.3 / len(reports)),
+        row_heights=heights,
+        subplot_titles=[panel_title(report) for report in reports],
+    )
+    shown: set[str] = set()
+    for row, report in enumerate(reports, start=1):
+        labelled = len(report.timeline) <= LABELLED_BARS
+        for kind, color in KIND_COLORS.items():
+            bars = [item for item in report.timeline if item.action == kind]
+            if not bars:
+                continue
+            fig.add_trace(
+                go.Bar(
+                    orientation="h",
+                    y=[item.rank for item in bars],
+                    x=[item.end - item.start for item in bars],
+                    base=[item.start for item in bars],
+                    marker={"color": color, "line": {"color": "white", "width": 0.5}},
+                    text=[str(item.microbatch) for item in bars] if labelled else None,
+                    textposition="inside",
+                    insidetextanchor="middle",
+                    customdata=[
+                        (item.microbatch, item.stage_index, item.start, item.end) for item in bars
+                    ],
+                    hovertemplate=(
+                        f"{KIND_NAMES[kind]} ({kind})<br>rank %{{y}}<br>micro-batch "
+                        "%{customdata[0]}<br>stage %{customdata[1]}<br>"
+                        "%{customdata[2]:.4g} → %{customdata[3]:.4g}<extra></extra>"
+                    ),
+                    name=f"{kind}: {KIND_NAMES[kind]}",
+                    legendgroup=kind,
+                    showlegend=kind not in shown,
+                ),
+                row=row,
+                col=1,
+            )
+            shown.add(kind)
+        fig.update_yaxes(
+            autorange="reversed",
+            tickmode="array",
+            tickvals=list(range(report.pp)),
+            ticktext=[f"rank {rank}" for rank in range(report.pp)],
+            row=row,
+            col=1,
+        )
+    fig.update_xaxes(title_text="time", row=len(reports), col=1)
+    title = (
+        panel_title(reports[0])
+        if len(reports) == 1
+        else "Pipeline schedules: "
+        + ", ".join(f"{report.schedule} {report.bubble_fraction:.1%}" for report in reports)
+    )
+    fig.update_layout(
+        title={"text": title},
+        barmode="overlay",
+        bargap=0.15,
+        height=int(140 + 34 * sum(heights)),
+        legend={"title": {"text": "action"}},
+        template="plotly_white",
+    )
+    if len(reports) == 1:  # the figure title already says it
+        fig.layout.annotations = ()
+    return fig
+
+
+def write_figure(
+    fig: go.Figure, html_path: str | Path | None = None, png_path: str | Path | None = None
+) -> None:
+    """Write ``fig`` as standalone HTML and/or PNG.
+
+    PNG goes through kaleido, which drives a Chrome or Chromium it finds on the machine;
+    without one this raises a :class:`PlanError` saying how to enable it.
+    """
+    if html_path is not None:
+        fig.write_html(str(html_path), include_plotlyjs=True, full_html=True)
+    if png_path is None:
+        return
+    hint = (
+        "PNG export needs kaleido and a Chrome/Chromium: `pip install kaleido` and either run "
+        "`plotly_get_chrome` or install chromium (Debian: apt-get install chromium) and set "
+        "BROWSER_PATH=/usr/bin/chromium; --html works without it"
+    )
+    try:
+        import kaleido  # noqa: F401
+    except ImportError as error:
+        raise PlanError(hint) from error
+    try:
+        fig.write_image(str(png_path))
+    except (RuntimeError, ValueError) as error:
+        if "chrome" in str(error).lower() or "browser" in str(error).lower():
+            raise PlanError(hint) from error
+        raise

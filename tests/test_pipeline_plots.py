@@ -1,0 +1,73 @@
+"""Terminal chart, summary line and plotly figure of a simulated schedule."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from planner.errors import PlanError
+from planner.pipeline import schedule_report
+from plots.schedule import schedule_figure, write_figure
+from plots.schedule_chart import schedule_chart, summary_line
+
+
+def render(text) -> str:
+    console = Console(width=200, record=True, color_system=None)
+    console.print(text)
+    return console.export_text()
+
+
+def test_chart_has_one_row_per_rank_with_microbatch_numbers():
+    report = schedule_report("1f1b", 4, 8)
+    lines = render(schedule_chart(report)).splitlines()
+    assert [line.split()[:2] for line in lines[:4]] == [["rank", str(r)] for r in range(4)]
+    assert lines[3].split()[2:5] == ["0", "0", "0"]  # last rank: F0 then a 2-unit BW0
+    assert "F forward" in lines[4]
+
+
+def test_chart_fits_the_width_it_is_given():
+    report = schedule_report("zbv", 8, 32)
+    assert (
+        max(len(line) for line in render(schedule_chart(report, max_width=100)).splitlines()) <= 100
+    )
+
+
+def test_summary_line_names_step_bubble_peaks_and_copies():
+    line = summary_line(schedule_report("dualpipe", 4, 8))
+    assert "dualpipe" in line and "step" in line and "bubble" in line
+    assert "[5 5 5 5]" in line and "2× parameters" in line
+
+
+def test_figure_has_a_trace_per_action_kind_and_the_bubble_in_its_title():
+    report = schedule_report("zb-h1", 4, 8)
+    fig = schedule_figure([report])
+    assert sorted(trace.legendgroup for trace in fig.data) == ["B", "F", "W"]
+    assert f"{report.bubble_fraction:.1%}" in fig.layout.title.text
+    forward = next(trace for trace in fig.data if trace.legendgroup == "F")
+    assert len(forward.x) == 4 * 8
+    assert "micro-batch" in forward.hovertemplate
+
+
+def test_compare_stacks_one_panel_per_schedule(tmp_path):
+    reports = [schedule_report(name, 4, 8) for name in ("1f1b", "zb-h1", "zbv", "dualpipev")]
+    fig = schedule_figure(reports)
+    assert {trace.yaxis for trace in fig.data} == {"y", "y2", "y3", "y4"}
+    assert len(fig.layout.annotations) == 4
+    html = tmp_path / "compare.html"
+    write_figure(fig, html_path=html)
+    assert html.read_text().count("plotly") > 0
+
+
+def test_png_without_a_browser_says_how_to_enable_it(tmp_path):
+    fig = schedule_figure([schedule_report("1f1b", 2, 2)])
+    try:
+        write_figure(fig, png_path=tmp_path / "x.png")
+    except PlanError as error:
+        assert "Chrome" in str(error) and "\n" not in str(error)
+    else:
+        assert (tmp_path / "x.png").stat().st_size > 0
+
+
+def test_figure_needs_a_report():
+    with pytest.raises(PlanError):
+        schedule_figure([])

@@ -84,8 +84,6 @@ def layers_per_virtual_stage(
     middle stages (DeepSeek-V3's 61 layers on 16 stages: 3, 3, 4, …, 4, 3, 3).
     """
     stages = pp * vpp
-    if num_layers < stages:
-        raise PlanError(f"num_layers {num_layers} is fewer than pp·vpp = {pp}·{vpp} = {stages} stages")
     if split == "auto":
         if num_layers % stages == 0:
             split = "even"
@@ -93,6 +91,10 @@ def layers_per_virtual_stage(
             split = "first-last-fewer"
         else:
             split = "balanced"
+    if split != "first-last-fewer" and num_layers < stages:
+        raise PlanError(
+            f"num_layers {num_layers} is fewer than pp·vpp = {pp}·{vpp} = {stages} stages"
+        )
     if split == "balanced":
         layers = np.full(stages, num_layers // stages, dtype=np.int64)
         extra = num_layers % stages

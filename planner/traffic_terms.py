@@ -16,9 +16,11 @@ pipeline rank where the term is largest ("busiest rank"), with ``m`` micro-batch
   activation (÷ tp) per micro-batch per chunk forward and one gradient backward; ``vpp``
   chunks (2 for the V-shaped zbv / dualpipev) multiply the sends.
 * **dp** over the dp·cp ranks holding the same dense weights (ZeRO, Rajbhandari et al. 2020
-  §5, §7): stage 0 all-reduces the gradients (gradient dtype) once per step; stages 1–2
-  reduce-scatter them once per step (Megatron's distributed optimizer accumulates in the
-  full buffer) and all-gather the updated weights (weight dtype) after the step; stage 3
+  §5, §7): stage 0 all-reduces the gradients (gradient dtype) once per step; stage 1
+  reduce-scatters them once per step (Megatron's distributed optimizer accumulates in the
+  full buffer); stage 2 keeps only its gradient shard, so it reduce-scatters every
+  micro-batch (hidden behind the backward passes but the last); stages 1–2 all-gather the
+  updated weights (weight dtype) after the step; stage 3
   (FSDP, resharded after forward) all-gathers each layer's weights in forward and again in
   backward and reduce-scatters its gradients, every micro-batch.
 * **edp**: the same for routed-expert weights over dp·cp/ep ranks (MoE with ep > 1).
@@ -196,14 +198,16 @@ def step_terms(job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split
     units = np.maximum(layers, 1)  # FSDP wraps each transformer layer
     for axis, params, bucket, size in groups:
         live = on((size > 1) & (params > 0))
-        step_once, fsdp = on((zero == 1) | (zero == 2)) * live, on(zero == 3) * live
+        zero1, zero2, fsdp = (on(zero == stage) * live for stage in (1, 2, 3))
         grads, weights = params * grad_b, params * weight_b
         terms += [
             Term(axis, "all-reduce", "gradients (ZeRO-0)", on(zero == 0) * live, grads,
                  "dp_grad", bucket * grad_b),
-            Term(axis, "reduce-scatter", "gradients (ZeRO-1/2)", step_once, grads, "dp_grad",
-                 bucket * grad_b),
-            Term(axis, "all-gather", "updated weights (ZeRO-1/2)", step_once, weights,
+            Term(axis, "reduce-scatter", "gradients once per step (ZeRO-1)", zero1, grads,
+                 "dp_grad", bucket * grad_b),
+            Term(axis, "reduce-scatter", "gradients every micro-batch (ZeRO-2)", m * zero2,
+                 grads, "fsdp_grad"),
+            Term(axis, "all-gather", "updated weights (ZeRO-1/2)", zero1 + zero2, weights,
                  "dp_param", bucket * weight_b),
             Term(axis, "all-gather", "weights per layer, fwd + bwd (ZeRO-3)",
                  2 * m * units * fsdp, weights / units, "fsdp_gather"),

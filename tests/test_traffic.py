@@ -24,7 +24,7 @@ def axis(report, name):
     return next(a for a in report.axes if a.axis == name)
 
 
-LLAMA3_LAYOUT = Layout(tp=8, pp=16, dp=128, vpp=2, schedule="interleaved-1f1b", zero_stage=2)
+LLAMA3_LAYOUT = Layout(tp=8, pp=16, dp=128, vpp=2, schedule="interleaved-1f1b", zero_stage=1)
 
 
 def test_llama3_405b_tp_on_nvlink_dp_across_pods_with_exact_bytes():
@@ -39,6 +39,10 @@ def test_llama3_405b_tp_on_nvlink_dp_across_pods_with_exact_bytes():
     assert dp.tier == "cluster" and dp.tiers == ["pod", "cluster"]
     params = layers * model.layer_params(moe_layer=False) / 8  # a middle rank is busiest
     assert dp.bytes_per_step == pytest.approx(2 * (127 / 128) * params * 2)
+    # ZeRO-2 keeps only a gradient shard: the reduce-scatter runs every micro-batch.
+    zero2 = axis(axis_traffic(job, LLAMA3_LAYOUT.model_copy(update={"zero_stage": 2}),
+                              "llama3-h100-24k", LLAMA3_ORDER), "dp")  # fmt: skip
+    assert zero2.bytes_per_step == pytest.approx((m + 1) * (127 / 128) * params * 2)
     assert report.model_dump()["axes"][0].keys() >= {
         "axis", "group_size", "tier", "collective", "bytes_per_step", "time_s", "exposed_time_s"
     }  # fmt: skip

@@ -1,0 +1,230 @@
+"""Compute time per operation on one GPU: a roofline over FLOPs and HBM traffic.
+
+Each operation runs for ``max(FLOPs / (peak × matmul efficiency), bytes / (HBM bandwidth ×
+HBM efficiency))`` (Williams et al. 2009, the roofline model), on the shapes the GPU really
+runs after the TP / CP / EP splits: GEMM FLOPs and weights split by TP, tokens by CP (and
+by TP under sequence parallelism for the element-wise work), routed tokens spread over the
+EP group. Element-wise operations (norms, rotary, the SwiGLU/GELU activation, residual
+adds, the softmax without flash attention, cross-entropy) have no FLOPs in the model count
+and cost their memory traffic. Backward element-wise work reads the saved input and the
+incoming gradient and writes one gradient: twice the forward traffic.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from hwspecs.schema import Accelerator
+from planner.activations import kv_heads_per_rank
+from planner.flops import attention_core_ops
+from planner.model import ModelSpec
+
+
+class OpTime(BaseModel):
+    """Seconds of one operation for one micro-batch on one GPU: forward, B, W."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    forward_s: float
+    input_grad_s: float
+    weight_grad_s: float
+    forward_flops: float
+    bound: str  # "compute" or "memory" (of the forward)
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.input_grad_s + self.weight_grad_s
+
+
+class GpuRates(BaseModel):
+    """Achievable rates of one accelerator for one GEMM dtype."""
+
+    model_config = ConfigDict(frozen=True)
+
+    matmul_flops_per_s: float
+    hbm_bytes_per_s: float
+
+    @classmethod
+    def of(cls, accelerator: Accelerator, gemm_dtype: str) -> GpuRates:
+        return cls(
+            matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(gemm_dtype),
+            hbm_bytes_per_s=accelerator.hbm_bytes_per_s * accelerator.hbm_bandwidth_efficiency,
+        )
+
+    def roofline_s(self, flops: float, num_bytes: float) -> float:
+        return max(flops / self.matmul_flops_per_s, num_bytes / self.hbm_bytes_per_s)
+
+
+def gemm_time(
+    name: str,
+    tokens: float,
+    k: float,
+    n: float,
+    rates: GpuRates,
+    element_bytes: float,
+    count: float = 1,
+) -> OpTime:
+    """``count`` GEMMs of (tokens × k)·(k × n); B and W move the same amount as forward."""
+    flops = 2.0 * tokens * k * n * count
+    moved = (tokens * k + k * n + tokens * n) * element_bytes * count
+    seconds = rates.roofline_s(flops, moved)
+    bound = (
+        "compute" if flops / rates.matmul_flops_per_s >= moved / rates.hbm_bytes_per_s else "memory"
+    )
+    return OpTime(
+        name=name,
+        forward_s=seconds,
+        input_grad_s=seconds,
+        weight_grad_s=seconds,
+        forward_flops=flops,
+        bound=bound,
+    )
+
+
+def elementwise_time(name: str, forward_bytes: float, rates: GpuRates) -> OpTime:
+    """Memory-bound work: forward traffic once, backward twice (all of it input gradient)."""
+    seconds = forward_bytes / rates.hbm_bytes_per_s
+    return OpTime(
+        name=name,
+        forward_s=seconds,
+        input_grad_s=2 * seconds,
+        weight_grad_s=0.0,
+        forward_flops=0.0,
+        bound="memory",
+    )
+
+
+def layer_op_times(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    flash_attention: bool,
+    moe_layer: bool,
+    rates: GpuRates,
+    element_bytes: float = 2.0,
+) -> list[OpTime]:
+    """Every operation of one transformer layer for one micro-batch on one GPU."""
+    tokens = seq_len * micro_batch_size / cp
+    h, e = model.hidden_size, element_bytes
+    sp_tokens = tokens / tp if sequence_parallel and tp > 1 else tokens
+    q_local = model.num_attention_heads * model.head_dim / tp
+    kv_local = kv_heads_per_rank(model, tp) * model.head_dim
+    ops: list[OpTime] = []
+    if model.attention_kind == "mla":
+        nq, rope = model.num_attention_heads / tp, model.qk_rope_head_dim
+        kv_rank, v = model.kv_lora_rank, model.value_head_dim
+        if model.q_lora_rank:
+            ops.append(gemm_time("attention.q_down_proj", tokens, h, model.q_lora_rank, rates, e))
+            ops.append(
+                gemm_time(
+                    "attention.q_up_proj", tokens, model.q_lora_rank, nq * model.head_dim, rates, e
+                )
+            )
+        else:
+            ops.append(gemm_time("attention.q_proj", tokens, h, nq * model.head_dim, rates, e))
+        ops.append(gemm_time("attention.kv_down_proj", tokens, h, kv_rank + rope, rates, e))
+        ops.append(
+            gemm_time(
+                "attention.kv_up_proj", tokens, kv_rank, nq * (model.head_dim - rope + v), rates, e
+            )
+        )
+        ops.append(gemm_time("attention.out_proj", tokens, nq * v, h, rates, e))
+        qkv_width = nq * (2 * model.head_dim + v)
+    else:
+        ops.append(gemm_time("attention.qkv_proj", tokens, h, q_local + 2 * kv_local, rates, e))
+        ops.append(gemm_time("attention.out_proj", tokens, q_local, h, rates, e))
+        qkv_width = q_local + 2 * kv_local
+    # Attention core: each rank's local queries against all keys; heads split by TP.
+    core = attention_core_ops(model, seq_len, micro_batch_size / cp, causal=True)
+    core_flops = sum(op.forward for op in core) / tp
+    core_bytes = tokens * (qkv_width + q_local) * e
+    if not flash_attention:
+        scores = model.num_attention_heads / tp * tokens * seq_len
+        core_bytes += scores * e * (3 if model.dropout > 0 else 2)
+    core_s = rates.roofline_s(core_flops, core_bytes)
+    ops.append(
+        OpTime(
+            name="attention.core",
+            forward_s=core_s,
+            input_grad_s=2 * core_s,
+            weight_grad_s=0.0,
+            forward_flops=core_flops,
+            bound="compute",
+        )
+    )
+    ops.extend(_mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e))
+    ffn = _activation_width(model, moe_layer) / tp
+    activation_bytes = tokens * ffn * e * (3 if model.mlp_kind == "swiglu" else 2)
+    norm_and_residual = sp_tokens * h * e * (2 * 2 + 2 * 3)
+    rotary = 2 * tokens * (q_local + kv_local) * e if model.position_embedding == "rope" else 0.0
+    ops.append(elementwise_time("elementwise.norms_residuals", norm_and_residual, rates))
+    ops.append(elementwise_time("elementwise.rotary", rotary, rates))
+    ops.append(elementwise_time("elementwise.mlp_activation", activation_bytes, rates))
+    return ops
+
+
+def _activation_width(model: ModelSpec, moe_layer: bool) -> float:
+    """Width of the MLP activation per token (routed top-k and shared experts for MoE)."""
+    if not moe_layer:
+        return model.ffn_hidden_size
+    experts = model.num_experts_per_token + model.num_shared_experts
+    return experts * model.moe_ffn_hidden_size
+
+
+def _mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e) -> list[OpTime]:
+    h, m = model.hidden_size, model.mlp_matrices
+    if not moe_layer:
+        return [gemm_time("mlp", tokens, h, m * model.ffn_hidden_size / tp, rates, e)]
+    f = model.moe_ffn_hidden_size
+    routed_tokens = tokens * model.num_experts_per_token
+    local_experts = model.num_routed_experts / ep
+    # Grouped GEMM over the local experts: FLOPs follow the routed tokens, weights all local experts.
+    routed = gemm_time(
+        "moe.routed_experts",
+        routed_tokens / local_experts,
+        h,
+        m * f / tp,
+        rates,
+        e,
+        count=local_experts,
+    )
+    ops = [gemm_time("moe.router", tokens, h, model.num_routed_experts, rates, e), routed]
+    if model.num_shared_experts:
+        ops.append(
+            gemm_time(
+                "moe.shared_experts", tokens, h, m * f * model.num_shared_experts / tp, rates, e
+            )
+        )
+    return ops
+
+
+def head_op_times(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    rates: GpuRates,
+    element_bytes: float = 2.0,
+) -> list[OpTime]:
+    """LM head GEMM (vocabulary split by TP) and the cross-entropy over FP32 logits."""
+    tokens = seq_len * micro_batch_size / cp
+    vocab = model.vocab_size / tp
+    head = gemm_time("lm_head", tokens, model.hidden_size, vocab, rates, element_bytes)
+    # Cross-entropy: read 16-bit logits, write and read FP32 probabilities.
+    loss = elementwise_time(
+        "elementwise.cross_entropy", tokens * vocab * (element_bytes + 8), rates
+    )
+    return [head, loss]
+
+
+def optimizer_step_time(
+    num_params_on_rank: float, bytes_read_written_per_param: float, rates: GpuRates
+) -> float:
+    """An element-wise optimizer step: every state byte read once and written once."""
+    return num_params_on_rank * bytes_read_written_per_param / rates.hbm_bytes_per_s

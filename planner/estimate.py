@@ -1,0 +1,139 @@
+"""One layout → :class:`Estimate`: step time with its breakdown, throughput, MFU, memory.
+
+The numbers come from :func:`planner.evaluate.evaluate_columns` on a single row — the same
+code the search screens with — so an estimate and the search's row for that layout agree.
+The per-stage memory table comes from :func:`planner.memory.memory_report` (a test checks
+that its peak equals the row's). MFU follows PaLM Appendix B: model FLOPs per token (no
+recomputation, attention counted non-causally as ``12·L·h·s``) × tokens per second per GPU
+over the dense peak of ``mfu_dtype``; ``mfu_causal`` counts only the causal half of the
+attention products, as DeepSeek reports; HFU adds recomputation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel
+
+from hwspecs.catalog import load_accelerator
+from hwspecs.schema import Cluster
+from planner.errors import PlanError
+from planner.evaluate import evaluate_columns
+from planner.job import Job
+from planner.layout import Layout, check_layout
+from planner.memory import MEMORY_PARTS, StageMemory, memory_report
+from planner.traffic_columns import AXES
+
+TIME_PARTS = (
+    "compute",
+    "recompute",
+    "pipeline_bubble",
+    *(f"{a}_exposed" for a in AXES),
+    "optimizer",
+)
+
+
+class Estimate(BaseModel):
+    """Predicted step of one layout. JSON names are stable."""
+
+    model: str
+    cluster: str
+    accelerator: str
+    num_gpus: int
+    layout: Layout
+    num_microbatches: int
+    step_time_s: float
+    time_breakdown_s: dict[str, float]
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    mfu_causal: float
+    hfu: float
+    mfu_dtype: str
+    bubble_fraction: float
+    stage_times_s: dict[str, float]
+    comm_bytes_per_step: dict[str, float]
+    comm_time_s: dict[str, float]
+    exposed_comm_s: float
+    memory_per_gpu_bytes: float
+    memory_breakdown_bytes: dict[str, float]
+    per_stage_memory: list[StageMemory]
+    capacity_bytes: int
+    usable_bytes: float
+    fits: bool
+
+
+def layout_columns(layout: Layout, num_microbatches: int) -> dict[str, np.ndarray]:
+    """One layout as the one-row columns :func:`evaluate_columns` takes."""
+    fields = layout.model_dump()
+    fields["num_microbatches"] = num_microbatches
+    return {key: np.array([value]) for key, value in fields.items()}
+
+
+def estimate(
+    job: Job,
+    layout: Layout,
+    cluster: Cluster,
+    gpus: int | None = None,
+    mfu_dtype: str = "bf16",
+    mem_headroom: float = 0.0,
+    order=None,
+) -> Estimate:
+    """Predict one step of ``job`` under ``layout`` on ``cluster`` (its first ``gpus`` devices)."""
+    check_layout(layout, job.model, job.seq_len)
+    if gpus is not None and gpus != layout.num_gpus:
+        raise PlanError(f"tp·cp·pp·dp = {layout.num_gpus} GPUs, but --gpus is {gpus}")
+    if layout.num_gpus > cluster.num_gpus:
+        raise PlanError(
+            f"layout needs {layout.num_gpus} GPUs, cluster {cluster.id} has {cluster.num_gpus}"
+        )
+    accelerator = load_accelerator(cluster.accelerator)
+    m = layout.resolved_num_microbatches(job.global_batch_size)
+    row = evaluate_columns(
+        job, cluster, accelerator, layout_columns(layout, m), order=order, mfu_dtype=mfu_dtype
+    )
+    value = {key: column[0] for key, column in row.items()}
+    if not value["valid"]:
+        raise PlanError("this layout cannot be placed on the cluster (see `llmplan topology`)")
+    memory = memory_report(job, layout, accelerator)
+    breakdown = {
+        "compute": float(value["compute_s"]),
+        "recompute": float(value["recompute_s"]),
+        "pipeline_bubble": float(value["pipeline_bubble_s"]),
+        **{f"{axis}_exposed": float(value[f"{axis}_exposed_time_s"]) for axis in AXES},
+        "optimizer": float(value["optimizer_s"]),
+    }
+    usable = accelerator.hbm_bytes * (1 - mem_headroom)
+    return Estimate(
+        model=job.model.name,
+        cluster=cluster.id,
+        accelerator=accelerator.id,
+        num_gpus=layout.num_gpus,
+        layout=layout,
+        num_microbatches=m,
+        step_time_s=float(value["step_time_s"]),
+        time_breakdown_s=breakdown,
+        tokens_per_s_per_gpu=float(value["tokens_per_s_per_gpu"]),
+        model_tflops_per_gpu=float(value["model_tflops_per_gpu"]),
+        hardware_tflops_per_gpu=float(value["hardware_tflops_per_gpu"]),
+        mfu=float(value["mfu"]),
+        mfu_causal=float(value["mfu_causal"]),
+        hfu=float(value["hfu"]),
+        mfu_dtype=mfu_dtype,
+        bubble_fraction=float(value["bubble_fraction"]),
+        stage_times_s={
+            "forward": float(value["forward_s"]),
+            "input_grad": float(value["input_grad_s"]),
+            "weight_grad": float(value["weight_grad_s"]),
+            "recompute": float(value["recompute_per_microbatch_s"]),
+        },
+        comm_bytes_per_step={axis: float(value[f"{axis}_bytes_per_step"]) for axis in AXES},
+        comm_time_s={axis: float(value[f"{axis}_time_s"]) for axis in AXES},
+        exposed_comm_s=float(value["exposed_comm_s"]),
+        memory_per_gpu_bytes=memory.total_bytes,
+        memory_breakdown_bytes={part: memory.breakdown_bytes[part] for part in MEMORY_PARTS},
+        per_stage_memory=memory.per_stage,
+        capacity_bytes=accelerator.hbm_bytes,
+        usable_bytes=usable,
+        fits=memory.total_bytes <= usable,
+    )

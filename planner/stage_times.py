@@ -1,0 +1,164 @@
+"""Compute time per pipeline rank for one micro-batch: F, B, W and recomputation.
+
+A rank's time is the sum over the layers it holds (its virtual stages) of each layer's
+operation times (:mod:`planner.compute`), plus the embedding on the rank holding the first
+stage and the LM head and loss on the rank holding the last. Recomputation runs before the
+backward: the attention core's forward under ``selective`` (Korthikanti et al. 2022 §4.2),
+every layer's forward under ``full``. The schedules take ``f, b, w`` per rank per
+micro-batch through the rank's whole share (one direction's share for DualPipe).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from planner.compute import GpuRates, OpTime, elementwise_time, head_op_times, layer_op_times
+from planner.layout import layers_per_virtual_stage, virtual_stage_ranks
+from planner.model import ModelSpec
+
+
+class LayerTimes(BaseModel):
+    """One layer's seconds for one micro-batch on one GPU (dense or MoE)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    forward_s: float
+    input_grad_s: float
+    weight_grad_s: float
+    attention_forward_s: float
+    attention_backward_s: float
+    ops: list[OpTime]
+
+    @classmethod
+    def of(cls, ops: list[OpTime]) -> LayerTimes:
+        core = [op for op in ops if op.name == "attention.core"]
+        return cls(
+            forward_s=sum(op.forward_s for op in ops),
+            input_grad_s=sum(op.input_grad_s for op in ops),
+            weight_grad_s=sum(op.weight_grad_s for op in ops),
+            attention_forward_s=sum(op.forward_s for op in core),
+            attention_backward_s=sum(op.input_grad_s for op in core),
+            ops=ops,
+        )
+
+    def recompute_s(self, recompute: str) -> float:
+        """Forward work rerun before this layer's backward under ``recompute``."""
+        if recompute == "full":
+            return self.forward_s
+        if recompute == "selective":
+            return self.attention_forward_s
+        return 0.0
+
+
+class ShapeTimes(BaseModel):
+    """Times of the pieces a rank is built from, for one micro-batch shape on one GPU."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dense: LayerTimes
+    moe: LayerTimes | None
+    embedding: OpTime
+    head: list[OpTime]
+
+
+def shape_times(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    flash_attention: bool,
+    rates: GpuRates,
+    element_bytes: float,
+) -> ShapeTimes:
+    """Per-layer, embedding and head times for one (tp, cp, ep, SP, micro-batch) shape."""
+    args = (
+        model,
+        seq_len,
+        micro_batch_size,
+        tp,
+        cp,
+        ep,
+        sequence_parallel and tp > 1,
+        flash_attention,
+    )
+    dense = LayerTimes.of(
+        layer_op_times(*args, moe_layer=False, rates=rates, element_bytes=element_bytes)
+    )
+    moe = None
+    if model.is_moe:
+        moe = LayerTimes.of(
+            layer_op_times(*args, moe_layer=True, rates=rates, element_bytes=element_bytes)
+        )
+    tokens = seq_len * micro_batch_size / cp
+    # Embedding lookup: write the hidden states; its backward scatter-adds the gradients.
+    embedding = elementwise_time("embedding", tokens * model.hidden_size * element_bytes, rates)
+    head = head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
+    return ShapeTimes(dense=dense, moe=moe, embedding=embedding, head=head)
+
+
+class RankStructure(BaseModel):
+    """What each pipeline rank holds: dense and MoE layers, embedding, head (one direction)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dense_layers: list[float]
+    moe_layers: list[float]
+    has_embedding: list[bool]
+    has_head: list[bool]
+
+
+def rank_structure(model: ModelSpec, pp: int, vpp: int, schedule: str, split: str) -> RankStructure:
+    """Layers per rank for one direction of the pipeline (DualPipe's mirror is its copy)."""
+    layers = layers_per_virtual_stage(model.num_layers, pp, vpp, split)
+    starts = np.concatenate([[0], np.cumsum(layers)[:-1]])
+    first_moe = model.num_dense_layers if model.is_moe else model.num_layers
+    dense = np.clip(first_moe - starts, 0, layers)
+    ranks = virtual_stage_ranks(schedule, pp, vpp)
+    return RankStructure(
+        dense_layers=np.bincount(ranks, weights=dense, minlength=pp).tolist(),
+        moe_layers=np.bincount(ranks, weights=layers - dense, minlength=pp).tolist(),
+        has_embedding=(np.arange(pp) == ranks[0]).tolist(),
+        has_head=(np.arange(pp) == ranks[-1]).tolist(),
+    )
+
+
+class RankTimes(BaseModel):
+    """Per rank, one micro-batch: forward, input-gradient (with recompute), weight-gradient."""
+
+    forward_s: list[float]
+    input_grad_s: list[float]
+    weight_grad_s: list[float]
+    recompute_s: list[float]
+    attention_s: list[float]
+
+
+def rank_times(shape: ShapeTimes, structure: RankStructure, recompute: str) -> RankTimes:
+    """Sum layer, embedding and head times onto each rank."""
+    dense = np.asarray(structure.dense_layers)
+    moe = np.asarray(structure.moe_layers)
+    emb = np.asarray(structure.has_embedding, dtype=float)
+    head = np.asarray(structure.has_head, dtype=float)
+    moe_t = shape.moe or shape.dense
+
+    def per_rank(attribute: str) -> np.ndarray:
+        layer = dense * getattr(shape.dense, attribute) + moe * getattr(moe_t, attribute)
+        op_attr = attribute
+        extra = emb * getattr(shape.embedding, op_attr) + head * sum(
+            getattr(op, op_attr) for op in shape.head
+        )
+        return layer + extra
+
+    recompute_s = dense * shape.dense.recompute_s(recompute) + moe * moe_t.recompute_s(recompute)
+    attention = dense * (shape.dense.attention_forward_s + shape.dense.attention_backward_s)
+    attention = attention + moe * (moe_t.attention_forward_s + moe_t.attention_backward_s)
+    return RankTimes(
+        forward_s=per_rank("forward_s").tolist(),
+        input_grad_s=per_rank("input_grad_s").tolist(),
+        weight_grad_s=per_rank("weight_grad_s").tolist(),
+        recompute_s=recompute_s.tolist(),
+        attention_s=attention.tolist(),
+    )

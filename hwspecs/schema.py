@@ -108,6 +108,9 @@ class Accelerator(SourcedSpec):
     hbm_bytes: int = Field(gt=0, description="usable HBM capacity as tools report it")
     hbm_bytes_per_s: float = Field(gt=0, description="peak HBM bandwidth")
     tdp_w: float | None = Field(None, gt=0)
+    num_compute_units: int | None = Field(
+        None, gt=0, description="SMs (NVIDIA) or CUs (AMD) that GEMM tiles are spread over"
+    )
     scale_up_link: str | None = Field(None, description="link tier id of the scale-up fabric")
     scale_up_domain_size: int = Field(1, ge=1, description="GPUs in one scale-up domain")
     nic_link: str | None = Field(None, description="link tier id of the scale-out NIC")

@@ -12,6 +12,8 @@ incoming gradient and writes one gradient: twice the forward traffic.
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict
 
 from hwspecs.schema import Accelerator
@@ -37,6 +39,11 @@ class OpTime(BaseModel):
         return self.forward_s + self.input_grad_s + self.weight_grad_s
 
 
+#: Output tile of one GEMM thread block: 128 × 256, the default Hopper tile of CUTLASS 3.x
+#: (``KernelTmaWarpSpecializedCooperative``, TileShape 128x256x64) — a documented default.
+GEMM_TILE_M, GEMM_TILE_N = 128, 256
+
+
 class GpuRates(BaseModel):
     """Achievable rates of one accelerator for one GEMM dtype."""
 
@@ -44,16 +51,39 @@ class GpuRates(BaseModel):
 
     matmul_flops_per_s: float
     hbm_bytes_per_s: float
+    compute_units: int | None = None
 
     @classmethod
     def of(cls, accelerator: Accelerator, gemm_dtype: str) -> GpuRates:
         return cls(
             matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(gemm_dtype),
             hbm_bytes_per_s=accelerator.hbm_bytes_per_s * accelerator.hbm_bandwidth_efficiency,
+            compute_units=accelerator.num_compute_units,
         )
 
     def roofline_s(self, flops: float, num_bytes: float) -> float:
         return max(flops / self.matmul_flops_per_s, num_bytes / self.hbm_bytes_per_s)
+
+    def wave_efficiency(self, m: float, n: float, count: float = 1) -> float:
+        """Fraction of the GPU's SMs busy over a GEMM's waves of output tiles.
+
+        A (m × n) output splits into ⌈m/128⌉·⌈n/256⌉ tiles, one per SM at a time; the last
+        wave leaves SMs idle (wave quantization, NVIDIA's "Matrix Multiplication Background
+        User's Guide"). The measured matmul efficiency is for shapes with whole waves, so
+        this factor multiplies it. 1.0 when the accelerator lists no compute units (TPUs).
+        """
+        if not self.compute_units:
+            return 1.0
+        tiles = math.ceil(m / GEMM_TILE_M) * math.ceil(n / GEMM_TILE_N) * count
+        waves = math.ceil(tiles / self.compute_units)
+        return tiles / (waves * self.compute_units)
+
+    def gemm_s(self, m: float, n: float, k: float, element_bytes: float, count: float = 1) -> float:
+        """Roofline time of ``count`` (m × k)·(k × n) GEMMs with wave quantization."""
+        flops = 2.0 * m * n * k * count
+        moved = (m * k + k * n + m * n) * element_bytes * count
+        compute = flops / (self.matmul_flops_per_s * self.wave_efficiency(m, n, count))
+        return max(compute, moved / self.hbm_bytes_per_s)
 
 
 def gemm_time(
@@ -65,18 +95,23 @@ def gemm_time(
     element_bytes: float,
     count: float = 1,
 ) -> OpTime:
-    """``count`` GEMMs of (tokens × k)·(k × n); B and W move the same amount as forward."""
+    """``count`` GEMMs of (tokens × k)·(k × n) and their two backward GEMMs.
+
+    Forward (tokens × n output), input gradient ``dX = dY·Wᵀ`` (tokens × k output) and weight
+    gradient ``dW = Xᵀ·dY`` (k × n output) have the same FLOPs but their own output shapes,
+    so their own waves.
+    """
     flops = 2.0 * tokens * k * n * count
+    forward = rates.gemm_s(tokens, n, k, element_bytes, count)
     moved = (tokens * k + k * n + tokens * n) * element_bytes * count
-    seconds = rates.roofline_s(flops, moved)
     bound = (
         "compute" if flops / rates.matmul_flops_per_s >= moved / rates.hbm_bytes_per_s else "memory"
     )
     return OpTime(
         name=name,
-        forward_s=seconds,
-        input_grad_s=seconds,
-        weight_grad_s=seconds,
+        forward_s=forward,
+        input_grad_s=rates.gemm_s(tokens, k, n, element_bytes, count),
+        weight_grad_s=rates.gemm_s(k, n, tokens, element_bytes, count),
         forward_flops=flops,
         bound=bound,
     )

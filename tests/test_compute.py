@@ -43,6 +43,6 @@ def test_tensor_parallelism_splits_the_layer_gemms():
     model = load_model("llama3-70b")
     whole = layer_op_times(model, 8192, 1, 1, 1, 1, False, True, False, H100)
     split = layer_op_times(model, 8192, 1, 8, 1, 1, True, True, False, H100)
-    mlp = [op for op in whole if op.name == "mlp"][0].forward_s
-    mlp8 = [op for op in split if op.name == "mlp"][0].forward_s
+    mlp = next(op for op in whole if op.name == "mlp").forward_s
+    mlp8 = next(op for op in split if op.name == "mlp").forward_s
     assert mlp / 8 <= mlp8 < mlp / 7

@@ -22,11 +22,14 @@ traffic through that level's uplinks, and the per-rank bandwidth that results:
 
 Group answers use integer arithmetic on rank numbers (no graph search) so the search can
 cost thousands of layouts; :func:`planner.topology.cluster_graph` draws the same structure.
+:func:`mesh_levels` gives the same answer for the groups of a mesh axis from the mesh's
+shape, keeping for each tier only the part of the mesh that tier can tell apart.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,62 +150,169 @@ def is_full_mesh(tier: ClusterTier, link: LinkTier) -> bool:
 
 
 def group_levels(view: ClusterView, groups: np.ndarray) -> tuple[Level, ...]:
-    """The levels crossed by ``groups`` (all groups of one axis, run concurrently), innermost first."""
+    """The levels crossed by ``groups`` (all groups of one axis, run concurrently), innermost first.
+
+    Only each row's set of ranks matters. Rows are sorted once, so that a row's instances at
+    every level come in runs: distinct counts and per-instance member counts are run
+    lengths, with no sort or ``np.unique`` per level.
+    """
     groups = np.asarray(groups, dtype=np.int64)
-    num_groups, size = groups.shape
-    if size == 1:
+    if groups.shape[1] == 1 or not len(groups):
         return ()
-    row = np.repeat(np.arange(num_groups), size).reshape(groups.shape)
+    change = groups[:, 1:] != groups[:, :-1]
+    if (groups[:, 1:] < groups[:, :-1]).any():
+        groups = np.sort(groups, axis=1)
+        change = groups[:, 1:] != groups[:, :-1]
     levels: list[Level] = []
-    below, below_size = groups, 1
+    below, below_change, touched_below = groups, change, 1 + change.sum(axis=1)
     for index, tier in enumerate(view.tiers):
+        if index and touched_below.max() == 1:
+            break  # every group sits inside one instance: no level above is crossed
         link = view.links[tier.link]
         inst = groups // tier.group_size
+        change = inst[:, 1:] != inst[:, :-1]
+        touched = 1 + change.sum(axis=1)
         if view.is_torus_tier(index):
             levels.extend(
                 _torus_levels(
                     view, _members_in_first_instance(groups, inst) % tier.group_size, tier, link
                 )
             )
-            below, below_size = inst, tier.group_size
-            continue
-        touched_below, touched = _distinct_per_row(below), _distinct_per_row(inst)
-        active = touched_below > touched
-        if active.any():
-            levels.append(
-                _tier_level(view, index, tier, link, groups, row, below, below_size, inst, active)
-            )
-        below, below_size = inst, tier.group_size
+        else:
+            level = _tier_level(view, index, below, below_change, touched_below, touched)
+            if level is not None:
+                levels.append(level)
+        below, below_change, touched_below = inst, change, touched
     return tuple(levels)
 
 
-def _tier_level(view, index, tier, link, groups, row, below, below_size, inst, active) -> Level:
-    span = groups.max() + 1
-    # members of each group in each instance of the level below
-    keys, counts = np.unique(row * span + below, return_counts=True)
-    key_rows, key_below = keys // span, keys % span
-    ratio = tier.group_size // below_size
-    participants = np.unique(key_rows * span + key_below // ratio, return_counts=True)[1]
-    crossing_group = _distinct_per_row(below) > 1
-    crossing_keys = crossing_group[key_rows]
-    active_keys = active[key_rows]
-    members_below = int(counts[active_keys].min())
-    crossing_ranks = np.bincount(key_below[crossing_keys], weights=counts[crossing_keys])
-    concurrent = np.bincount(key_below[crossing_keys])
+def mesh_levels(view: ClusterView, factors: Sequence[tuple[int, bool]]) -> tuple[Level, ...]:
+    """:func:`group_levels` of a mesh axis's groups, from the mesh's shape alone.
+
+    ``factors``: the mesh's factors innermost first as (size, whether the axis varies it); rank
+    = Σ digit · stride, the groups fix the other digits. Each tier only needs the mesh between
+    two strides: factors inside the largest stride that divides both its instance size and
+    the one below (whole cells that never straddle an instance: they scale counts) and
+    factors outside the smallest stride that both divide (whole blocks of instances that
+    repeat the same pattern). Equal to ``group_levels(view, groups)`` on the groups' ranks,
+    which a cluster with a torus tier still builds and hands to :func:`group_levels`.
+    """
+    dims = [(prime, member) for size, member in factors for prime in _prime_factors(size)]
+    if not any(member for _, member in dims):
+        return ()
+    if view.torus_shape is not None:
+        return group_levels(view, _mesh_groups(dims))
+    strides = [1]
+    for size, _ in dims:
+        strides.append(strides[-1] * size)
+    levels: list[Level] = []
+    below_size = 1
+    for index, tier in enumerate(view.tiers):
+        level = _mesh_tier_level(view, index, dims, strides, below_size)
+        if level is not None:
+            levels.append(level)
+        below_size = tier.group_size
+    return tuple(levels)
+
+
+def _mesh_tier_level(view, index, dims, strides, below_size) -> Level | None:
+    """Tier ``index``'s level for the mesh ``dims`` (prime factors, innermost first)."""
+    size = view.tiers[index].group_size
+    inner_size, outer_size = math.gcd(below_size, size), math.lcm(below_size, size)
+    lo = max(k for k, stride in enumerate(strides) if inner_size % stride == 0)
+    hi = next((k for k, stride in enumerate(strides) if stride % outer_size == 0), len(dims))
+    if not any(member for _, member in dims[lo:hi]):
+        return None  # inside a block each group is one cell: it joins no instances here
+    member_weight = math.prod(n for n, member in dims[:lo] if member)
+    group_weight = math.prod(n for n, member in dims[:lo] if not member)
+    repeats = math.prod(n for n, member in dims[hi:] if member)
+    cell = strides[lo]
+    groups = _mesh_groups(dims[lo:hi])
+    below, inst = groups // (below_size // cell), groups // (size // cell)
+    below_change, change = below[:, 1:] != below[:, :-1], inst[:, 1:] != inst[:, :-1]
+    touched_below = repeats * (1 + below_change.sum(axis=1))
+    touched = repeats * (1 + change.sum(axis=1))
+    return _tier_level(
+        view, index, below, below_change, touched_below, touched, member_weight, group_weight
+    )
+
+
+def _prime_factors(n: int) -> list[int]:
+    primes, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            primes.append(p)
+            n //= p
+        p += 1
+    return primes + ([n] if n > 1 else [])
+
+
+def _mesh_groups(dims: Sequence[tuple[int, bool]]) -> np.ndarray:
+    """The groups of a mesh (factors innermost first, as (size, member)), rows ascending."""
+    merged: list[list] = []
+    for size, member in dims:
+        if merged and merged[-1][1] == member:
+            merged[-1][0] *= size
+        else:
+            merged.append([size, member])
+    sizes = [size for size, _ in merged]
+    grid = np.arange(math.prod(sizes), dtype=np.int64).reshape(sizes[::-1] or [1])
+    last = len(sizes) - 1
+    members = sorted(last - i for i, (_, member) in enumerate(merged) if member)
+    others = [axis for axis in range(grid.ndim) if axis not in members]
+    width = math.prod(grid.shape[axis] for axis in members)
+    return grid.transpose(others + members).reshape(-1, width)
+
+
+def _tier_level(
+    view, index, below, below_change, touched_below, touched, member_weight=1, group_weight=1
+) -> Level | None:
+    """Tier ``index``'s level, or None when no group joins instances of the level below.
+
+    ``below``: each group's (sorted) instances of the level below; ``touched_below`` and
+    ``touched``: how many instances below and of this tier each group touches. Each row
+    stands for ``group_weight`` groups, each of its members for ``member_weight`` ranks.
+    """
+    active = touched_below > touched
+    if not active.any():
+        return None
+    tier = view.tiers[index]
+    link = view.links[tier.link]
+    below_size = view.tiers[index - 1].group_size if index else 1
+    num_groups, size = below.shape
+    # runs of equal (row, instance below): the members of a group in one instance below
+    starts = np.empty((num_groups, size), dtype=bool)
+    starts[:, 0] = True
+    starts[:, 1:] = below_change
+    first = np.flatnonzero(starts)
+    counts = np.diff(first, append=below.size) * member_weight
+    key_rows, key_below = first // size, below.ravel()[first]
+    # runs of equal (row, instance of this tier) among those: instances below joined
+    key_inst = key_below // (tier.group_size // below_size)
+    new = np.empty(len(first), dtype=bool)
+    new[0] = True
+    new[1:] = (key_rows[1:] != key_rows[:-1]) | (key_inst[1:] != key_inst[:-1])
+    participants = int(np.diff(np.flatnonzero(new), append=len(first)).max())
+    crossing_keys = (touched_below > 1)[key_rows]
+    members_below = int(counts[active[key_rows]].min())
+    crossing_ranks = np.bincount(
+        key_below[crossing_keys], weights=counts[crossing_keys] * group_weight
+    )
+    concurrent = np.bincount(key_below[crossing_keys]) * group_weight
     worst_crossing = int(crossing_ranks.max())
     share = 1.0
     if tier.oversubscription > 1:
         share = min(1.0, below_size / (tier.oversubscription * worst_crossing))
     rate = _link_rate(view, link)
     if is_full_mesh(tier, link):
-        rate = min(rate, _per_link_rate(link) * (int(participants.max()) - 1))
-    steps = int((_distinct_per_row(below) - _distinct_per_row(inst))[active].max())
+        rate = min(rate, _per_link_rate(link) * (participants - 1))
+    steps = int((touched_below - touched)[active].max())
     return Level(
         tier=tier.name,
         tier_index=index,
         link=link.id,
         kind=link.kind,
-        participants=int(participants.max()),
+        participants=participants,
         members_below=members_below,
         steps=steps,
         bytes_per_s_per_rank=rate * share,

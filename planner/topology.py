@@ -8,8 +8,9 @@ ranks: its ``gcd(ep, cp)`` inner part shares the CP factor and the rest (``ep / 
 mesh factor of its own at the place ``ep`` takes in the order (just inside dp when the
 order leaves ``ep`` out). Besides the mesh axes, two derived groups carry gradients: ``dp_cp``
 (dense weights are replicated over dp·cp; ZeRO shards over it) and ``edp`` (expert weights,
-dp·cp/ep). Placements are cached per (cluster, gpus, order, sizes), so the search can
-evaluate many layouts cheaply.
+dp·cp/ep). Placements are cached per (cluster, gpus, order, sizes), and each group's
+answer per the shape of the mesh it sees (so axes of different layouts with the same groups
+share it), so the search can evaluate many layouts cheaply.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from planner.network import (
     ClusterView,
     Level,
     cluster_view,
-    group_levels,
+    mesh_levels,
     pair_level,
 )
 
@@ -191,30 +192,68 @@ def place_groups(
 
 def placement_for_view(view: ClusterView, order: tuple[str, ...], sizes: dict) -> Placement:
     """The cached placement of ``sizes`` on ``view`` (whose num_gpus is tp·cp·pp·dp)."""
-    key = (cluster_key(view.cluster, view.num_gpus), order, tuple(sorted(sizes.items())))
+    view_key = cluster_key(view.cluster, view.num_gpus)
+    key = (view_key, order, tuple(sorted(sizes.items())))
     found = _PLACEMENTS.get(key)
     if found is not None:
         return found
-    mesh_factors(sizes, order)  # validates ep against dp·cp
+    factors = mesh_factors(sizes, order)  # validates ep against dp·cp
     groups = {}
     for axis in GROUP_AXES:
-        ranks = axis_groups(axis, sizes, order)
-        neighbour = None
-        if axis == "pp" and ranks.shape[1] > 1:
-            neighbour = pair_level(view, ranks[:, :-1].ravel(), ranks[:, 1:].ravel())
-        groups[axis] = GroupPlacement(
-            axis=axis,
-            group_size=ranks.shape[1],
-            num_groups=ranks.shape[0],
-            example_ranks=tuple(int(r) for r in ranks[0]),
-            levels=group_levels(view, ranks),
-            neighbour_level=neighbour,
-        )
+        shape = _group_shape(factors, axis)
+        group_key = (view_key, axis == "pp", shape)
+        fields = _GROUP_FIELDS.get(group_key)
+        if fields is None:
+            fields = _group_fields(view, axis, shape, sizes, order)
+            if len(_GROUP_FIELDS) >= _PLACEMENT_CACHE_SIZE:
+                _GROUP_FIELDS.clear()
+            _GROUP_FIELDS[group_key] = fields
+        groups[axis] = GroupPlacement(axis, *fields)
     if len(_PLACEMENTS) >= _PLACEMENT_CACHE_SIZE:
         _PLACEMENTS.clear()
     placement = Placement(view, order, dict(sizes), groups)
     _PLACEMENTS[key] = placement
     return placement
+
+
+#: GroupPlacement fields but the axis, per (cluster key, pp?, group shape): axes of different
+#: layouts whose groups have the same shape share them.
+_GROUP_FIELDS: dict[tuple, tuple] = {}
+
+
+def _group_shape(factors: list[tuple[str, int]], axis: str) -> tuple[tuple[int, bool], ...]:
+    """The mesh as ``axis`` sees it: (size, in the group) innermost first, runs merged.
+
+    Two meshes with the same shape have the same groups (neighbouring factors that are both
+    in, or both out of, the group act as one factor of their product).
+    """
+    shape: list[tuple[int, bool]] = []
+    for name, size in factors:
+        member = name in GROUP_FACTORS[axis]
+        if size == 1:
+            continue
+        if shape and shape[-1][1] == member:
+            shape[-1] = (shape[-1][0] * size, member)
+        else:
+            shape.append((size, member))
+    return tuple(shape)
+
+
+def _group_fields(view: ClusterView, axis: str, shape, sizes: dict, order) -> tuple:
+    """group_size, num_groups, example_ranks, levels, neighbour_level of ``axis``'s groups."""
+    size = math.prod(n for n, member in shape if member)
+    example, stride = np.zeros(1, dtype=np.int64), 1  # the group of rank 0, ascending
+    for n, member in shape:
+        if member:
+            example = (np.arange(n, dtype=np.int64)[:, None] * stride + example).ravel()
+        stride *= n
+    neighbour = None
+    if axis == "pp" and size > 1:
+        ranks = axis_groups(axis, sizes, order)
+        neighbour = pair_level(view, ranks[:, :-1].ravel(), ranks[:, 1:].ravel())
+    levels = mesh_levels(view, shape)
+    num_groups = math.prod(n for n, _ in shape) // size
+    return size, num_groups, tuple(example.tolist()), levels, neighbour
 
 
 # ----- the report ----------------------------------------------------------------------

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import networkx as nx
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hwspecs.catalog import catalog_names, load_cluster
 from hwspecs.schema import Cluster
+from planner import network
 from planner.errors import PlanError
 from planner.layout import Layout
-from planner.network import cluster_view, pair_level
+from planner.network import cluster_view, group_levels, pair_level
 from planner.topology import (
     GROUP_AXES,
     axis_groups,
@@ -199,3 +202,102 @@ def test_topology_html_highlights_one_group_per_axis(tmp_path):
     ]
     path = write_topology_html(report, tmp_path / "topology.html")
     assert "plotly" in path.read_text()
+
+
+# ----- the fast group levels against the plain np.unique reference ---------------------
+
+
+def _distinct_per_row(values):
+    ordered = np.sort(values, axis=1)
+    return 1 + (np.diff(ordered, axis=1) != 0).sum(axis=1)
+
+
+def _reference_group_levels(view, groups):
+    """planner.network.group_levels as first written: np.unique per level, no shortcuts."""
+    groups = np.asarray(groups, dtype=np.int64)
+    num_groups, size = groups.shape
+    if size == 1:
+        return ()
+    row = np.repeat(np.arange(num_groups), size).reshape(groups.shape)
+    levels, below, below_size = [], groups, 1
+    for index, tier in enumerate(view.tiers):
+        link = view.links[tier.link]
+        inst = groups // tier.group_size
+        if view.is_torus_tier(index):
+            local = network._members_in_first_instance(groups, inst) % tier.group_size
+            levels.extend(network._torus_levels(view, local, tier, link))
+            below, below_size = inst, tier.group_size
+            continue
+        active = _distinct_per_row(below) > _distinct_per_row(inst)
+        if active.any():
+            span = groups.max() + 1
+            keys, counts = np.unique(row * span + below, return_counts=True)
+            key_rows, key_below = keys // span, keys % span
+            ratio = tier.group_size // below_size
+            participants = np.unique(key_rows * span + key_below // ratio, return_counts=True)[1]
+            crossing = (_distinct_per_row(below) > 1)[key_rows]
+            crossing_ranks = np.bincount(key_below[crossing], weights=counts[crossing])
+            worst = int(crossing_ranks.max())
+            share = 1.0
+            if tier.oversubscription > 1:
+                share = min(1.0, below_size / (tier.oversubscription * worst))
+            rate = network._link_rate(view, link)
+            if network.is_full_mesh(tier, link):
+                rate = min(rate, network._per_link_rate(link) * (int(participants.max()) - 1))
+            steps = (_distinct_per_row(below) - _distinct_per_row(inst))[active].max()
+            levels.append(
+                network.Level(
+                    tier=tier.name,
+                    tier_index=index,
+                    link=link.id,
+                    kind=link.kind,
+                    participants=int(participants.max()),
+                    members_below=int(counts[active[key_rows]].min()),
+                    steps=int(steps),
+                    bytes_per_s_per_rank=rate * share,
+                    latency_s=link.latency_s,
+                    busbw_efficiency=dict(link.busbw_efficiency),
+                    in_network_reduction=link.in_network_reduction,
+                    bidirectional=False,
+                    oversubscription=tier.oversubscription,
+                    share=share,
+                    crossing_ranks=worst,
+                    concurrent_groups=int(np.bincount(key_below[crossing]).max()),
+                )
+            )
+        below, below_size = inst, tier.group_size
+    return tuple(levels)
+
+
+def _fields(levels):
+    return [dataclasses.astuple(level) for level in levels]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(["llama3-h100-24k", "gb200-nvl72", "mi300x", "dgx-a100", "tpu-v5p"]),
+    tp=st.sampled_from([1, 2, 3, 4, 8]),
+    cp=st.sampled_from([1, 2, 3, 4]),
+    pp=st.sampled_from([1, 2, 4, 6, 16]),
+    dp=st.sampled_from([1, 2, 3, 5, 8, 48, 128]),
+    ep_index=st.integers(0, 7),
+    order=st.permutations(["tp", "cp", "ep", "pp", "dp"]),
+    seed=st.integers(0, 2**16),
+)
+def test_mesh_levels_equal_the_np_unique_reference(name, tp, cp, pp, dp, ep_index, order, seed):
+    num_gpus = tp * cp * pp * dp
+    assume(num_gpus <= load_cluster(name).num_gpus)
+    divisors = [e for e in range(1, dp * cp + 1) if (dp * cp) % e == 0]
+    sizes = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": divisors[ep_index % len(divisors)]}
+    placement = place_groups(name, sizes, order)
+    view = placement.view
+    shuffle = np.random.default_rng(seed).permutation
+    for axis_name in GROUP_AXES:
+        groups = axis_groups(axis_name, sizes, order)
+        expected = _fields(_reference_group_levels(view, groups))
+        placed = placement.groups[axis_name]
+        assert _fields(placed.levels) == expected, axis_name
+        assert placed.example_ranks == tuple(groups[0].tolist())
+        assert (placed.num_groups, placed.group_size) == groups.shape
+        mixed = groups[:, shuffle(groups.shape[1])]  # group_levels sorts each row itself
+        assert _fields(group_levels(view, mixed)) == expected, axis_name

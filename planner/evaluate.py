@@ -19,6 +19,7 @@ and the head); a test checks the slots against every rank.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from hwspecs.schema import Accelerator, Cluster
 from planner import activations as act
@@ -43,9 +44,9 @@ def _unique_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
     """
     codes, values = [], []
     for column in columns:
-        uniques, code = np.unique(np.asarray(column), return_inverse=True)
-        codes.append(code.reshape(-1))
-        values.append(uniques)
+        code, uniques = pd.factorize(np.asarray(column).reshape(-1))  # hashing: O(rows)
+        codes.append(code)
+        values.append(np.asarray(uniques))
     key = np.ravel_multi_index(tuple(codes), tuple(len(v) for v in values))
     unique_keys, inverse = np.unique(key, return_inverse=True)
     parts = np.unravel_index(unique_keys, tuple(len(v) for v in values))
@@ -323,10 +324,10 @@ def evaluate_columns(
 
 
 def _codes(recompute: np.ndarray) -> np.ndarray:
-    lookup = {name: i for i, name in enumerate(RECOMPUTE_CODES)}
-    return np.array([lookup[name] for name in np.unique(recompute)])[
-        np.unique(recompute, return_inverse=True)[1]
-    ].reshape(-1)
+    """Index of each row's recompute policy in :data:`RECOMPUTE_CODES`."""
+    code, uniques = pd.factorize(np.asarray(recompute).reshape(-1))
+    lookup = np.array([RECOMPUTE_CODES.index(name) for name in uniques], dtype=np.int64)
+    return lookup[code]
 
 
 def _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs) -> np.ndarray:

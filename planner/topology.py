@@ -18,12 +18,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 from pydantic import BaseModel
 
 from hwspecs.schema import Cluster
+
+if TYPE_CHECKING:
+    import networkx
+
 from planner.errors import PlanError
 from planner.layout import DEFAULT_MESH_ORDER, Layout
 from planner.network import (
@@ -403,7 +407,7 @@ def topology_report(
 # ----- the cluster as a graph ----------------------------------------------------------
 
 
-def cluster_graph(cluster: Cluster | str, gpus: int | None = None) -> nx.Graph:
+def cluster_graph(cluster: Cluster | str, gpus: int | None = None) -> networkx.Graph:
     """The cluster's first ``gpus`` devices as a networkx graph.
 
     Nodes: ``("gpu", r)`` and ``(tier name, instance)`` switches. A GPU links to the switch
@@ -414,6 +418,8 @@ def cluster_graph(cluster: Cluster | str, gpus: int | None = None) -> nx.Graph:
     two GPUs passes through names the tier their traffic crosses.
     """
     view = cluster_view(cluster, gpus)
+    import networkx as nx  # imported here: the search does not need the graph
+
     graph = nx.Graph()
     ranks = range(view.num_gpus)
     graph.add_nodes_from((("gpu", r) for r in ranks), kind="gpu")
@@ -437,7 +443,7 @@ def cluster_graph(cluster: Cluster | str, gpus: int | None = None) -> nx.Graph:
     return graph
 
 
-def _add_torus_edges(graph: nx.Graph, view: ClusterView, tier) -> None:
+def _add_torus_edges(graph, view: ClusterView, tier) -> None:
     shape, domain = view.torus_shape, tier.group_size
     for rank in range(view.num_gpus):
         base, local = rank - rank % domain, rank % domain

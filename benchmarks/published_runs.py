@@ -33,7 +33,7 @@ def main() -> None:
     model = load_model("llama3-405b")
     header = (
         f"{'GPUs':>6} {'seq':>7} {'published tp/cp/pp/dp':>22} {'pub MFU':>8} {'rank':>6} "
-        f"{'pred MFU':>9} {'best schedule for it':>24} {'search winner tp/cp/pp/dp':>26} {'win MFU':>8} {'s':>5}"
+        f"{'pred MFU':>9} {'causal':>7} {'best schedule for it':>24} {'search winner tp/cp/pp/dp':>26} {'win MFU':>8} {'s':>5}"
     )
     print(header)
     for gpus, tp, cp, pp, dp, seq, published in LLAMA3_TABLE4:
@@ -47,14 +47,14 @@ def main() -> None:
         match = table[degrees == (tp, cp, pp, dp)]
         winner = table.iloc[0]
         if match.empty:
-            rank, mfu, schedule = "-", float("nan"), "infeasible"
+            rank, mfu, causal, schedule = "-", float("nan"), float("nan"), "infeasible"
         else:
             best = match.iloc[0]
             rank = str(distinct.index((tp, cp, pp, dp)) + 1)
-            mfu = best["mfu"]
+            mfu, causal = best["mfu"], best["mfu_causal"]
             schedule = f"{best['schedule']} v{best['vpp']} mbs{best['micro_batch_size']}"
         print(
-            f"{gpus:>6} {seq:>7} {f'{tp}/{cp}/{pp}/{dp}':>22} {published:>8.0%} {rank:>6} {mfu:>9.1%} "
+            f"{gpus:>6} {seq:>7} {f'{tp}/{cp}/{pp}/{dp}':>22} {published:>8.0%} {rank:>6} {mfu:>9.1%} {causal:>7.1%} "
             f"{schedule:>24} {f'{winner.tp}/{winner.cp}/{winner.pp}/{winner.dp}':>26} {winner.mfu:>8.1%} "
             f"{seconds:>5.1f}"
         )

@@ -149,8 +149,10 @@ class Accelerator(SourcedSpec):
     def achievable_matmul_flops_per_s(self, dtype: str = "bf16") -> float:
         """Peak × matmul efficiency; raises if the catalog records no efficiency for ``dtype``."""
         if dtype not in self.matmul_efficiency:
+            from planner.errors import PlanError
+
             recorded = ", ".join(sorted(self.matmul_efficiency)) or "none"
-            raise ValueError(
+            raise PlanError(
                 f"accelerator '{self.id}' has no matmul_efficiency for {dtype} "
                 f"(recorded: {recorded}); add one with its source"
             )

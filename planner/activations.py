@@ -191,8 +191,12 @@ def last_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, fl
 
 
 def logits_buffer_bytes(model: ModelSpec, shape: ActivationShape) -> float:
-    """Logits (16-bit) and the FP32 softmax the cross-entropy keeps, vocabulary split over TP.
+    """Logits, the FP32 softmax the cross-entropy keeps, and the logits' gradient.
 
-    With 128K-token vocabularies this is large: s·b·V·(2 + 4)/tp bytes for one micro-batch.
+    Vocabulary split over TP; one micro-batch at the turn from forward to backward, where
+    the logits (activation dtype), the FP32 probabilities and the gradient of the logits
+    (activation dtype) are alive together. With 128K-token vocabularies this is large:
+    s·b·V·(2 + 4 + 2)/tp bytes in 16-bit training.
     """
-    return shape.local_tokens * model.vocab_size * (shape.element_bytes + 4) / shape.tp
+    e = shape.element_bytes
+    return shape.local_tokens * model.vocab_size * (e + 4 + e) / shape.tp

@@ -332,7 +332,7 @@ def _codes(recompute: np.ndarray) -> np.ndarray:
 
 def _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs) -> np.ndarray:
     """:func:`planner.memory._comm_buffer_bytes` as column arithmetic (same terms)."""
-    from planner.memory import DDP_BUCKET_BYTES, layer_params_per_rank
+    from planner.memory import layer_params_per_rank
 
     e, h = job.precision.activation_bytes, model.hidden_size
     tokens = job.seq_len * mbs / cp
@@ -345,4 +345,5 @@ def _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs) -> np.ndarra
     ]
     weight_bytes = DTYPE_BYTES[job.precision.weight_dtype]
     total = total + np.where(zero >= 3, 2 * layer * weight_bytes, 0.0)
-    return total + np.where(zero >= 2, DDP_BUCKET_BYTES, 0.0)
+    grad_bytes = DTYPE_BYTES[job.precision.gradient_dtype]
+    return total + np.where(zero >= 2, layer * grad_bytes, 0.0)

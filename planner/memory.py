@@ -25,9 +25,6 @@ from planner.model import ModelSpec
 from planner.precision import DTYPE_BYTES, optimizer_states_per_param, sharded_bytes_per_param
 from planner.schedules.closed_form import parameter_copies, peak_activation_microbatches
 
-#: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``), used when gradients are sharded.
-DDP_BUCKET_BYTES = 25 * 2**20
-
 MEMORY_PARTS = (
     "weights",
     "gradients",
@@ -275,8 +272,9 @@ def _comm_buffer_bytes(model: ModelSpec, layout: Layout, shape, precision) -> fl
 
     Pipeline send/receive of one micro-batch's activations in both directions; the
     all-gathered sequence under SP (one layer input, whole); under ZeRO-3 two layers'
-    gathered weights (the current one and the prefetched next one); with sharded
-    gradients (ZeRO ≥ 2) one DDP-sized gradient bucket before its reduce-scatter.
+    gathered weights (the current one and the prefetched next one); with sharded gradients
+    (ZeRO ≥ 2) one layer's unsharded gradients, the input of its reduce-scatter (FSDP
+    reduces per layer; with whole gradients, ZeRO 0–1 reduce in place).
     """
     h, e = model.hidden_size, shape.element_bytes
     total = 0.0
@@ -284,11 +282,11 @@ def _comm_buffer_bytes(model: ModelSpec, layout: Layout, shape, precision) -> fl
         total += 2 * shape.local_tokens * h * e * shape.replicated_share
     if shape.sequence_parallel:
         total += shape.local_tokens * h * e
+    dense_layer, expert_layer = layer_params_per_rank(model, layout.tp, layout.ep, model.is_moe)
     if layout.zero_stage >= 3:
-        dense_layer, expert_layer = layer_params_per_rank(model, layout.tp, layout.ep, model.is_moe)
         total += 2 * (dense_layer + expert_layer) * DTYPE_BYTES[precision.weight_dtype]
     if layout.zero_stage >= 2:
-        total += DDP_BUCKET_BYTES
+        total += (dense_layer + expert_layer) * DTYPE_BYTES[precision.gradient_dtype]
     return total
 
 
@@ -325,13 +323,14 @@ def _explain(model, layout, job, peak, bpp, per_dense_layer, m, copies) -> list[
         ),
         ExplainTerm(
             term="logits_buffers",
-            formula="s·b/cp × vocab × (2 + 4 bytes) / tp on the last stage",
-            values=f"{job.seq_len}·{layout.micro_batch_size}/{layout.cp} × {model.vocab_size} × 6 / {layout.tp}",
+            formula="s·b/cp × vocab × (e + 4 + e bytes: logits, FP32 softmax, logits gradient) / tp on the last stage",
+            values=f"{job.seq_len}·{layout.micro_batch_size}/{layout.cp} × {model.vocab_size} × "
+            f"{2 * job.precision.activation_bytes + 4:g} / {layout.tp}",
             bytes=peak.logits_buffers,
         ),
         ExplainTerm(
             term="comm_buffers",
-            formula="PP send/recv + SP all-gather + ZeRO-3 prefetch + gradient bucket",
+            formula="PP send/recv + SP all-gather + ZeRO-3 prefetch + one layer's gradients (ZeRO ≥ 2)",
             values="see planner.memory._comm_buffer_bytes",
             bytes=peak.comm_buffers,
         ),

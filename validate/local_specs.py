@@ -1,0 +1,247 @@
+"""The calibrated machine as hwspecs: accelerator, link tier and cluster, and their TOML files.
+
+Mapping of the measurements onto the schema (also written into each file's ``notes``):
+
+* accelerator: ``fp32_tflops`` (and ``tf32_tflops``, since the planner's FP32 recipe costs
+  its GEMMs at the TF32 peak and a CPU runs them in FP32) is the best FP32 GEMM rate over
+  the workload shapes; ``matmul_efficiency`` is the geometric mean over those shapes divided
+  by that best, so peak × efficiency is the typical rate. ``hbm_bytes_per_s`` is the
+  measured single-thread copy bandwidth (efficiency 1). ``hbm_bytes`` is the machine's RAM
+  divided by the number of ranks.
+* link: ``bytes_per_s_per_direction`` and ``latency_s`` are the 2-rank point-to-point fit
+  (``1/β`` and ``α``). ``busbw_efficiency.ring`` is what makes the planner's ring
+  all-reduce bandwidth term equal the measured all-reduce on the most ranks
+  (``2(n−1)/n / (rate·β)``); ``alltoall`` the same for all-to-all (``(n−1)/n``); ``p2p`` 1.
+  Every other fit is kept as ``<collective>_n<ranks>`` (same formula with that collective's
+  nccl-tests factor), which the planner does not read. The schema has one latency per link,
+  so per-collective α is not representable; see :data:`SCHEMA_PROPOSAL`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from pathlib import Path
+
+from hwspecs.schema import Accelerator, Cluster, ClusterTier, LinkTier
+
+#: What the link schema would need to carry the gloo fits exactly.
+SCHEMA_PROPOSAL = (
+    "LinkTier.collective_fits: list of {collective: all-reduce|all-gather|reduce-scatter|"
+    "all-to-all|p2p, group_size: int, alpha_s: float, bytes_per_s: float (1/beta, nccl-tests "
+    "algbw of S)} with a [sources] entry each; planner.comm.algorithm_costs would use the fit "
+    "for (op, n) when present instead of the ring/pairwise formula"
+)
+
+#: nccl-tests bus-bandwidth factor per collective (planner.comm.volume_factor).
+FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "p2p": lambda n: 1.0,
+}
+MAX_EFFICIENCY = 1.5  # LinkTier accepts (0, 1.5]
+
+
+def _cpu_field(name: str, default: str) -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return default
+
+
+def accelerator_spec(gemms, memory_bytes_per_s: float, ranks: int, method: str) -> Accelerator:
+    by_dtype = {}
+    for dtype in ("fp32", "bf16"):
+        rates = [p.flops_per_s for p in gemms if p.dtype == dtype]
+        best = max(rates)
+        typical = math.exp(sum(math.log(r) for r in rates) / len(rates))
+        by_dtype[dtype] = (best, min(typical / best, 1.0))
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    shapes = ", ".join(sorted({f"{p.m}x{p.k}x{p.n}" for p in gemms}))
+    gemm_source = f"measured: {method}, torch.mm at 1 thread, median of 5, shapes {shapes}"
+    return Accelerator(
+        id="local-cpu",
+        name=f"{_cpu_field('model name', platform_name())}, one core per rank",
+        vendor=_cpu_field("vendor_id", "unknown"),
+        kind="gpu",
+        fp32_tflops=by_dtype["fp32"][0] / 1e12,
+        tf32_tflops=by_dtype["fp32"][0] / 1e12,
+        bf16_tflops=by_dtype["bf16"][0] / 1e12,
+        hbm_bytes=ram // ranks,
+        hbm_bytes_per_s=memory_bytes_per_s,
+        scale_up_domain_size=ranks,
+        nics_per_gpu=1.0,
+        matmul_efficiency={
+            "fp32": by_dtype["fp32"][1],
+            "tf32": by_dtype["fp32"][1],
+            "bf16": by_dtype["bf16"][1],
+        },
+        hbm_bandwidth_efficiency=1.0,
+        notes=(
+            "A CPU core acting as one rank (gloo, one thread). tf32 = fp32: the planner costs "
+            "FP32-recipe GEMMs at the tf32 peak; a CPU runs them in FP32. Peaks are the best "
+            "measured GEMM rate; efficiencies are the geometric mean over the workload shapes "
+            "divided by it. "
+            + "; ".join(f"{p.what} {p.dtype} {p.flops_per_s / 1e9:.1f} GFLOP/s" for p in gemms)
+        ),
+        sources={
+            "fp32_tflops": gemm_source + " (best fp32 shape)",
+            "tf32_tflops": gemm_source + " (CPU has no TF32: the fp32 figure)",
+            "bf16_tflops": gemm_source + " (best bf16 shape)",
+            "matmul_efficiency": gemm_source + " (geometric mean / best)",
+            "hbm_bytes": f"measured: {method}, physical RAM (sysconf) / {ranks} ranks",
+            "hbm_bytes_per_s": f"measured: {method}, torch copy_ of 64 MiB at 1 thread, "
+            "read + write bytes, median of 5",
+            "hbm_bandwidth_efficiency": "default: the bandwidth above is itself measured",
+            "scale_up_domain_size": f"measured: {method}, all {ranks} ranks share one host",
+            "nics_per_gpu": "default: loopback, no NIC",
+        },
+    )
+
+
+def platform_name() -> str:
+    return platform.processor() or platform.machine()
+
+
+def link_spec(fits, ranks: int, method: str) -> LinkTier:
+    def fit(name, n):
+        return next(f for f in fits if (f.collective, f.world_size) == (name, n))
+
+    p2p = fit("p2p", 2)
+    rate = 1.0 / p2p.beta_s_per_byte
+    source = f"measured: {method}, gloo over loopback, median of 5 per size, fit t = a + b*S"
+    efficiency, sources, clamped = {"p2p": 1.0}, {}, []
+
+    def put(key, value, what):
+        if value > MAX_EFFICIENCY:
+            clamped.append(f"{key} {value:.3f}")
+            value = MAX_EFFICIENCY
+        efficiency[key] = value
+        sources[f"busbw_efficiency.{key}"] = f"{source}: {what}"
+
+    for f in fits:
+        if f.collective == "p2p":
+            continue
+        factor = FACTORS[f.collective](f.world_size)
+        put(f"{f.collective}_n{f.world_size}", factor / (rate * f.beta_s_per_byte),
+            f"{f.collective} on {f.world_size} ranks, factor {factor:.3f} / (rate * b)")  # fmt: skip
+    put("ring", efficiency[f"all_reduce_n{ranks}"], f"= all_reduce_n{ranks} (ring all-reduce)")
+    put("alltoall", efficiency[f"all_to_all_n{ranks}"], f"= all_to_all_n{ranks}")
+    sources["busbw_efficiency.p2p"] = "default: the link rate is the p2p fit itself"
+    fits_text = "; ".join(
+        f"{f.collective} n={f.world_size}: a={f.alpha_s * 1e6:.1f} us, "
+        f"S/t={f.algbw_bytes_per_s / 1e9:.2f} GB/s"
+        for f in fits
+    )
+    return LinkTier(
+        id="local-gloo",
+        name="gloo over loopback TCP (one host)",
+        kind="host",
+        bytes_per_s_per_direction=rate,
+        latency_s=p2p.alpha_s,
+        busbw_efficiency=efficiency,
+        notes=(
+            "Mapping: bytes_per_s_per_direction = 1/b and latency_s = a of the 2-rank p2p fit; "
+            "busbw_efficiency.<collective>_n<ranks> = nccl-tests factor / (rate * b) of that "
+            "fit (ring = all_reduce, alltoall = all_to_all on the most ranks). Per-collective "
+            "latencies a do not fit the schema (one latency_s per link). "
+            + (f"Clamped to {MAX_EFFICIENCY}: {', '.join(clamped)}. " if clamped else "")
+            + "Fits: "
+            + fits_text
+        ),
+        sources={
+            "bytes_per_s_per_direction": f"{source}: 2-rank ping-pong, 1/b",
+            "latency_s": f"{source}: 2-rank ping-pong, a",
+            **sources,
+        },
+    )
+
+
+def cluster_spec(accelerator: str, link: str, ranks: int, method: str) -> Cluster:
+    source = f"measured: {method}, {ranks} processes on one host"
+    return Cluster(
+        id="local-cpu",
+        name=f"this machine: {ranks} gloo ranks, one thread each",
+        accelerator=accelerator,
+        num_gpus=ranks,
+        gpus_per_node=ranks,
+        scale_up_domain_size=ranks,
+        tiers=[ClusterTier(name="loopback", link=link, group_size=ranks)],
+        notes="Written by llmplan calibrate; accelerator and link are the files beside this one.",
+        sources={
+            "num_gpus": source,
+            "gpus_per_node": source,
+            "scale_up_domain_size": source,
+            "tiers.0": source + "; one loopback tier, no oversubscription",
+        },
+    )
+
+
+def write_specs(calibration, out_path: Path):
+    """Write cluster (``out_path``), accelerator and link TOMLs; the cluster names them by path."""
+    out_path = out_path.expanduser().resolve()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    stem = out_path.stem
+    accelerator_path = out_path.with_name(f"{stem}-accelerator.toml")
+    link_path = out_path.with_name(f"{stem}-link.toml")
+    cluster = calibration.cluster.model_copy(
+        update={
+            "accelerator": str(accelerator_path),
+            "tiers": [
+                tier.model_copy(update={"link": str(link_path)})
+                for tier in calibration.cluster.tiers
+            ],
+        }
+    )
+    header = f"# Measured by llmplan calibrate on {calibration.hostname} {calibration.date}.\n"
+    accelerator_path.write_text(header + to_toml(calibration.accelerator.model_dump()))
+    link_path.write_text(header + to_toml(calibration.link.model_dump()))
+    out_path.write_text(header + to_toml(cluster.model_dump()))
+    paths = {"cluster": str(out_path), "accelerator": str(accelerator_path), "link": str(link_path)}
+    return calibration.model_copy(update={"cluster": cluster, "paths": paths})
+
+
+def _value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _key(key: str) -> str:
+    bare = key.replace("_", "").replace("-", "").isalnum()
+    return key if bare else json.dumps(key)
+
+
+def to_toml(data: dict) -> str:
+    """TOML for a spec: scalars first, then tables, then arrays of tables (None left out)."""
+    lines, tables, arrays = [], [], []
+    for key, value in data.items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            tables.append((key, value))
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            arrays.append((key, value))
+        else:
+            lines.append(f"{_key(key)} = {_value(value)}")
+    for key, items in arrays:
+        for item in items:
+            lines += ["", f"[[{key}]]"]
+            lines += [f"{_key(k)} = {_value(v)}" for k, v in item.items() if v is not None]
+    for key, table in tables:
+        lines += ["", f"[{key}]"]
+        lines += [f"{_key(k)} = {_value(v)}" for k, v in table.items() if v is not None]
+    return "\n".join(lines) + "\n"

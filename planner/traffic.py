@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from hwspecs.schema import Cluster
 from planner.comm import algorithm_costs, choose, volume_factor
 from planner.job import Job
-from planner.layout import DEFAULT_MESH_ORDER, Layout, check_layout
+from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES, Layout, check_layout
 from planner.schedules.registry import get_schedule
 from planner.topology import axis_report, group_size, place_groups
 from planner.traffic_terms import (
@@ -106,6 +106,7 @@ def axis_traffic(
         int(layout.recompute == "full"),
         np.asarray(layout.zero_stage),
         layout.pipeline_layer_split,
+        layout.schedule in V_SHAPE_SCHEDULES,
     )
     times = (
         None if compute is None else (compute.forward_s, compute.backward_s, compute.attention_s)

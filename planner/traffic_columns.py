@@ -16,7 +16,7 @@ import numpy as np
 from hwspecs.schema import Cluster
 from planner.comm import algorithm_costs, volume_factor
 from planner.job import Job
-from planner.layout import DEFAULT_MESH_ORDER
+from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES
 from planner.network import as_cluster, cluster_view
 from planner.schedules.registry import SCHEDULES, get_schedule
 from planner.topology import placement_for_view, resolve_order
@@ -145,7 +145,10 @@ def axis_times_vectorized(
     unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
     inv = inv.reshape(rows)
     groups, alpha, beta = _cost_tables(cluster, unique, order)
-    terms = step_terms(job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, pipeline_layer_split)
+    v_shape = np.isin(schedule, list(V_SHAPE_SCHEDULES))
+    terms = step_terms(
+        job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, pipeline_layer_split, v_shape
+    )
     sizes = {
         "tp": tp,
         "cp": cp,

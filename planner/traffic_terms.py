@@ -143,7 +143,9 @@ class Term:
     bucket_bytes: np.ndarray | float = 0.0
 
 
-def step_terms(job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split="auto"):
+def step_terms(
+    job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split="auto", v_shape=False
+):
     """All collective terms of one step; every argument may be a numpy array (one row each).
 
     ``chunks``: model chunks per rank (vpp; 2 for zbv / dualpipev); ``sp``: sequence
@@ -173,7 +175,11 @@ def step_terms(job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split
     else:
         kv_token = 2 * np.maximum(model.num_kv_heads // tp, 1) * model.head_dim * act_b
     kv = b * s * kv_token  # K and V of the whole sequence
-    sends = np.where(pp >= 3, 2 * m * chunks, np.where(pp == 2, m * (2 * chunks - 1), 0))
+    # Busiest rank's sends per step (forward activations + backward gradients). With two
+    # ranks an interleaved pipeline's last chunk still sends back to rank 0, but a V's
+    # bottom hop stays on rank 1 (ZB-V, DualPipeV), so each rank sends one each way.
+    two_ranks = np.where(v_shape, 2 * m, m * (2 * chunks - 1))
+    sends = np.where(pp >= 3, 2 * m * chunks, np.where(pp == 2, two_ranks, 0))
     terms += [
         Term("cp", "all-gather", "K and V, whole sequence, per layer", layers * m * (1 + full)
              * on(cp > 1), kv, "cp_attention"),

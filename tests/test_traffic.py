@@ -205,3 +205,14 @@ def test_bad_layouts_are_one_line_errors():
         with pytest.raises(PlanError, match=words) as error:
             axis_traffic(job, layout, "dgx-h100")
         assert "\n" not in str(error.value)
+
+
+def test_v_shape_on_two_ranks_keeps_the_bottom_hop_local():
+    """ZB-V on pp 2: rank 1 holds stages 1 and 2, so each rank sends one activation and one
+    gradient per micro-batch; interleaved sends three from rank 0 (validated against torch)."""
+    job = job_for("llama3-8b", tokens=8192 * 8)
+    v = axis(axis_traffic(job, Layout(pp=2, dp=4, vpp=2, schedule="zbv"), "dgx-h100"), "pp")
+    inter = axis(
+        axis_traffic(job, Layout(pp=2, dp=4, vpp=2, schedule="interleaved-1f1b"), "dgx-h100"), "pp"
+    )
+    assert v.bytes_per_step * 3 == pytest.approx(inter.bytes_per_step * 2)

@@ -423,8 +423,8 @@ def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -
         small = found.smallest_memory
         usable = accelerator.hbm_bytes * (1 - mem_headroom) / gib
         lines.append(
-            f"smallest layout that did not fit needs {small['memory_per_gpu_bytes'] / gib:.1f} GiB per GPU, "
-            f"{usable:.1f} GiB available (tp {small['tp']}, cp {small['cp']}, pp {small['pp']}, "
+            f"smallest layout that did not fit needs {small['memory_per_gpu_bytes'] / gib:.2f} GiB per GPU, "
+            f"{usable:.2f} GiB available (tp {small['tp']}, cp {small['cp']}, pp {small['pp']}, "
             f"dp {small['dp']}, {small['schedule']}, recompute {small['recompute']})"
         )
     return lines

@@ -73,18 +73,28 @@ NO_COMPUTE_RULE = "no compute times given: exposed = raw"
 def stage_layers(num_layers: int, pp, vpp, split="auto"):
     """Layers on the first, a middle and the last pipeline rank, and whether the split is legal.
 
+    The splits of :func:`planner.layout.layers_per_virtual_stage`: ``even``;
     ``first-last-fewer`` (Llama 3 §3.3.2) takes one layer off the first and the last virtual
-    stage; ``auto`` uses it only when the layers do not divide evenly (planner.layout).
+    stage; ``balanced`` gives ``L mod S`` middle stages one extra layer (the busiest middle
+    rank is counted with up to ``vpp`` of them); ``auto`` tries them in that order.
     """
     stages = pp * vpp
     even_ok = num_layers % stages == 0
     fewer_ok = ((num_layers + 2) % stages == 0) & (stages > 1)
+    balanced_ok = num_layers >= stages
     split = np.asarray(split)
     even = (split == "even") | ((split == "auto") & even_ok)
-    middle = np.where(even, vpp * (num_layers // stages), vpp * ((num_layers + 2) // stages))
-    edge = np.where(even, middle, middle - 1)
+    fewer = ~even & ((split == "first-last-fewer") | ((split == "auto") & fewer_ok))
+    base, extra = num_layers // stages, num_layers % stages
+    middle = np.where(
+        even,
+        vpp * base,
+        np.where(fewer, vpp * ((num_layers + 2) // stages), vpp * base + np.minimum(vpp, extra)),
+    )
+    edge = np.where(even, middle, np.where(fewer, middle - 1, vpp * base))
     first = np.where(pp == 1, num_layers, edge)
-    return first, middle, edge, np.where(even, even_ok, fewer_ok)
+    legal = np.where(even, even_ok, np.where(fewer, fewer_ok, balanced_ok))
+    return first, middle, edge, legal
 
 
 @dataclass

@@ -216,3 +216,16 @@ def test_v_shape_on_two_ranks_keeps_the_bottom_hop_local():
         axis_traffic(job, Layout(pp=2, dp=4, vpp=2, schedule="interleaved-1f1b"), "dgx-h100"), "pp"
     )
     assert v.bytes_per_step * 3 == pytest.approx(inter.bytes_per_step * 2)
+
+
+def test_balanced_split_is_placeable_like_the_layout_says():
+    """61 layers on 16 stages (DeepSeek-V3) split 3/4: the vectorized form must accept it."""
+    import numpy as np
+
+    from planner.layout import layers_per_virtual_stage
+    from planner.traffic_terms import stage_layers
+
+    layers = layers_per_virtual_stage(61, 16)
+    first, middle, last, legal = stage_layers(61, np.asarray(16), np.asarray(1))
+    assert bool(legal)
+    assert (int(first), int(middle), int(last)) == (layers[0], layers.max(), layers[-1])

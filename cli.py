@@ -488,6 +488,57 @@ def catalog_show(
 # ----- bytes per parameter --------------------------------------------------------------
 
 
+class Recipe(str, Enum):
+    full = "full"
+    lora = "lora"
+    qlora = "qlora"
+    dora = "dora"
+    vera = "vera"
+
+
+class AdapterDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+RecipeFlag = Annotated[
+    Recipe, typer.Option(help="training recipe: full, or adapters on a frozen base")
+]
+LoraRankFlag = Annotated[
+    int | None, typer.Option(min=1, help="adapter rank r (default 8; QLoRA used 64)")
+]
+LoraAlphaFlag = Annotated[float | None, typer.Option(help="adapter scale alpha (no cost effect)")]
+LoraTargetsFlag = Annotated[
+    str | None,
+    typer.Option(help="attention, mlp, all (default) or module names, e.g. q_proj,v_proj"),
+]
+AdapterDtypeFlag = Annotated[
+    AdapterDtype | None,
+    typer.Option(help="adapter weight dtype (default fp32; bf16 for qlora)"),
+]
+DoubleQuantFlag = Annotated[
+    bool | None,
+    typer.Option(
+        "--double-quant/--no-double-quant", help="qlora: quantize the NF4 constants (default on)"
+    ),
+]
+
+
+def _finetune(recipe, lora_rank, lora_alpha, lora_targets, adapter_dtype, double_quant, **extra):
+    from planner import api
+
+    return api.build_finetune(
+        _value(recipe),
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        lora_targets=lora_targets,
+        adapter_dtype=_value(adapter_dtype),
+        double_quant=double_quant,
+        **extra,
+    )
+
+
 @app.command("bytes-per-param")
 def bytes_per_param(
     precision: Annotated[Precision, typer.Option(help="precision recipe")] = Precision.bf16_mixed,
@@ -499,13 +550,26 @@ def bytes_per_param(
     zero_stage: Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage 0-3")] = 0,
     dp: Annotated[int, typer.Option(min=1, help="data-parallel ranks ZeRO shards over")] = 1,
     model: Annotated[
-        str | None, typer.Option(help="model (for totals and shape-dependent optimizers)")
+        str | None,
+        typer.Option(help="model (for totals, shape-dependent optimizers and adapter recipes)"),
     ] = None,
+    recipe: RecipeFlag = Recipe.full,
+    lora_rank: LoraRankFlag = None,
+    lora_alpha: LoraAlphaFlag = None,
+    lora_targets: LoraTargetsFlag = None,
+    adapter_dtype: AdapterDtypeFlag = None,
+    double_quant: DoubleQuantFlag = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Model-state bytes per parameter for a precision recipe, optimizer and ZeRO stage."""
+    """Model-state bytes per parameter for a precision recipe, optimizer and ZeRO stage.
+
+    With an adapter recipe (lora, qlora, dora, vera) the bytes are per parameter of the base
+    model, and the recipe's own split (base weights, quantization constants, adapters,
+    adapter optimizer states) is shown too.
+    """
     from planner import api
 
+    finetune = _finetune(recipe, lora_rank, lora_alpha, lora_targets, adapter_dtype, double_quant)
     result = api.bytes_per_param(
         precision=_value(precision),
         optimizer=_value(optimizer),
@@ -514,20 +578,29 @@ def bytes_per_param(
         zero_stage=zero_stage,
         dp=dp,
         model=model,
+        finetune=finetune,
     )
     if as_json:
         _emit_json(result)
         return
     from rich.table import Table
 
+    recipe_title = ""
+    if result.recipe_breakdown is not None:
+        recipe_title = (
+            f", {result.recipe} r {finetune.lora_rank} on {','.join(finetune.lora_targets)} "
+            f"({result.num_trainable_params:,} trainable; per base-model parameter)"
+        )
     table = Table(
         title=f"bytes per parameter: {result.precision}, {result.optimizer}, "
-        f"grads {result.grad_dtype}, ZeRO {result.zero_stage} over dp {result.dp}"
+        f"grads {result.grad_dtype}, ZeRO {result.zero_stage} over dp {result.dp}{recipe_title}"
     )
     table.add_column("part")
     table.add_column("bytes / param", justify="right")
     for part, value in result.breakdown.items():
         table.add_row(part, f"{value:.4g}")
+    for part, value in (result.recipe_breakdown or {}).items():
+        table.add_row(f"  of which {part}", f"{value:.4g}", style="dim")
     table.add_row("total", f"{result.bytes_per_param:.4g}", style="bold")
     if result.total_bytes is not None:
         table.add_row(
@@ -561,7 +634,10 @@ def memory(
     global_batch_tokens: Annotated[int | None, typer.Option(min=1)] = None,
     global_batch_size: Annotated[int | None, typer.Option(min=1, help="sequences per step")] = None,
     zero_stage: Annotated[int, typer.Option(min=0, max=3)] = 1,
-    recompute: Annotated[Recompute, typer.Option()] = Recompute.none,
+    recompute: Annotated[
+        Recompute | None,
+        typer.Option(help="default: full for qlora (gradient checkpointing, as QLoRA), else none"),
+    ] = None,
     sequence_parallel: Annotated[
         bool, typer.Option("--sequence-parallel/--no-sequence-parallel")
     ] = True,
@@ -575,14 +651,38 @@ def memory(
     accelerator: Annotated[
         str | None, typer.Option(help="accelerator whose HBM the result is checked against")
     ] = "h100-sxm",
+    recipe: RecipeFlag = Recipe.full,
+    lora_rank: LoraRankFlag = None,
+    lora_alpha: LoraAlphaFlag = None,
+    lora_targets: LoraTargetsFlag = None,
+    lora_dropout: Annotated[
+        float | None, typer.Option(min=0, max=0.99, help="adapter dropout (stores input copies)")
+    ] = None,
+    adapter_dtype: AdapterDtypeFlag = None,
+    double_quant: DoubleQuantFlag = None,
     explain: Annotated[
         bool, typer.Option("--explain", help="print each term's formula with its numbers")
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Memory per GPU for one layout: model states, activations in flight, buffers, per stage."""
+    """Memory per GPU for one layout: model states, activations in flight, buffers, per stage.
+
+    With an adapter recipe the base is frozen (NF4 for qlora) and only the adapters carry
+    gradients and optimizer states; the recipe's own split is printed as well.
+    """
     from planner import api
 
+    finetune = _finetune(
+        recipe,
+        lora_rank,
+        lora_alpha,
+        lora_targets,
+        adapter_dtype,
+        double_quant,
+        lora_dropout=lora_dropout,
+    )
+    if recompute is None:
+        recompute = Recompute.full if _value(recipe) == "qlora" else Recompute.none
     job = api.build_job(
         model,
         seq_len,
@@ -592,6 +692,7 @@ def memory(
         optimizer=_value(optimizer),
         grad_dtype=_value(grad_dtype),
         flash_attention=flash_attention,
+        finetune=finetune,
     )
     layout = api.build_layout(
         tp=tp,
@@ -662,6 +763,13 @@ def _print_memory(report, explain: bool) -> None:
             f"peak: {_gib(report.total_bytes)} GiB on rank {report.peak_rank}; "
             f"{report.accelerator} has {_gib(report.capacity_bytes)} GiB: {verdict}"
         )
+    if report.recipe_breakdown_bytes is not None:
+        parts = Table(title=f"rank {report.peak_rank} by the {report.recipe} recipe's parts (GiB)")
+        parts.add_column("part")
+        parts.add_column("GiB", justify="right")
+        for name, value in report.recipe_breakdown_bytes.items():
+            parts.add_row(name, _gib(value))
+        console.print(parts)
     if explain:
         terms = Table(title=f"how rank {report.peak_rank}'s memory is computed")
         terms.add_column("term")

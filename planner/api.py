@@ -74,7 +74,13 @@ def show_catalog(name: str) -> dict:
 
 
 class BytesPerParamReport(BaseModel):
-    """Model-state bytes per parameter on one data-parallel rank."""
+    """Model-state bytes per parameter on one data-parallel rank.
+
+    Under a fine-tuning recipe every figure is per parameter of the *base* model, and
+    ``recipe_breakdown`` splits the same total into base weights, quantization constants and
+    the adapters' weights, gradients, master weights and optimizer states (``breakdown``
+    keeps its four parts: weights = base + constants + adapter weights, and so on).
+    """
 
     bytes_per_param: float
     breakdown: dict[str, float]
@@ -88,6 +94,67 @@ class BytesPerParamReport(BaseModel):
     model: str | None = None
     num_params: int | None = None
     total_bytes: float | None = None
+    recipe: str = "full"
+    num_trainable_params: int | None = None
+    recipe_breakdown: dict[str, float] | None = None
+    finetune: dict | None = None
+
+
+def build_finetune(
+    recipe: str = "full",
+    lora_rank: int | None = None,
+    lora_alpha: float | None = None,
+    lora_targets: str | None = None,
+    lora_dropout: float | None = None,
+    adapter_dtype: str | None = None,
+    double_quant: bool | None = None,
+):
+    """A FinetuneSpec from CLI-style values; None for full training (``recipe="full"``)."""
+    from planner.finetune import RECIPES, FinetuneSpec
+
+    if recipe not in RECIPES:
+        raise unknown_name_error("recipe", recipe, RECIPES)
+    options = {
+        "lora_rank": lora_rank,
+        "lora_alpha": lora_alpha,
+        "lora_targets": lora_targets,
+        "lora_dropout": lora_dropout,
+        "adapter_dtype": adapter_dtype,
+        "double_quant": double_quant,
+    }
+    given = {key: value for key, value in options.items() if value is not None}
+    if recipe == "full":
+        if given:
+            flags = ", ".join("--" + key.replace("_", "-") for key in given)
+            verb = "needs" if len(given) == 1 else "need"
+            raise PlanError(
+                f"{flags} {verb} an adapter recipe (--recipe lora, qlora, dora or vera)"
+            )
+        return None
+    return _validated(FinetuneSpec, recipe=recipe, **given)
+
+
+def _recipe_bytes_per_param(spec_model, finetune, precision, zero_stage: int, dp: int) -> dict:
+    """Report fields of an adapter recipe: bytes per base-model parameter, split both ways."""
+    from planner.finetune import num_adapter_params
+    from planner.finetune_costs import model_state_bytes
+
+    if spec_model is None:
+        raise PlanError(
+            f"--recipe {finetune.recipe} needs --model: adapter sizes depend on the model's shapes"
+        )
+    parts = model_state_bytes(spec_model, finetune, precision, zero_stage, dp)
+    num_params = spec_model.num_params()
+    per_param = {key: value / num_params for key, value in parts.model_dump().items()}
+    return {
+        "bytes_per_param": parts.total / num_params,
+        "breakdown": {key: value / num_params for key, value in parts.memory_parts().items()},
+        "total_bytes": parts.total,
+        "recipe": finetune.recipe,
+        "num_trainable_params": num_adapter_params(spec_model, finetune),
+        "recipe_breakdown": per_param,
+        "finetune": finetune.model_dump(),
+    }
 
 
 def bytes_per_param(
@@ -99,11 +166,13 @@ def bytes_per_param(
     zero_stage: int = 0,
     dp: int = 1,
     model: str | None = None,
+    finetune=None,
 ) -> BytesPerParamReport:
     """Bytes per parameter for a recipe; with ``model``, also its total over all parameters.
 
     Optimizers whose state depends on tensor shapes (Muon, Adafactor) use the model's
-    shapes when a model is given, else the large-matrix figure.
+    shapes when a model is given, else the large-matrix figure. ``finetune`` (a
+    FinetuneSpec, see :func:`build_finetune`) needs ``model``: frozen base, adapters trained.
     """
     from planner.model import load_model
     from planner.precision import (
@@ -126,9 +195,17 @@ def bytes_per_param(
     states = optimizer_states_per_param(optimizer, spec_model) if spec_model else None
     parts = sharded_bytes_per_param(spec, zero_stage, dp, states)
     num_params = spec_model.num_params() if spec_model else None
+    recipe = {}
+    if finetune is not None and finetune.trains_adapters:
+        recipe = _recipe_bytes_per_param(spec_model, finetune, spec, zero_stage, dp)
+    fields = {
+        "bytes_per_param": parts.total,
+        "breakdown": parts.model_dump(),
+        "total_bytes": parts.total * num_params if num_params else None,
+        **recipe,
+    }
     return BytesPerParamReport(
-        bytes_per_param=parts.total,
-        breakdown=parts.model_dump(),
+        **fields,
         precision=spec.recipe,
         optimizer=spec.optimizer,
         grad_dtype=spec.gradient_dtype,
@@ -138,7 +215,6 @@ def bytes_per_param(
         dp=dp,
         model=spec_model.name if spec_model else None,
         num_params=num_params,
-        total_bytes=parts.total * num_params if num_params else None,
     )
 
 
@@ -154,8 +230,12 @@ def build_job(
     optimizer: str = "adamw",
     grad_dtype: str | None = None,
     flash_attention: bool = True,
+    finetune=None,
 ):
-    """A Job from CLI-style values (batch as tokens or as sequences, not both)."""
+    """A Job from CLI-style values (batch as tokens or as sequences, not both).
+
+    ``finetune``: a FinetuneSpec (:func:`build_finetune`), or None for full training.
+    """
     from planner.job import Job
     from planner.model import load_model
     from planner.precision import PrecisionSpec
@@ -174,6 +254,7 @@ def build_job(
         global_batch_tokens=global_batch_tokens,
         precision=spec,
         flash_attention=flash_attention,
+        finetune=finetune,
     )
 
 

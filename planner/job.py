@@ -1,9 +1,10 @@
-"""The training job: model, sequence length, global batch and precision recipe."""
+"""The training job: model, sequence length, global batch, precision and fine-tuning recipe."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.finetune import FinetuneSpec, check_targets
 from planner.model import ModelSpec
 from planner.precision import PrecisionSpec
 
@@ -14,6 +15,7 @@ class Job(BaseModel):
     ``global_batch_tokens`` is the number of tokens per optimizer step (Llama 3 405B:
     16,777,216 = 2,048 sequences of 8,192). ``flash_attention`` stores no attention score
     matrix (Dao et al. 2022); set it off to reproduce Korthikanti et al.'s accounting.
+    ``finetune`` trains adapters on a frozen (for QLoRA: NF4) base; None is full training.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -23,6 +25,7 @@ class Job(BaseModel):
     global_batch_tokens: int | None = Field(None, gt=0)
     precision: PrecisionSpec = PrecisionSpec()
     flash_attention: bool = True
+    finetune: FinetuneSpec | None = None
     runtime_overhead_bytes: int = Field(
         1 << 30,
         ge=0,
@@ -36,6 +39,12 @@ class Job(BaseModel):
                 f"global_batch_tokens {self.global_batch_tokens} is not a multiple of "
                 f"seq_len {self.seq_len}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_targets_exist(self) -> Job:
+        if self.finetune is not None:
+            check_targets(self.model, self.finetune)
         return self
 
     @property

@@ -8,7 +8,9 @@ are one layer's stored tensors (:mod:`planner.activations`) times the rank's lay
 the micro-batches its schedule keeps in flight (1F1B: p − i on rank i). Buffers that
 exist once are added: logits and loss on the last stage, communication buffers, and the
 runtime overhead (CUDA context and workspaces), reported apart. Memory per GPU is the
-maximum over ranks.
+maximum over ranks. A fine-tuning recipe (``job.finetune``: LoRA, QLoRA, DoRA, VeRA) swaps
+in its model states, adapter activations and working buffers from
+:mod:`planner.finetune_costs`, and reports them apart in ``recipe_breakdown_bytes``.
 """
 
 from __future__ import annotations
@@ -19,10 +21,16 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from planner import activations as act
+from planner import finetune_costs as ft
 from planner.job import Job
 from planner.layout import Layout, check_layout, layers_per_virtual_stage, virtual_stage_ranks
 from planner.model import ModelSpec
-from planner.precision import DTYPE_BYTES, optimizer_states_per_param, sharded_bytes_per_param
+from planner.precision import (
+    DTYPE_BYTES,
+    optimizer_states_per_param,
+    sharded_bytes_per_param,
+    zero_shard_factors,
+)
 from planner.schedules.closed_form import parameter_copies, peak_activation_microbatches
 
 MEMORY_PARTS = (
@@ -83,6 +91,9 @@ class MemoryReport(BaseModel):
     activation_tensors_per_layer: dict[str, float]
     per_stage: list[StageMemory]
     explain: list[ExplainTerm]
+    recipe: str = "full"
+    #: The peak rank's bytes split by a fine-tuning recipe's parts (sums to total_bytes).
+    recipe_breakdown_bytes: dict[str, float] | None = None
 
 
 # ----- parameters per rank --------------------------------------------------------------
@@ -187,10 +198,15 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         recompute=layout.recompute,
         element_bytes=precision.activation_bytes,
     )
+    tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     dense_tensors = act.layer_activation_tensors(model, shape, moe_layer=False)
+    adapter_layer = ft.adapter_layer_bytes(model, tuned, shape)
+    dense_tensors |= ft.adapter_activation_tensors(model, tuned, shape, False) if tuned else {}
     per_dense_layer = math.fsum(dense_tensors.values())
     per_moe_layer = (
-        act.activation_bytes_per_layer(model, shape, moe_layer=True) if model.is_moe else 0.0
+        act.activation_bytes_per_layer(model, shape, moe_layer=True) + adapter_layer[True]
+        if model.is_moe
+        else 0.0
     )
     inflight = np.asarray(
         peak_activation_microbatches(layout.schedule, layout.pp, m, layout.vpp), dtype=float
@@ -202,9 +218,13 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         act.recompute_working_bytes(model, shape, moe_layer=False),
         act.recompute_working_bytes(model, shape, moe_layer=True) if model.is_moe else 0.0,
     )
+    adapter_working = ft.adapter_working_max(model, tuned, shape)
+    working += math.fsum(adapter_working.values())
 
     per_layer = (act_layers - act_moe_layers) * per_dense_layer + act_moe_layers * per_moe_layer
     activations = per_layer * inflight + working * (act_layers > 0)
+    adapter_acts = (act_layers - act_moe_layers) * adapter_layer[False] * inflight
+    adapter_acts += act_moe_layers * adapter_layer[True] * inflight
     activations[first_rank] += first_extra * inflight[first_rank]
     activations[last_rank] += last_extra * inflight[last_rank]
     logits = np.zeros(layout.pp)
@@ -212,9 +232,14 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
     if layout.schedule == "dualpipe":
         logits[first_rank] = logits[last_rank]
 
-    comm = _comm_buffer_bytes(model, layout, shape, precision)
+    comm = _comm_buffer_bytes(model, layout, shape, precision, tuned)
     copies = parameter_copies(layout.schedule)
-    stages = []
+    shards = (
+        zero_shard_factors(layout.zero_stage, layout.zero_group_size),
+        zero_shard_factors(layout.zero_stage, expert_group),
+    )
+    moe_layers = rank_sums(_moe_layers_per_stage(model, layers_stage), layout)
+    stages, recipe_parts = [], []
     for rank in range(layout.pp):
         parts = {
             "weights": dense[rank] * dense_bpp.weights + expert[rank] * expert_bpp.weights,
@@ -228,6 +253,20 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
             "comm_buffers": comm,
             "runtime_overhead": float(job.runtime_overhead_bytes),
         }
+        if tuned:
+            states = ft.rank_state_bytes(
+                model,
+                tuned,
+                precision,
+                (dense[rank], expert[rank]),
+                (layers[rank] - moe_layers[rank], moe_layers[rank]),
+                layout.tp,
+                layout.ep,
+                shards,
+            )
+            parts |= states.memory_parts()
+            buffers = {k: v * bool(act_layers[rank]) for k, v in adapter_working.items()}
+            recipe_parts.append(ft.recipe_breakdown(states, parts, adapter_acts[rank], buffers))
         stages.append(
             StageMemory(
                 rank=rank,
@@ -242,6 +281,13 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
     peak = max(stages, key=lambda stage: stage.total_bytes)
     capacity = accelerator.hbm_bytes if accelerator is not None else None
     explain = _explain(model, layout, job, peak, dense_bpp, per_dense_layer, m, copies)
+    if tuned:
+        peak_states = ft.FinetuneStateBytes(
+            **{k: recipe_parts[peak.rank][k] for k in ft.STATE_PARTS}
+        )
+        explain[:3] = [
+            ExplainTerm(**term) for term in ft.explain_terms(model, tuned, precision, peak_states)
+        ]
     return MemoryReport(
         model=model.name,
         accelerator=accelerator.id if accelerator is not None else None,
@@ -256,6 +302,8 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         activation_tensors_per_layer=dense_tensors,
         per_stage=stages,
         explain=explain,
+        recipe=job.finetune.recipe if job.finetune is not None else "full",
+        recipe_breakdown_bytes=recipe_parts[peak.rank] if tuned else None,
     )
 
 
@@ -267,14 +315,15 @@ def _moe_layers_per_stage(model: ModelSpec, layers_stage: np.ndarray) -> np.ndar
     return (layers_stage - dense).astype(float)
 
 
-def _comm_buffer_bytes(model: ModelSpec, layout: Layout, shape, precision) -> float:
+def _comm_buffer_bytes(model: ModelSpec, layout: Layout, shape, precision, tuned=None) -> float:
     """Buffers that communication needs at its peak on one GPU.
 
     Pipeline send/receive of one micro-batch's activations in both directions; the
     all-gathered sequence under SP (one layer input, whole); under ZeRO-3 two layers'
     gathered weights (the current one and the prefetched next one); with sharded gradients
     (ZeRO ≥ 2) one layer's unsharded gradients, the input of its reduce-scatter (FSDP
-    reduces per layer; with whole gradients, ZeRO 0–1 reduce in place).
+    reduces per layer; with whole gradients, ZeRO 0–1 reduce in place). Under a fine-tuning
+    recipe a layer's weights are as stored (NF4 for QLoRA) and its gradients the adapters'.
     """
     h, e = model.hidden_size, shape.element_bytes
     total = 0.0
@@ -283,10 +332,16 @@ def _comm_buffer_bytes(model: ModelSpec, layout: Layout, shape, precision) -> fl
     if shape.sequence_parallel:
         total += shape.local_tokens * h * e
     dense_layer, expert_layer = layer_params_per_rank(model, layout.tp, layout.ep, model.is_moe)
+    layer_weights = (dense_layer + expert_layer) * DTYPE_BYTES[precision.weight_dtype]
+    layer_grads = (dense_layer + expert_layer) * DTYPE_BYTES[precision.gradient_dtype]
+    if tuned is not None:
+        layer_weights, layer_grads = ft.layer_weight_and_grad_bytes(
+            model, tuned, precision, model.is_moe, layout.tp, layout.ep
+        )
     if layout.zero_stage >= 3:
-        total += 2 * (dense_layer + expert_layer) * DTYPE_BYTES[precision.weight_dtype]
+        total += 2 * layer_weights
     if layout.zero_stage >= 2:
-        total += (dense_layer + expert_layer) * DTYPE_BYTES[precision.gradient_dtype]
+        total += layer_grads
     return total
 
 

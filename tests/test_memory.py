@@ -111,10 +111,14 @@ small_layouts = st.fixed_dictionaries(
 def test_more_dp_never_raises_model_state_memory(fields, more_dp):
     job = Job(model=load_model("llama3-8b"), seq_len=2048)
     base = memory_report(job, Layout(num_microbatches=8, **fields))
-    wider = memory_report(job, Layout(num_microbatches=8, **{**fields, "dp": fields["dp"] * more_dp}))
+    wider = memory_report(
+        job, Layout(num_microbatches=8, **{**fields, "dp": fields["dp"] * more_dp})
+    )
     states = ("weights", "gradients", "master_weights", "optimizer_states")
     for a, b in zip(base.per_stage, wider.per_stage, strict=True):
-        assert sum(getattr(b, p) for p in states) <= sum(getattr(a, p) for p in states) * (1 + 1e-12)
+        assert sum(getattr(b, p) for p in states) <= sum(getattr(a, p) for p in states) * (
+            1 + 1e-12
+        )
 
 
 @settings(max_examples=30, deadline=None)

@@ -1,0 +1,351 @@
+"""`llmplan plan` and `llmplan estimate`: the layout search and one layout's estimate."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from commands.common import (
+    GIB,
+    GradDtype,
+    JsonFlag,
+    Optimizer,
+    Precision,
+    Recompute,
+    app,
+    emit_json,
+    int_list,
+    make_console,
+    option_value,
+)
+
+# ----- plan and estimate ---------------------------------------------------------------
+
+
+def _plan_job(
+    model, seq_len, global_batch_tokens, global_batch_size, precision, optimizer, grad_dtype
+):
+    from planner import api
+
+    if global_batch_tokens is None and global_batch_size is None:
+        global_batch_tokens = api.DEFAULT_PLAN["global_batch_tokens"]
+    return api.build_job(
+        model,
+        seq_len,
+        global_batch_tokens=global_batch_tokens,
+        global_batch_size=global_batch_size,
+        precision=option_value(precision),
+        optimizer=option_value(optimizer),
+        grad_dtype=option_value(grad_dtype),
+    )
+
+
+@app.command()
+def plan(
+    model: Annotated[
+        str, typer.Option(help="catalog model, model TOML or HF config.json")
+    ] = "llama3-405b",
+    cluster: Annotated[str, typer.Option(help="catalog cluster or TOML path")] = "llama3-h100-24k",
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="GPUs to use (default 16,384 for the default query, else the whole cluster)"
+        ),
+    ] = None,
+    seq_len: Annotated[int, typer.Option(min=1)] = 8192,
+    global_batch_tokens: Annotated[
+        int | None, typer.Option(min=1, help="tokens per step (default 16M)")
+    ] = None,
+    global_batch_size: Annotated[int | None, typer.Option(min=1, help="sequences per step")] = None,
+    top: Annotated[int, typer.Option(min=1, help="results to show")] = 5,
+    objective: Annotated[str, typer.Option(help="step_time, memory or mfu")] = "step_time",
+    mem_headroom: Annotated[float, typer.Option(help="fraction of HBM kept free")] = 0.05,
+    tp: Annotated[str | None, typer.Option(help="pin, e.g. 8 or 4,8")] = None,
+    cp: Annotated[str | None, typer.Option(help="pin")] = None,
+    pp: Annotated[str | None, typer.Option(help="pin")] = None,
+    dp: Annotated[str | None, typer.Option(help="pin")] = None,
+    ep: Annotated[str | None, typer.Option(help="pin")] = None,
+    vpp: Annotated[str | None, typer.Option(help="pin")] = None,
+    micro_batch_size: Annotated[str | None, typer.Option(help="pin")] = None,
+    schedule: Annotated[str | None, typer.Option(help="pin, e.g. 1f1b,interleaved-1f1b")] = None,
+    zero_stage: Annotated[str | None, typer.Option(help="pin, e.g. 1")] = None,
+    recompute: Annotated[str | None, typer.Option(help="pin: none, selective, full")] = None,
+    sequence_parallel: Annotated[
+        bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="pin")
+    ] = None,
+    allow_cross_node_tp: Annotated[bool, typer.Option("--allow-cross-node-tp")] = False,
+    precision: Annotated[Precision, typer.Option()] = Precision.bf16_mixed,
+    optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
+    grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
+    mfu_dtype: Annotated[
+        str, typer.Option(help="dtype whose peak MFU is measured against")
+    ] = "bf16",
+    order: Annotated[str | None, typer.Option(help="mesh order innermost first")] = None,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="why the winner wins, why rows were rejected")
+    ] = False,
+    emit: Annotated[
+        str | None, typer.Option(help="print the winner's settings for: torchtitan, megatron")
+    ] = None,
+    csv: Annotated[str | None, typer.Option(help="write every feasible row as CSV")] = None,
+    html: Annotated[
+        str | None, typer.Option(help="write step time vs memory of all feasible layouts")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Search every layout and rank them (default: Llama 3 405B on 16,384 H100s)."""
+    from planner import api
+    from planner.errors import PlanError
+    from planner.search import SearchSpace
+
+    try:
+        if gpus is None and cluster == api.DEFAULT_PLAN["cluster"]:
+            gpus = api.DEFAULT_PLAN["gpus"]
+        job = _plan_job(
+            model, seq_len, global_batch_tokens, global_batch_size, precision, optimizer, grad_dtype
+        )
+        pins = {
+            "tp": int_list(tp, "tp"),
+            "cp": int_list(cp, "cp"),
+            "pp": int_list(pp, "pp"),
+            "dp": int_list(dp, "dp"),
+            "ep": int_list(ep, "ep"),
+            "vpp": int_list(vpp, "vpp"),
+        }
+        space_fields = {key: value for key, value in pins.items() if value is not None}
+        if micro_batch_size:
+            space_fields["micro_batch_size"] = int_list(micro_batch_size, "micro-batch-size")
+        if schedule:
+            space_fields["schedule"] = _name_list(schedule, "schedule")
+        if zero_stage:
+            space_fields["zero_stage"] = [int(v) for v in zero_stage.split(",")]
+            if any(v not in (0, 1, 2, 3) for v in space_fields["zero_stage"]):
+                raise PlanError(f"--zero-stage takes 0, 1, 2 or 3, got '{zero_stage}'")
+        if recompute:
+            space_fields["recompute"] = _name_list(recompute, "recompute")
+        if sequence_parallel is not None:
+            space_fields["sequence_parallel"] = [sequence_parallel]
+        space = SearchSpace(**space_fields, allow_cross_node_tp=allow_cross_node_tp)
+        with _progress(not as_json) as advance:
+            result, table = api.plan(
+                job,
+                cluster,
+                gpus,
+                space,
+                objective,
+                mem_headroom,
+                top,
+                mfu_dtype,
+                order,
+                progress=advance,
+            )
+        if not result.results:
+            raise PlanError(_no_layout_message(result))
+    except PlanError as error:
+        if as_json:
+            emit_json({"error": str(error)})
+            raise typer.Exit(2) from None
+        raise
+    if csv:
+        table.to_csv(csv, index=False)
+    if html:
+        from plots.plan import plan_figure
+
+        plan_figure(table, result).write_html(html, include_plotlyjs=True, full_html=True)
+    if as_json:
+        emit_json(result)
+        return
+    _print_plan(result, explain)
+    if emit:
+        make_console().print(
+            api.emit_settings(result.results[0], emit, job), markup=False, highlight=False
+        )
+    for path in (csv, html):
+        if path:
+            make_console().print(f"wrote {path}")
+
+
+def _name_list(text: str, name: str) -> list[str]:
+    from planner.errors import PlanError
+
+    allowed = {"schedule": None, "recompute": ("none", "selective", "full")}[name]
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    if name == "schedule":
+        from planner.errors import unknown_name_error
+        from planner.schedules import SCHEDULES
+
+        for value in values:
+            if value not in SCHEDULES:
+                raise unknown_name_error("schedule", value, SCHEDULES)
+    elif any(value not in allowed for value in values):
+        raise PlanError(f"--{name} takes {', '.join(allowed)}; got '{text}'")
+    return values
+
+
+def _no_layout_message(result) -> str:
+    reasons = "; ".join(f"{reason} ({count:,})" for reason, count in result.rejected.items())
+    smallest = [line for line in result.explanation if line.startswith("smallest")]
+    tail = f"; {smallest[0]}" if smallest else ""
+    return f"no layout fits the constraints: {reasons or 'no candidates'}{tail}"
+
+
+class _progress:
+    """A rich progress bar on a terminal while the search screens (silent otherwise)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.progress import Progress
+
+        self.bar = Progress(transient=True)
+        self.bar.start()
+        task = self.bar.add_task("screening layouts", total=1.0)
+        return lambda fraction: self.bar.update(task, completed=fraction)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+
+def _print_plan(result, explain: bool) -> None:
+    from rich.table import Table
+
+    console = make_console()
+    q = result.query
+    console.print(
+        f"{q['model']} on {q['gpus']:,} GPUs of {q['cluster']}, seq {q['seq_len']:,}, "
+        f"{q['global_batch_tokens']:,} tokens per step: {result.candidates_evaluated:,} layouts "
+        f"screened, {result.feasible:,} feasible"
+    )
+    table = Table(show_edge=False, padding=(0, 1))
+    ep = any(entry["layout"]["ep"] > 1 for entry in result.results)
+    degrees_header = "tp/cp/pp/dp" + ("/ep" if ep else "")
+    columns = (
+        "#",
+        degrees_header,
+        "sp",
+        "schedule",
+        "mbs",
+        "Z",
+        "recomp",
+        "step s",
+        "MFU%",
+        "GiB",
+        "bub%",
+    )
+    for column in columns:
+        left = column in (degrees_header, "schedule", "recomp")
+        table.add_column(column, justify="left" if left else "right", no_wrap=True)
+    short = {"interleaved-1f1b": "int-1f1b", "selective": "sel"}
+    for entry in result.results:
+        lay = entry["layout"]
+        axes = ("tp", "cp", "pp", "dp", "ep") if ep else ("tp", "cp", "pp", "dp")
+        vpp = f" v{lay['vpp']}" if lay["schedule"] == "interleaved-1f1b" else ""
+        table.add_row(
+            str(entry["rank"]),
+            "/".join(str(lay[a]) for a in axes),
+            "y" if lay["sequence_parallel"] and lay["tp"] > 1 else "n",
+            short.get(lay["schedule"], lay["schedule"]) + vpp,
+            str(lay["micro_batch_size"]),
+            str(lay["zero_stage"]),
+            short.get(lay["recompute"], lay["recompute"]),
+            f"{entry['step_time_s']:.3f}",
+            f"{100 * entry['mfu']:.1f}",
+            f"{entry['memory_per_gpu_bytes'] / GIB:.1f}",
+            f"{100 * entry['bubble_fraction']:.1f}",
+        )
+    console.print(table)
+    if explain:
+        for line in result.explanation:
+            console.print(line)
+
+
+@app.command()
+def estimate(
+    model: Annotated[
+        str, typer.Option(help="catalog model, model TOML or HF config.json")
+    ] = "llama3-405b",
+    cluster: Annotated[str, typer.Option(help="catalog cluster or TOML path")] = "llama3-h100-24k",
+    gpus: Annotated[int | None, typer.Option(min=1)] = None,
+    tp: Annotated[int, typer.Option(min=1)] = 8,
+    cp: Annotated[int, typer.Option(min=1)] = 1,
+    pp: Annotated[int, typer.Option(min=1)] = 16,
+    dp: Annotated[int, typer.Option(min=1)] = 128,
+    ep: Annotated[int, typer.Option(min=1)] = 1,
+    vpp: Annotated[int | None, typer.Option(min=1)] = None,
+    seq_len: Annotated[int, typer.Option(min=1)] = 8192,
+    global_batch_tokens: Annotated[int | None, typer.Option(min=1)] = None,
+    global_batch_size: Annotated[int | None, typer.Option(min=1)] = None,
+    micro_batch_size: Annotated[int, typer.Option(min=1)] = 1,
+    schedule: Annotated[str, typer.Option()] = "1f1b",
+    zero_stage: Annotated[int, typer.Option(min=0, max=3)] = 1,
+    recompute: Annotated[Recompute, typer.Option()] = Recompute.none,
+    sequence_parallel: Annotated[
+        bool, typer.Option("--sequence-parallel/--no-sequence-parallel")
+    ] = True,
+    precision: Annotated[Precision, typer.Option()] = Precision.bf16_mixed,
+    optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
+    grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
+    mfu_dtype: Annotated[str, typer.Option()] = "bf16",
+    order: Annotated[str | None, typer.Option()] = None,
+    explain: Annotated[bool, typer.Option("--explain")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Predict one fully given layout: step time breakdown, MFU, memory per GPU."""
+    from planner import api
+
+    job = _plan_job(
+        model, seq_len, global_batch_tokens, global_batch_size, precision, optimizer, grad_dtype
+    )
+    layout = api.build_layout(
+        tp=tp,
+        cp=cp,
+        pp=pp,
+        dp=dp,
+        ep=ep,
+        vpp=vpp,
+        micro_batch_size=micro_batch_size,
+        schedule=schedule,
+        zero_stage=zero_stage,
+        recompute=option_value(recompute),
+        sequence_parallel=sequence_parallel,
+    )
+    result = api.estimate(job, layout, cluster, gpus, mfu_dtype, order=order)
+    if as_json:
+        emit_json(result)
+        return
+    from rich.table import Table
+
+    console = make_console()
+    lay = result.layout
+    console.print(
+        f"{result.model} on {result.num_gpus:,} × {result.accelerator} ({result.cluster}): tp {lay.tp} cp {lay.cp} "
+        f"pp {lay.pp} dp {lay.dp} ep {lay.ep} vpp {lay.vpp}, {lay.schedule}, m {result.num_microbatches}, "
+        f"mbs {lay.micro_batch_size}, ZeRO {lay.zero_stage}, recompute {lay.recompute}"
+    )
+    table = Table(
+        title=f"step {result.step_time_s:.3f} s — MFU {100 * result.mfu:.1f}% "
+        f"(causal {100 * result.mfu_causal:.1f}%), {result.model_tflops_per_gpu:.0f} TFLOP/s per GPU, "
+        f"{result.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+    )
+    table.add_column("term")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for key, value in result.time_breakdown_s.items():
+        if value:
+            table.add_row(key, f"{value:.4f}", f"{100 * value / result.step_time_s:.1f}%")
+    console.print(table)
+    verdict = "fits" if result.fits else "does NOT fit"
+    console.print(
+        f"memory per GPU {result.memory_per_gpu_bytes / GIB:.2f} GiB of {result.capacity_bytes / GIB:.2f}: {verdict}"
+    )
+    if explain:
+        for line in api.explain_estimate(result, job):
+            console.print(line)

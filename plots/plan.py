@@ -30,9 +30,13 @@ def plan_figure(table, result):
 
     fig = make_subplots(
         rows=1,
-        cols=2,
-        column_widths=[0.68, 0.32],
-        subplot_titles=("feasible layouts: step time vs memory per GPU", "winner's breakdown"),
+        cols=3,
+        column_widths=[0.6, 0.2, 0.2],
+        subplot_titles=(
+            "feasible layouts: step time vs memory per GPU",
+            "winner: step time (s)",
+            "winner: memory per GPU (GiB)",
+        ),
     )
     hover = (
         table["tp"].astype(str)
@@ -87,16 +91,13 @@ def plan_figure(table, result):
         )
         memory = {k: v / GIB for k, v in winner["memory_breakdown_bytes"].items() if v}
         fig.add_trace(
-            go.Bar(x=list(memory), y=list(memory.values()), name="memory (GiB)", yaxis="y3"),
-            row=1,
-            col=2,
+            go.Bar(x=list(memory), y=list(memory.values()), name="memory (GiB)"), row=1, col=3
         )
     q = result.query
     fig.update_layout(
         title=f"llmplan plan: {q['model']} on {q['gpus']:,} GPUs of {q['cluster']}",
         height=650,
-        barmode="group",
     )
     fig.update_xaxes(title_text="memory per GPU (GiB)", row=1, col=1)
-    fig.update_yaxes(title_text="step time (s)", row=1, col=1)
+    fig.update_yaxes(title_text="step time (s)", type="log", row=1, col=1)
     return fig

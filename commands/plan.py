@@ -20,12 +20,29 @@ from commands.common import (
     make_console,
     option_value,
 )
+from commands.memory import (
+    AdapterDtypeFlag,
+    DoubleQuantFlag,
+    LoraAlphaFlag,
+    LoraRankFlag,
+    LoraTargetsFlag,
+    Recipe,
+    RecipeFlag,
+    _finetune,
+)
 
 # ----- plan and estimate ---------------------------------------------------------------
 
 
 def _plan_job(
-    model, seq_len, global_batch_tokens, global_batch_size, precision, optimizer, grad_dtype
+    model,
+    seq_len,
+    global_batch_tokens,
+    global_batch_size,
+    precision,
+    optimizer,
+    grad_dtype,
+    finetune=None,
 ):
     from planner import api
 
@@ -39,6 +56,7 @@ def _plan_job(
         precision=option_value(precision),
         optimizer=option_value(optimizer),
         grad_dtype=option_value(grad_dtype),
+        finetune=finetune,
     )
 
 
@@ -79,6 +97,12 @@ def plan(
     precision: Annotated[Precision, typer.Option()] = Precision.bf16_mixed,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
+    recipe: RecipeFlag = Recipe.full,
+    lora_rank: LoraRankFlag = None,
+    lora_alpha: LoraAlphaFlag = None,
+    lora_targets: LoraTargetsFlag = None,
+    adapter_dtype: AdapterDtypeFlag = None,
+    double_quant: DoubleQuantFlag = None,
     mfu_dtype: Annotated[
         str, typer.Option(help="dtype whose peak MFU is measured against")
     ] = "bf16",
@@ -103,8 +127,18 @@ def plan(
     try:
         if gpus is None and cluster == api.DEFAULT_PLAN["cluster"]:
             gpus = api.DEFAULT_PLAN["gpus"]
+        finetune = _finetune(
+            recipe, lora_rank, lora_alpha, lora_targets, adapter_dtype, double_quant
+        )
         job = _plan_job(
-            model, seq_len, global_batch_tokens, global_batch_size, precision, optimizer, grad_dtype
+            model,
+            seq_len,
+            global_batch_tokens,
+            global_batch_size,
+            precision,
+            optimizer,
+            grad_dtype,
+            finetune,
         )
         pins = {
             "tp": int_list(tp, "tp"),
@@ -293,6 +327,12 @@ def estimate(
     precision: Annotated[Precision, typer.Option()] = Precision.bf16_mixed,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
+    recipe: RecipeFlag = Recipe.full,
+    lora_rank: LoraRankFlag = None,
+    lora_alpha: LoraAlphaFlag = None,
+    lora_targets: LoraTargetsFlag = None,
+    adapter_dtype: AdapterDtypeFlag = None,
+    double_quant: DoubleQuantFlag = None,
     mfu_dtype: Annotated[str, typer.Option()] = "bf16",
     order: Annotated[str | None, typer.Option()] = None,
     explain: Annotated[bool, typer.Option("--explain")] = False,
@@ -301,8 +341,16 @@ def estimate(
     """Predict one fully given layout: step time breakdown, MFU, memory per GPU."""
     from planner import api
 
+    finetune = _finetune(recipe, lora_rank, lora_alpha, lora_targets, adapter_dtype, double_quant)
     job = _plan_job(
-        model, seq_len, global_batch_tokens, global_batch_size, precision, optimizer, grad_dtype
+        model,
+        seq_len,
+        global_batch_tokens,
+        global_batch_size,
+        precision,
+        optimizer,
+        grad_dtype,
+        finetune,
     )
     layout = api.build_layout(
         tp=tp,

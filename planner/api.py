@@ -461,6 +461,8 @@ def plan(
         "mem_headroom": mem_headroom,
         "precision": job.precision.recipe,
         "optimizer": job.precision.optimizer,
+        "recipe": job.finetune.recipe if job.finetune is not None else "full",
+        "finetune": job.finetune.model_dump() if job.finetune is not None else None,
         "space": space.model_dump() if space else None,
     }
     result = PlanResult(

@@ -6,7 +6,9 @@ The per-stage memory table comes from :func:`planner.memory.memory_report` (a te
 that its peak equals the row's). MFU follows PaLM Appendix B: model FLOPs per token (no
 recomputation, attention counted non-causally as ``12·L·h·s``) × tokens per second per GPU
 over the dense peak of ``mfu_dtype``; ``mfu_causal`` counts only the causal half of the
-attention products, as DeepSeek reports; HFU adds recomputation.
+attention products, as DeepSeek reports; HFU adds recomputation. Under a fine-tuning recipe
+the model FLOPs are the recipe's (frozen base: no weight gradients; adapters added), and the
+optimizer term updates only the adapters; Muon's gather shows as ``optimizer_comm``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ TIME_PARTS = (
     "pipeline_bubble",
     *(f"{a}_exposed" for a in AXES),
     "optimizer",
+    "optimizer_comm",
 )
 
 
@@ -103,6 +106,8 @@ def estimate(
         **{f"{axis}_exposed": float(value[f"{axis}_exposed_time_s"]) for axis in AXES},
         "optimizer": float(value["optimizer_s"]),
     }
+    if job.precision.optimizer == "muon":  # Muon's gather of whole matrices, reported apart
+        breakdown["optimizer_comm"] = float(value["optimizer_comm_s"])
     usable = accelerator.hbm_bytes * (1 - mem_headroom)
     return Estimate(
         model=job.model.name,

@@ -23,8 +23,10 @@ import pandas as pd
 
 from hwspecs.schema import Accelerator, Cluster
 from planner import activations as act
+from planner import finetune_costs as ft
 from planner.compute import GpuRates
-from planner.flops import model_flops_per_token, recompute_flops_per_token
+from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns, slot_states
+from planner.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.job import Job
 from planner.layout import Layout
 from planner.memory import params_per_virtual_stage, rank_sums
@@ -88,38 +90,18 @@ def evaluate_columns(
 
     # Shapes: per-layer times and per-layer activation bytes.
     shapes, shape_inv = _unique_rows(tp, cp, ep, sp, mbs, recompute)
-    shape_cols = {
-        key: np.zeros(len(shapes))
-        for key in (
-            "act_dense",
-            "act_moe",
-            "first_extra",
-            "last_extra",
-            "working",
-            "logits",
-            "fd",
-            "bd",
-            "wd",
-            "rd",
-            "ad",
-            "fm",
-            "bm",
-            "wm",
-            "rm",
-            "am",
-            "f_emb",
-            "b_emb",
-            "w_emb",
-            "f_head",
-            "b_head",
-            "w_head",
-        )
-    }
+    shape_keys = [
+        *("act_dense", "act_moe", "first_extra", "last_extra", "working", "logits"),
+        *("fd", "bd", "wd", "rd", "ad", "fm", "bm", "wm", "rm", "am"),
+        *("f_emb", "b_emb", "w_emb", "f_head", "b_head", "w_head"),
+    ]
+    shape_cols = {key: np.zeros(len(shapes)) for key in shape_keys}
+    tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     timed = {}  # op times do not depend on the recompute policy: once per shape
     for u, (t, c, x, s, b, r) in enumerate(shapes):
         if (t, c, x, s, b) not in timed:
             timed[t, c, x, s, b] = shape_times(
-                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e
+                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned
             )
         times = timed[t, c, x, s, b]
         shape = act.ActivationShape(
@@ -133,15 +115,18 @@ def evaluate_columns(
             element_bytes=e,
         )
         moe_t = times.moe or times.dense
+        adapters = ft.adapter_layer_bytes(model, tuned, shape)
+        act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
         values = {
-            "act_dense": act.activation_bytes_per_layer(model, shape, False),
-            "act_moe": act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0,
+            "act_dense": act.activation_bytes_per_layer(model, shape, False) + adapters[False],
+            "act_moe": act_moe + adapters[True] if model.is_moe else 0.0,
             "first_extra": sum(act.first_stage_tensors(model, shape).values()),
             "last_extra": sum(act.last_stage_tensors(model, shape).values()),
             "working": max(
                 act.recompute_working_bytes(model, shape, False),
                 act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
-            ),
+            )
+            + sum(ft.adapter_working_max(model, tuned, shape).values()),
             "logits": act.logits_buffer_bytes(model, shape),
             "fd": times.dense.forward_s,
             "bd": times.dense.input_grad_s,
@@ -168,6 +153,7 @@ def evaluate_columns(
     structs, struct_inv = _unique_rows(tp, ep, pp, vpp, schedule, split)
     fields = ("dense_layers", "moe_layers", "emb", "head", "dense_params", "expert_params", "slot")
     table = {key: np.zeros((len(structs), NUM_SLOTS)) for key in fields}
+    mirror = {"dualpipe": lambda v: v + v[::-1]}  # DualPipe holds the mirrored stage's layers
     for u, (t, x, p, v, sch, spl) in enumerate(structs):
         structure = rank_structure(model, p, v, sch, spl)
         layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
@@ -181,6 +167,14 @@ def evaluate_columns(
         table["head"][u] = np.asarray(structure.has_head, dtype=float)[slots]
         table["dense_params"][u] = rank_sums(dense_stage, layout)[slots]
         table["expert_params"][u] = rank_sums(expert_stage, layout)[slots]
+        both = mirror.get(sch, lambda v: v)
+        states = slot_states(
+            job, t, x, table["dense_params"][u], table["expert_params"][u],
+            both(np.asarray(structure.dense_layers))[slots],
+            both(np.asarray(structure.moe_layers))[slots],
+        )  # fmt: skip
+        for key, value in states.items():
+            table.setdefault(key, np.zeros((len(structs), NUM_SLOTS)))[u] = value
     R = {key: value[struct_inv] for key, value in table.items()}
     if "dualpipe" in set(schedule.tolist()):  # the mirrored direction's embedding and head
         mirrored = schedule[:, None] == "dualpipe"
@@ -250,12 +244,14 @@ def evaluate_columns(
         return part_bytes / np.where(zero >= first_stage, group, 1)
 
     parts = {}
-    for name, first_stage in (
-        ("weights", 3),
-        ("gradients", 2),
-        ("master_weights", 1),
-        ("optimizer_states", 1),
-    ):
+    for name, first_stage in FIRST_SHARDED_STAGE.items():
+        if tuned:  # the recipe's states: unsharded + dense / divisor + expert / divisor
+            parts[name] = (
+                R[f"{name}_fixed"]
+                + R[f"{name}_dense"] * shard(1.0, first_stage, zero_group)[:, None]
+                + R[f"{name}_expert"] * shard(1.0, first_stage, expert_group)[:, None]
+            )
+            continue
         per_param = getattr(whole, name)
         parts[name] = (
             R["dense_params"] * shard(per_param, first_stage, zero_group)[:, None]
@@ -271,7 +267,7 @@ def evaluate_columns(
     )
     parts["activations"] = activations
     parts["logits_buffers"] = R["head"] * S["logits"][:, None]
-    comm_buffer = _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs)
+    comm_buffer = _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs, tuned)
     parts["comm_buffers"] = np.broadcast_to(comm_buffer[:, None], (n, NUM_SLOTS))
     parts["runtime_overhead"] = np.full((n, NUM_SLOTS), float(job.runtime_overhead_bytes))
     total = sum(parts.values())
@@ -279,18 +275,23 @@ def evaluate_columns(
     peak_pick = np.arange(n), peak_slot
     memory = total[peak_pick]
 
-    # Optimizer: every state byte of the rank's shard read and written once.
-    params_max = (R["dense_params"] + R["expert_params"]).max(axis=1)
-    rw_bytes = whole.gradients + 2 * (whole.master_weights + whole.optimizer_states) + whole.weights
-    optimizer_s = params_max * rw_bytes / np.where(zero >= 1, zero_group, 1) / rates.hbm_bytes_per_s
+    # Optimizer: the trainable parameters' update (and Muon's orthogonalization and gather).
+    with np.errstate(divide="ignore", invalid="ignore"):  # the DP group's achieved bus rate
+        dp_rate = np.where(
+            comm["dp_time_s"] > 0, comm["dp_bytes_per_step"] / comm["dp_time_s"], np.inf
+        )
+    optimizer_s, optimizer_comm_s = optimizer_columns(
+        R, zero, zero_group, rates.hbm_bytes_per_s,
+        accelerator.achievable_matmul_flops_per_s("bf16"), np.nan_to_num(dp_rate, nan=np.inf),
+    )  # fmt: skip
 
     exposed = sum(comm[f"{axis}_exposed_time_s"] for axis in AXES)
-    step = pipeline + exposed + optimizer_s
+    step = pipeline + exposed + optimizer_s + optimizer_comm_s
     num_gpus = tp * cp * pp * dp
     tokens = job.global_batch_tokens if job.global_batch_tokens else dp * m * mbs * job.seq_len
     tokens_per_s_per_gpu = tokens / step / num_gpus
-    flops_token = model_flops_per_token(model, job.seq_len, causal=False)
-    flops_token_causal = model_flops_per_token(model, job.seq_len, causal=True)
+    flops_token = _model_flops_per_token(job, tuned, causal=False)
+    flops_token_causal = _model_flops_per_token(job, tuned, causal=True)
     peak = accelerator.peak_flops_per_s(mfu_dtype)
     recompute_flops = np.array(
         [recompute_flops_per_token(model, job.seq_len, r) for r in RECOMPUTE_CODES]
@@ -303,6 +304,7 @@ def evaluate_columns(
         "recompute_s": rc * m,
         "pipeline_bubble_s": pipeline - busy,
         "optimizer_s": optimizer_s,
+        "optimizer_comm_s": optimizer_comm_s,
         "forward_s": f,
         "input_grad_s": b,
         "weight_grad_s": w,
@@ -335,7 +337,15 @@ def _codes(recompute: np.ndarray) -> np.ndarray:
     return lookup[code]
 
 
-def _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs) -> np.ndarray:
+def _model_flops_per_token(job: Job, tuned, causal: bool) -> float:
+    """Model FLOPs per token for MFU: full training's, or the recipe's (frozen base: no W)."""
+    if tuned is None:
+        return model_flops_per_token(job.model, job.seq_len, causal=causal)
+    ops = ft.finetune_ops_per_sequence(job.model, tuned, job.seq_len, causal)
+    return sum_ops(ops).total / job.seq_len
+
+
+def _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs, tuned=None) -> np.ndarray:
     """:func:`planner.memory._comm_buffer_bytes` as column arithmetic (same terms)."""
     from planner.memory import layer_params_per_rank
 
@@ -345,10 +355,16 @@ def _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs) -> np.ndarra
     total = np.where(pp > 1, 2 * tokens * h * e * replicated, 0.0)
     total = total + np.where(sp, tokens * h * e, 0.0)
     keys, inverse = _unique_rows(tp, ep)
-    layer = np.array([sum(layer_params_per_rank(model, t, x, model.is_moe)) for t, x in keys])[
-        inverse
-    ]
-    weight_bytes = DTYPE_BYTES[job.precision.weight_dtype]
-    total = total + np.where(zero >= 3, 2 * layer * weight_bytes, 0.0)
-    grad_bytes = DTYPE_BYTES[job.precision.gradient_dtype]
-    return total + np.where(zero >= 2, layer * grad_bytes, 0.0)
+    if tuned is None:
+        layer = np.array([sum(layer_params_per_rank(model, t, x, model.is_moe)) for t, x in keys])
+        weights = layer * DTYPE_BYTES[job.precision.weight_dtype]
+        grads = layer * DTYPE_BYTES[job.precision.gradient_dtype]
+    else:  # weights as stored (NF4 for QLoRA), gradients the adapters'
+        weights, grads = np.array(
+            [
+                ft.layer_weight_and_grad_bytes(model, tuned, job.precision, model.is_moe, t, x)
+                for t, x in keys
+            ]
+        ).T
+    total = total + np.where(zero >= 3, 2 * weights[inverse], 0.0)
+    return total + np.where(zero >= 2, grads[inverse], 0.0)

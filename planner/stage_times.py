@@ -13,7 +13,16 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from planner.compute import GpuRates, OpTime, elementwise_time, head_op_times, layer_op_times
+from planner.compute import (
+    GpuRates,
+    OpTime,
+    adapter_op_times,
+    elementwise_time,
+    frozen,
+    head_op_times,
+    layer_op_times,
+)
+from planner.finetune import FinetuneSpec
 from planner.layout import layers_per_virtual_stage, virtual_stage_ranks
 from planner.model import ModelSpec
 
@@ -73,8 +82,16 @@ def shape_times(
     flash_attention: bool,
     rates: GpuRates,
     element_bytes: float,
+    finetune: FinetuneSpec | None = None,
 ) -> ShapeTimes:
-    """Per-layer, embedding and head times for one (tp, cp, ep, SP, micro-batch) shape."""
+    """Per-layer, embedding and head times for one (tp, cp, ep, SP, micro-batch) shape.
+
+    Under an adapter recipe (``finetune`` training adapters) every base weight is frozen:
+    its GEMMs keep their forward and input gradient but lose the weight gradient, the
+    embedding's backward (a scatter-add into the frozen table) goes, and each layer gains
+    its adapters' GEMMs and QLoRA's dequantization (:func:`planner.compute.adapter_op_times`).
+    """
+    tuned = finetune is not None and finetune.trains_adapters
     args = (
         model,
         seq_len,
@@ -85,18 +102,25 @@ def shape_times(
         sequence_parallel and tp > 1,
         flash_attention,
     )
-    dense = LayerTimes.of(
-        layer_op_times(*args, moe_layer=False, rates=rates, element_bytes=element_bytes)
-    )
-    moe = None
-    if model.is_moe:
-        moe = LayerTimes.of(
-            layer_op_times(*args, moe_layer=True, rates=rates, element_bytes=element_bytes)
-        )
+
+    def layer(moe_layer: bool) -> LayerTimes:
+        ops = layer_op_times(*args, moe_layer=moe_layer, rates=rates, element_bytes=element_bytes)
+        if tuned:
+            ops = [frozen(op) for op in ops] + adapter_op_times(
+                model, finetune, seq_len, micro_batch_size, tp, cp, ep, moe_layer, rates,
+                element_bytes,
+            )  # fmt: skip
+        return LayerTimes.of(ops)
+
+    dense = layer(False)
+    moe = layer(True) if model.is_moe else None
     tokens = seq_len * micro_batch_size / cp
     # Embedding lookup: write the hidden states; its backward scatter-adds the gradients.
     embedding = elementwise_time("embedding", tokens * model.hidden_size * element_bytes, rates)
     head = head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
+    if tuned:
+        embedding = embedding.model_copy(update={"input_grad_s": 0.0})
+        head = [frozen(op) for op in head]
     return ShapeTimes(dense=dense, moe=moe, embedding=embedding, head=head)
 
 

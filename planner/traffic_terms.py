@@ -212,10 +212,17 @@ def step_terms(
     if model.is_moe:
         groups.append(("edp", shape.expert_params, shape.expert_bucket, dp * cp // ep))
     units = np.maximum(layers, 1)  # FSDP wraps each transformer layer
+    trained = trainable_adapter_params(job, tp, ep, shape)
     for axis, params, bucket, size in groups:
         live = on((size > 1) & (params > 0))
         zero1, zero2, fsdp = (on(zero == stage) * live for stage in (1, 2, 3))
         grads, weights = params * grad_b, params * weight_b
+        gathered = weights  # ZeRO-3 gathers every weight, frozen or not
+        if trained is not None:  # only the adapters have gradients and updates
+            adapter_b = DTYPE_BYTES[job.finetune.adapter_weight_dtype]
+            grads = weights = trained[axis] * adapter_b
+            bucket = bucket * 0 + trained[axis] / np.maximum(units, 1)
+            grad_b = weight_b = adapter_b
         terms += [
             Term(axis, "all-reduce", "gradients (ZeRO-0)", on(zero == 0) * live, grads,
                  "dp_grad", bucket * grad_b),
@@ -226,11 +233,42 @@ def step_terms(
             Term(axis, "all-gather", "updated weights (ZeRO-1/2)", zero1 + zero2, weights,
                  "dp_param", bucket * weight_b),
             Term(axis, "all-gather", "weights per layer, fwd + bwd (ZeRO-3)",
-                 2 * m * units * fsdp, weights / units, "fsdp_gather"),
+                 2 * m * units * fsdp, gathered / units, "fsdp_gather"),
             Term(axis, "reduce-scatter", "gradients per layer (ZeRO-3)", m * units * fsdp,
                  grads / units, "fsdp_grad"),
         ]  # fmt: skip
     return terms
+
+
+def trainable_adapter_params(job: Job, tp, ep, shape: RankShape) -> dict | None:
+    """Adapter parameters the busiest rank synchronizes over dp (dense) and edp (experts).
+
+    None for full training. A fine-tuning recipe (LoRA, QLoRA, DoRA, VeRA) reduces and
+    updates only its adapters; the frozen base has no gradients to exchange.
+    """
+    spec = job.finetune
+    if spec is None or not spec.trains_adapters:
+        return None
+    from planner.finetune import layer_adapter_params
+
+    tp, ep = np.broadcast_arrays(np.asarray(tp), np.asarray(ep))
+    pairs, inverse = np.unique(
+        np.stack([tp.ravel(), ep.ravel()], axis=-1), axis=0, return_inverse=True
+    )
+    table = np.array([  # per distinct (tp, ep): dense-layer and MoE-layer (dense, expert) adapters
+        [*layer_adapter_params(job.model, spec, False, int(t), int(e)),
+         *(layer_adapter_params(job.model, spec, True, int(t), int(e)) if job.model.is_moe else (0.0, 0.0))]
+        for t, e in pairs
+    ])  # fmt: skip
+    rows = table[inverse.reshape(-1)].reshape(*tp.shape, 4)
+    dense_layers = shape.layers - shape.moe_layers
+
+    def lookup(index: int, part: int) -> np.ndarray:
+        return rows[..., 2 * index + part]
+
+    dense = dense_layers * lookup(0, 0) + shape.moe_layers * lookup(1, 0)
+    expert = shape.moe_layers * lookup(1, 1)
+    return {"dp": dense, "edp": expert}
 
 
 def exposed_time(

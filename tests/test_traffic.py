@@ -229,3 +229,17 @@ def test_balanced_split_is_placeable_like_the_layout_says():
     first, middle, last, legal = stage_layers(61, np.asarray(16), np.asarray(1))
     assert bool(legal)
     assert (int(first), int(middle), int(last)) == (layers[0], layers.max(), layers[-1])
+
+
+def test_lora_data_parallel_exchanges_only_the_adapters():
+    """A LoRA job's ZeRO-1 step reduce-scatters and all-gathers the adapters, not the base."""
+    from planner import api
+    from planner.finetune import num_adapter_params
+
+    spec = api.build_finetune(recipe="lora")
+    job = Job(
+        model=load_model("llama3-8b"), seq_len=2048, global_batch_tokens=2048 * 64, finetune=spec
+    )
+    dp = axis(axis_traffic(job, Layout(dp=8, zero_stage=1, micro_batch_size=2), "dgx-h100"), "dp")
+    adapters = num_adapter_params(job.model, spec)
+    assert dp.bytes_per_step == pytest.approx(2 * (7 / 8) * adapters * 4)  # fp32 adapters

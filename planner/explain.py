@@ -1,0 +1,151 @@
+"""Explanations and hand-offs of a plan: why the winner wins, each term's formula, and the
+winning layout as torchtitan settings or Megatron-LM arguments.
+
+Pure functions from results to text; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from planner.errors import PlanError
+
+
+def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -> list[str]:
+    """Why the winner beats the runner-up, and why the big rejected groups failed."""
+    lines = []
+    gib = 2**30
+    if len(results) >= 2:
+        first, second = results[0], results[1]
+        gap = second["step_time_s"] - first["step_time_s"]
+        lines.append(
+            f"winner beats the runner-up by {gap * 1e3:,.1f} ms per step "
+            f"({first['step_time_s']:.3f} s vs {second['step_time_s']:.3f} s)"
+        )
+        terms = sorted(
+            (
+                (key, second["time_breakdown_s"][key] - first["time_breakdown_s"][key])
+                for key in first["time_breakdown_s"]
+            ),
+            key=lambda item: -abs(item[1]),
+        )
+        for key, delta in terms[:3]:
+            if abs(delta) > 1e-6:
+                lines.append(
+                    f"  {key}: {first['time_breakdown_s'][key]:.3f} s vs "
+                    f"{second['time_breakdown_s'][key]:.3f} s ({delta * 1e3:+,.1f} ms for the runner-up)"
+                )
+    for reason, count in sorted(found.rejected.items(), key=lambda item: -item[1]):
+        lines.append(f"rejected {count:,}: {reason}")
+    if found.smallest_memory is not None:
+        small = found.smallest_memory
+        usable = accelerator.hbm_bytes * (1 - mem_headroom) / gib
+        lines.append(
+            f"smallest layout that did not fit needs {small['memory_per_gpu_bytes'] / gib:.2f} GiB per GPU, "
+            f"{usable:.2f} GiB available (tp {small['tp']}, cp {small['cp']}, pp {small['pp']}, "
+            f"dp {small['dp']}, {small['schedule']}, recompute {small['recompute']})"
+        )
+    return lines
+
+
+def explain_estimate(result, job) -> list[str]:
+    """Each term of an estimate with the formula and the numbers behind it."""
+    from hwspecs.catalog import load_accelerator
+    from planner.flops import model_flops_per_token
+
+    accelerator = load_accelerator(result.accelerator)
+    lay, stage = result.layout, result.stage_times_s
+    dtype = job.precision.gemm_dtype
+    eff = accelerator.matmul_efficiency.get(dtype)
+    lines = [
+        f"GEMMs at {dtype}: peak {accelerator.peak_tflops(dtype)} TFLOP/s × matmul efficiency {eff} "
+        f"({accelerator.source_of(f'matmul_efficiency.{dtype}')[:90]})",
+        f"HBM {accelerator.hbm_bytes_per_s / 1e12:.2f} TB/s × {accelerator.hbm_bandwidth_efficiency} for memory-bound ops",
+        f"busiest rank per micro-batch: F {stage['forward'] * 1e3:.2f} ms, B {stage['input_grad'] * 1e3:.2f} ms, "
+        f"W {stage['weight_grad'] * 1e3:.2f} ms, recompute {stage['recompute'] * 1e3:.2f} ms",
+        f"pipeline: {lay.schedule} closed form with pp {lay.pp}, m {result.num_microbatches}, vpp {lay.vpp} → "
+        f"bubble {result.time_breakdown_s['pipeline_bubble']:.3f} s ({100 * result.bubble_fraction:.1f}% of the step)",
+    ]
+    for axis, raw in result.comm_time_s.items():
+        if raw:
+            lines.append(
+                f"{axis}: {result.comm_bytes_per_step[axis] / 1e9:,.2f} GB per GPU per step, raw {raw:.3f} s, "
+                f"exposed {result.time_breakdown_s[axis + '_exposed']:.3f} s"
+            )
+    flops = model_flops_per_token(job.model, job.seq_len, causal=False)
+    lines.append(
+        f"MFU = {result.tokens_per_s_per_gpu:,.0f} tokens/s × {flops / 1e9:,.1f} GFLOP/token "
+        f"(6N + 12·L·h·s) / {accelerator.peak_tflops(result.mfu_dtype)} TFLOP/s = {100 * result.mfu:.1f}%"
+    )
+    return lines
+
+
+def emit_settings(entry: dict, target: str, job) -> str:
+    """The winning layout as torchtitan TOML settings or Megatron-LM arguments."""
+    lay = entry["layout"]
+    gbs = job.global_batch_size
+    if target == "torchtitan":
+        fsdp = lay["dp"] if lay["zero_stage"] >= 1 else 1
+        return "\n".join(
+            [
+                "[parallelism]",
+                f"data_parallel_replicate_degree = {1 if fsdp > 1 else lay['dp']}",
+                f"data_parallel_shard_degree = {fsdp if fsdp > 1 else 1}",
+                f'fsdp_reshard_after_forward = "{"always" if lay["zero_stage"] >= 3 else "never"}"',
+                f"tensor_parallel_degree = {lay['tp']}",
+                f"context_parallel_degree = {lay['cp']}",
+                f"pipeline_parallel_degree = {lay['pp']}",
+                f'pipeline_parallel_schedule = "{_TORCHTITAN_SCHEDULES.get(lay["schedule"], lay["schedule"])}"',
+                f"pipeline_parallel_microbatch_size = {lay['micro_batch_size']}",
+                f"expert_parallel_degree = {lay['ep']}",
+                "",
+                "[training]",
+                f"seq_len = {job.seq_len}",
+                f"global_batch_size = {gbs}",
+                f"local_batch_size = {gbs // lay['dp']}",
+                "",
+                "[activation_checkpoint]",
+                f'mode = "{ {"none": "none", "selective": "selective", "full": "full"}[lay["recompute"]] }"',
+            ]
+        )
+    if target == "megatron":
+        args = [
+            f"--tensor-model-parallel-size {lay['tp']}",
+            f"--pipeline-model-parallel-size {lay['pp']}",
+            f"--context-parallel-size {lay['cp']}",
+            f"--expert-model-parallel-size {lay['ep']}",
+            f"--micro-batch-size {lay['micro_batch_size']}",
+            f"--global-batch-size {gbs}",
+            f"--seq-length {job.seq_len}",
+        ]
+        if lay["schedule"] == "interleaved-1f1b":
+            args.append(
+                f"--num-layers-per-virtual-pipeline-stage {max(job.model.num_layers // (lay['pp'] * lay['vpp']), 1)}"
+            )
+        if lay["sequence_parallel"] and lay["tp"] > 1:
+            args.append("--sequence-parallel")
+        if lay["recompute"] != "none":
+            args.append(f"--recompute-granularity {lay['recompute']}")
+            if lay["recompute"] == "full":
+                args.append("--recompute-method uniform --recompute-num-layers 1")
+        if lay["zero_stage"] >= 1:
+            args.append("--use-distributed-optimizer")
+        if job.precision.recipe.startswith("bf16"):
+            args.append("--bf16")
+        if lay["schedule"] not in ("1f1b", "interleaved-1f1b", "gpipe"):
+            args.append(
+                f"# note: Megatron-LM has no '{lay['schedule']}' schedule; use 1f1b or interleaved"
+            )
+        return " \\\n  ".join(args)
+    raise PlanError(f"unknown --emit target '{target}'; choose one of: torchtitan, megatron")
+
+
+#: llmplan schedule names → torchtitan's ``pipeline_parallel_schedule`` names.
+_TORCHTITAN_SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved-1f1b": "Interleaved1F1B",
+    "zb-h1": "InterleavedZeroBubble",
+    "zb-h2": "InterleavedZeroBubble",
+    "zbv": "ZBVZeroBubble",
+    "dualpipev": "DualPipeV",
+    "dualpipe": "DualPipeV",
+}

@@ -171,13 +171,31 @@ def step_terms(
         return np.where(condition, 1, 0)
 
     act = b * (s / cp) * h * act_b  # one [b, s/cp, h] activation
-    passes = layers * m * (4 + 2 * full)  # per layer: 2 fwd + 2 bwd (+ 2 recomputed fwd)
+    # Per layer and micro-batch, of each collective type: 2 fwd + 2 bwd (+ 2 recomputed fwd).
+    # The vocabulary-parallel embedding adds one on the first stage (its output summed over
+    # TP: reduce-scatter under SP, all-reduce without; the gradient's all-gather under SP)
+    # and the LM head one on the last (its input gathered under SP; the input gradient's
+    # reduce-scatter, or all-reduce without SP). The busiest rank is the most of the three.
+    first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
+    per_layer = 4 + 2 * full
+    both_ends = (pp == 1) | np.asarray(v_shape)  # one rank holds the embedding and the head
+    per_microbatch = np.maximum.reduce([
+        first * per_layer + np.where(both_ends, 2, 1),
+        np.where(pp >= 3, middle * per_layer, 0),
+        np.where((pp >= 2) & ~both_ends, last * per_layer + 1, 0),
+    ])  # fmt: skip
+    passes = per_microbatch * m
     sp_on, sp_off = on((tp > 1) & sp), on((tp > 1) & ~np.asarray(sp))
-    what_tp = "activations per layer (attention + MLP), fwd + bwd"
+    what_tp = "activations per layer (attention + MLP) and at the embedding / LM head, fwd + bwd"
+    # Under SP the norm weights see only part of the sequence: their gradients are summed
+    # over TP once per step (Megatron-LM's all-reduce of sequence-parallel norm gradients).
+    norms = layers * 2 * model.norm_params() * grad_b
     terms = [
         Term("tp", "all-reduce", what_tp, passes * sp_off, act, "exposed"),
         Term("tp", "all-gather", "sequence-parallel " + what_tp, passes * sp_on, act, "exposed"),
         Term("tp", "reduce-scatter", "sequence-parallel " + what_tp, passes * sp_on, act,
+             "exposed"),
+        Term("tp", "all-reduce", "sequence-parallel norm weight gradients", sp_on, norms,
              "exposed"),
     ]  # fmt: skip
     if model.attention_kind == "mla":

@@ -20,8 +20,8 @@ from hwspecs.schema import Accelerator
 from planner.activations import kv_heads_per_rank
 from planner.finetune import (
     FinetuneSpec,
+    dequantization_bytes_per_weight,
     layer_quantized_params,
-    nf4_bits_per_param,
     targeted_linears,
 )
 from planner.flops import attention_core_ops
@@ -318,7 +318,7 @@ def adapter_op_times(
             )
     if spec.quantized:
         weights = sum(layer_quantized_params(model, spec, moe_layer, tp, ep))
-        dequantize_s = weights * (nf4_bits_per_param(spec) / 8 + e) / rates.hbm_bytes_per_s
+        dequantize_s = weights * dequantization_bytes_per_weight(spec, e) / rates.hbm_bytes_per_s
         ops.append(
             OpTime(
                 name="qlora.dequantize",

@@ -151,6 +151,12 @@ def nf4_bits_per_param(spec: FinetuneSpec) -> float:
     return NF4_BITS + quantization_constant_bits_per_param(spec)
 
 
+def dequantization_bytes_per_weight(spec: FinetuneSpec, element_bytes: float = 2.0) -> float:
+    """HBM bytes of dequantizing one NF4 weight: read the code and its constants, write the
+    16-bit copy (the GEMM's own read of that copy is the GEMM's traffic)."""
+    return nf4_bits_per_param(spec) / 8 + element_bytes
+
+
 # ----- which modules, how many adapter parameters ----------------------------------------
 
 

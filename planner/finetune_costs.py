@@ -33,9 +33,9 @@ from planner.finetune import (
     FinetuneSpec,
     adapter_states_per_param,
     check_targets,
+    dequantization_bytes_per_weight,
     layer_adapter_params,
     layer_quantized_params,
-    nf4_bits_per_param,
     num_adapter_params,
     num_quantized_params,
     quantization_constant_bits_per_param,
@@ -359,9 +359,8 @@ def dequantization_passes(recompute: str) -> int:
 def dequantization_bytes_per_pass(
     model: ModelSpec, spec: FinetuneSpec, element_bytes: float = 2.0
 ) -> float:
-    """HBM bytes of dequantizing every NF4 weight once: read the 4-bit codes and constants,
-    write the 16-bit copy (the GEMM's own read of that copy is the GEMM's traffic)."""
-    return num_quantized_params(model, spec) * (nf4_bits_per_param(spec) / 8 + element_bytes)
+    """HBM bytes of dequantizing every NF4 weight once (:func:`dequantization_bytes_per_weight`)."""
+    return num_quantized_params(model, spec) * dequantization_bytes_per_weight(spec, element_bytes)
 
 
 # ----- explanation ------------------------------------------------------------------------

@@ -117,13 +117,6 @@ def lm_head_op(model: ModelSpec, tokens: float) -> OpFlops:
     return gemm_op("lm_head", tokens, model.hidden_size, model.vocab_size)
 
 
-def layer_kinds(model: ModelSpec) -> list[bool]:
-    """For each layer, whether it is a MoE layer (first-k dense layers come first)."""
-    if not model.is_moe:
-        return [False] * model.num_layers
-    return [index >= model.num_dense_layers for index in range(model.num_layers)]
-
-
 def sum_ops(ops: list[OpFlops], name: str = "total") -> OpFlops:
     return OpFlops(
         name=name,

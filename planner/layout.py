@@ -118,13 +118,16 @@ def layers_per_virtual_stage(
     return layers
 
 
-def layers_per_rank(
-    num_layers: int, pp: int, vpp: int = 1, split: LayerSplit = "auto", schedule: str = "1f1b"
-) -> np.ndarray:
-    """Transformer layers held by each pipeline rank (sum over its chunks)."""
-    per_stage = layers_per_virtual_stage(num_layers, pp, vpp, split)
-    ranks = virtual_stage_ranks(schedule, pp, vpp)
-    return np.bincount(ranks, weights=per_stage, minlength=pp).astype(np.int64)
+def dense_and_moe_layers_per_virtual_stage(
+    model, pp: int, vpp: int = 1, split: LayerSplit = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, MoE) transformer layers in each virtual stage; an MoE model's first
+    ``num_dense_layers`` layers are dense (DeepSeek-V3's first three), the rest MoE."""
+    layers = layers_per_virtual_stage(model.num_layers, pp, vpp, split)
+    starts = np.concatenate([[0], np.cumsum(layers)[:-1]])
+    first_moe = model.num_dense_layers if model.is_moe else model.num_layers
+    dense = np.clip(first_moe - starts, 0, layers)
+    return dense, layers - dense
 
 
 def check_layout(layout: Layout, model, seq_len: int | None = None) -> None:

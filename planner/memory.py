@@ -23,7 +23,12 @@ from pydantic import BaseModel, ConfigDict
 from planner import activations as act
 from planner import finetune_costs as ft
 from planner.job import Job
-from planner.layout import Layout, check_layout, layers_per_virtual_stage, virtual_stage_ranks
+from planner.layout import (
+    Layout,
+    check_layout,
+    dense_and_moe_layers_per_virtual_stage,
+    virtual_stage_ranks,
+)
 from planner.model import ModelSpec
 from planner.precision import (
     DTYPE_BYTES,
@@ -131,15 +136,11 @@ def layer_params_per_rank(
 
 def params_per_virtual_stage(model: ModelSpec, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
     """(dense, expert) parameters per virtual stage on one of its TP/EP ranks."""
-    layers = layers_per_virtual_stage(
-        model.num_layers, layout.pp, layout.vpp, layout.pipeline_layer_split
+    num_dense, num_moe = dense_and_moe_layers_per_virtual_stage(
+        model, layout.pp, layout.vpp, layout.pipeline_layer_split
     )
-    bounds = np.concatenate([[0], np.cumsum(layers)])
     dense_layer, _ = layer_params_per_rank(model, layout.tp, layout.ep, moe_layer=False)
     moe_dense, moe_expert = layer_params_per_rank(model, layout.tp, layout.ep, moe_layer=True)
-    first_moe = model.num_dense_layers if model.is_moe else model.num_layers
-    num_dense = np.clip(first_moe - bounds[:-1], 0, layers)
-    num_moe = layers - num_dense
     dense = num_dense * dense_layer + num_moe * moe_dense
     expert = num_moe * moe_expert
     dense[0] += model.embedding_params() / layout.tp
@@ -176,16 +177,17 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
     dense_stage, expert_stage = params_per_virtual_stage(model, layout)
     dense = rank_sums(dense_stage, layout)
     expert = rank_sums(expert_stage, layout)
-    layers_stage = layers_per_virtual_stage(
-        model.num_layers, layout.pp, layout.vpp, layout.pipeline_layer_split
+    dense_stage_layers, moe_stage_layers = dense_and_moe_layers_per_virtual_stage(
+        model, layout.pp, layout.vpp, layout.pipeline_layer_split
     )
-    layers = rank_sums(layers_stage.astype(float), layout)
+    layers = rank_sums((dense_stage_layers + moe_stage_layers).astype(float), layout)
+    moe_layers = rank_sums(moe_stage_layers.astype(float), layout)
     # Activations are counted in micro-batches of one direction's share of layers (the
     # schedule's units); DualPipe's mirrored stage shows up in its in-flight count.
     ranks_of_stage = virtual_stage_ranks(layout.schedule, layout.pp, layout.vpp)
-    act_layers = np.bincount(ranks_of_stage, weights=layers_stage, minlength=layout.pp)
-    act_moe_layers = np.bincount(
-        ranks_of_stage, weights=_moe_layers_per_stage(model, layers_stage), minlength=layout.pp
+    act_moe_layers = np.bincount(ranks_of_stage, weights=moe_stage_layers, minlength=layout.pp)
+    act_layers = act_moe_layers + np.bincount(
+        ranks_of_stage, weights=dense_stage_layers, minlength=layout.pp
     )
 
     shape = act.ActivationShape(
@@ -238,7 +240,6 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         zero_shard_factors(layout.zero_stage, layout.zero_group_size),
         zero_shard_factors(layout.zero_stage, expert_group),
     )
-    moe_layers = rank_sums(_moe_layers_per_stage(model, layers_stage), layout)
     stages, recipe_parts = [], []
     for rank in range(layout.pp):
         parts = {
@@ -305,14 +306,6 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         recipe=job.finetune.recipe if job.finetune is not None else "full",
         recipe_breakdown_bytes=recipe_parts[peak.rank] if tuned else None,
     )
-
-
-def _moe_layers_per_stage(model: ModelSpec, layers_stage: np.ndarray) -> np.ndarray:
-    if not model.is_moe:
-        return np.zeros(len(layers_stage))
-    starts = np.concatenate([[0], np.cumsum(layers_stage)[:-1]])
-    dense = np.clip(model.num_dense_layers - starts, 0, layers_stage)
-    return (layers_stage - dense).astype(float)
 
 
 def _comm_buffer_bytes(model: ModelSpec, layout: Layout, shape, precision, tuned=None) -> float:

@@ -23,7 +23,7 @@ from planner.compute import (
     layer_op_times,
 )
 from planner.finetune import FinetuneSpec
-from planner.layout import layers_per_virtual_stage, virtual_stage_ranks
+from planner.layout import dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.model import ModelSpec
 
 
@@ -137,14 +137,11 @@ class RankStructure(BaseModel):
 
 def rank_structure(model: ModelSpec, pp: int, vpp: int, schedule: str, split: str) -> RankStructure:
     """Layers per rank for one direction of the pipeline (DualPipe's mirror is its copy)."""
-    layers = layers_per_virtual_stage(model.num_layers, pp, vpp, split)
-    starts = np.concatenate([[0], np.cumsum(layers)[:-1]])
-    first_moe = model.num_dense_layers if model.is_moe else model.num_layers
-    dense = np.clip(first_moe - starts, 0, layers)
+    dense, moe = dense_and_moe_layers_per_virtual_stage(model, pp, vpp, split)
     ranks = virtual_stage_ranks(schedule, pp, vpp)
     return RankStructure(
         dense_layers=np.bincount(ranks, weights=dense, minlength=pp).tolist(),
-        moe_layers=np.bincount(ranks, weights=layers - dense, minlength=pp).tolist(),
+        moe_layers=np.bincount(ranks, weights=moe, minlength=pp).tolist(),
         has_embedding=(np.arange(pp) == ranks[0]).tolist(),
         has_head=(np.arange(pp) == ranks[-1]).tolist(),
     )

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 from hwspecs.catalog import load_accelerator
 from planner.errors import PlanError
 from planner.job import Job
-from planner.layout import Layout, layers_per_rank, layers_per_virtual_stage
+from planner.layout import Layout, layers_per_virtual_stage
 from planner.memory import MEMORY_PARTS, memory_report, params_per_virtual_stage
 from planner.model import load_model
+from planner.stage_times import rank_structure
 
 H100 = load_accelerator("h100-sxm")
 LLAMA_405B = load_model("llama3-405b")
@@ -45,8 +46,9 @@ def test_even_split_that_does_not_divide_is_an_error():
 
 
 def test_v_shape_puts_first_and_last_stage_on_rank_zero():
-    per_rank = layers_per_rank(32, 4, vpp=2, schedule="zbv")
-    assert per_rank.tolist() == [8, 8, 8, 8]
+    structure = rank_structure(load_model("llama3-8b"), 4, 2, "zbv", "auto")
+    assert structure.dense_layers == [8, 8, 8, 8]
+    assert structure.has_embedding[0] and structure.has_head[0]
     report = memory_report(
         Job(model=load_model("llama3-8b"), seq_len=4096),
         Layout(pp=4, vpp=2, dp=2, schedule="zbv", num_microbatches=8),

@@ -56,6 +56,12 @@ def _unique_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
     return rows, inverse.reshape(-1)
 
 
+def _with_mirror(per_rank: list[float], mirrored: int) -> np.ndarray:
+    """Per-rank values plus, for DualPipe, those of the rank's mirrored stage (pp − 1 − r)."""
+    values = np.asarray(per_rank, dtype=float)
+    return values + mirrored * values[::-1]
+
+
 def _slots(pp: int, layers: np.ndarray) -> np.ndarray:
     """The ranks examined for peaks: 0, 1, the first with the most layers, pp−2, pp−1."""
     candidates = [0, 1, int(np.argmax(layers)), pp - 2, pp - 1]
@@ -153,7 +159,6 @@ def evaluate_columns(
     structs, struct_inv = _unique_rows(tp, ep, pp, vpp, schedule, split)
     fields = ("dense_layers", "moe_layers", "emb", "head", "dense_params", "expert_params", "slot")
     table = {key: np.zeros((len(structs), NUM_SLOTS)) for key in fields}
-    mirror = {"dualpipe": lambda v: v + v[::-1]}  # DualPipe holds the mirrored stage's layers
     for u, (t, x, p, v, sch, spl) in enumerate(structs):
         structure = rank_structure(model, p, v, sch, spl)
         layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
@@ -167,11 +172,12 @@ def evaluate_columns(
         table["head"][u] = np.asarray(structure.has_head, dtype=float)[slots]
         table["dense_params"][u] = rank_sums(dense_stage, layout)[slots]
         table["expert_params"][u] = rank_sums(expert_stage, layout)[slots]
-        both = mirror.get(sch, lambda v: v)
+        # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
+        mirrored = 1 if sch == "dualpipe" else 0
         states = slot_states(
             job, t, x, table["dense_params"][u], table["expert_params"][u],
-            both(np.asarray(structure.dense_layers))[slots],
-            both(np.asarray(structure.moe_layers))[slots],
+            _with_mirror(structure.dense_layers, mirrored)[slots],
+            _with_mirror(structure.moe_layers, mirrored)[slots],
         )  # fmt: skip
         for key, value in states.items():
             table.setdefault(key, np.zeros((len(structs), NUM_SLOTS)))[u] = value

@@ -119,6 +119,16 @@ class Accelerator(SourcedSpec):
         default_factory=dict,
         description="achievable fraction of dense peak for large GEMMs, per dtype",
     )
+    attention_forward_efficiency: dict[DType, float] = Field(
+        default_factory=dict,
+        description="achievable fraction of dense peak of the fused attention forward kernel "
+        "(causal); unset dtypes run attention at the matmul efficiency",
+    )
+    attention_backward_efficiency: dict[DType, float] = Field(
+        default_factory=dict,
+        description="the same for the attention backward kernel, on FlashAttention's FLOP "
+        "count (2.5x the forward's: the scores are recomputed)",
+    )
     hbm_bandwidth_efficiency: float = Field(
         0.8, gt=0, le=1, description="achievable fraction of peak HBM bandwidth"
     )
@@ -126,11 +136,13 @@ class Accelerator(SourcedSpec):
 
     @model_validator(mode="after")
     def _efficiencies_are_fractions(self) -> Accelerator:
-        for dtype, value in self.matmul_efficiency.items():
-            if not 0 < value <= 1:
-                raise ValueError(f"matmul_efficiency.{dtype} must be in (0, 1], got {value}")
-            if self.peak_tflops(dtype) is None:
-                raise ValueError(f"matmul_efficiency.{dtype} given but {dtype}_tflops is not")
+        for field in ("matmul_efficiency", "attention_forward_efficiency",
+                      "attention_backward_efficiency"):  # fmt: skip
+            for dtype, value in getattr(self, field).items():
+                if not 0 < value <= 1:
+                    raise ValueError(f"{field}.{dtype} must be in (0, 1], got {value}")
+                if self.peak_tflops(dtype) is None:
+                    raise ValueError(f"{field}.{dtype} given but {dtype}_tflops is not")
         return self
 
     def peak_tflops(self, dtype: str) -> float | None:
@@ -157,6 +169,21 @@ class Accelerator(SourcedSpec):
                 f"(recorded: {recorded}); add one with its source"
             )
         return self.peak_flops_per_s(dtype) * self.matmul_efficiency[dtype]
+
+    def achievable_attention_flops_per_s(self, dtype: str = "bf16") -> tuple[float, float]:
+        """(forward, backward) FLOP/s of the fused attention kernels for ``dtype``.
+
+        Where the catalog records no attention measurement, attention runs at the matmul
+        rate (documented default rule 6 in ``hwspecs/data/README.md``).
+        """
+        matmul = self.achievable_matmul_flops_per_s(dtype)
+        peak = self.peak_flops_per_s(dtype)
+        forward = self.attention_forward_efficiency.get(dtype)
+        backward = self.attention_backward_efficiency.get(dtype)
+        return (
+            matmul if forward is None else peak * forward,
+            matmul if backward is None else peak * backward,
+        )
 
 
 class LinkTier(SourcedSpec):

@@ -58,6 +58,16 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
     return max(model.num_kv_heads // tp, 1)
 
 
+def key_value_tokens(shape: ActivationShape) -> float:
+    """Tokens whose K and V the attention kernel keeps for backward on one rank.
+
+    Without CP, the rank's own tokens. With all-gather based CP (Llama 3 §3.3.2) attention
+    runs the local queries against the K and V gathered from the whole sequence, and that
+    gathered tensor is the kernel's saved input: ``s·b`` tokens on every CP rank.
+    """
+    return shape.seq_len * shape.micro_batch_size if shape.cp > 1 else shape.local_tokens
+
+
 def attention_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:
     """Stored tensors of the attention block (bytes), before recomputation is applied."""
     tokens, e, t = shape.local_tokens, shape.element_bytes, shape.tp
@@ -80,7 +90,7 @@ def attention_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, flo
     else:
         kv = kv_heads_per_rank(model, t)
         tensors["attention.query"] = tokens * heads * model.head_dim * e
-        tensors["attention.key_value"] = tokens * 2 * kv * model.head_dim * e
+        tensors["attention.key_value"] = key_value_tokens(shape) * 2 * kv * model.head_dim * e
     if shape.flash_attention:
         tensors["attention.softmax_lse"] = tokens * heads * LSE_BYTES
     else:

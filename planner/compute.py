@@ -45,6 +45,17 @@ class OpTime(BaseModel):
         return self.forward_s + self.input_grad_s + self.weight_grad_s
 
 
+#: FlashAttention's backward recomputes the score matrix: 5 matmuls against the forward's 2,
+#: so 2.5x the forward FLOPs (Dao 2023, FlashAttention-2 §3.1.2; the FLOP count behind the
+#: backward TFLOP/s the FlashAttention papers report).
+FLASH_BACKWARD_FLOPS_RATIO = 2.5
+
+
+def attention_dtype(gemm_dtype: str) -> str:
+    """The dtype attention runs in: FP8 recipes keep attention in BF16 (DeepSeek-V3 §3.3.1)."""
+    return "bf16" if gemm_dtype in ("fp8", "fp4") else gemm_dtype
+
+
 #: Output tile of one GEMM thread block: 128 × 256, the default Hopper tile of CUTLASS 3.x
 #: (``KernelTmaWarpSpecializedCooperative``, TileShape 128x256x64) — a documented default.
 GEMM_TILE_M, GEMM_TILE_N = 128, 256
@@ -58,13 +69,21 @@ class GpuRates(BaseModel):
     matmul_flops_per_s: float
     hbm_bytes_per_s: float
     compute_units: int | None = None
+    #: Fused attention kernels (FlashAttention); None: at the matmul rate.
+    attention_forward_flops_per_s: float | None = None
+    attention_backward_flops_per_s: float | None = None
 
     @classmethod
     def of(cls, accelerator: Accelerator, gemm_dtype: str) -> GpuRates:
+        forward, backward = accelerator.achievable_attention_flops_per_s(
+            attention_dtype(gemm_dtype)
+        )
         return cls(
             matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(gemm_dtype),
             hbm_bytes_per_s=accelerator.hbm_bytes_per_s * accelerator.hbm_bandwidth_efficiency,
             compute_units=accelerator.num_compute_units,
+            attention_forward_flops_per_s=forward,
+            attention_backward_flops_per_s=backward,
         )
 
     def roofline_s(self, flops: float, num_bytes: float) -> float:
@@ -187,17 +206,7 @@ def layer_op_times(
     if not flash_attention:
         scores = model.num_attention_heads / tp * tokens * seq_len
         core_bytes += scores * e * (3 if model.dropout > 0 else 2)
-    core_s = rates.roofline_s(core_flops, core_bytes)
-    ops.append(
-        OpTime(
-            name="attention.core",
-            forward_s=core_s,
-            input_grad_s=2 * core_s,
-            weight_grad_s=0.0,
-            forward_flops=core_flops,
-            bound="compute",
-        )
-    )
+    ops.append(attention_core_time(core_flops, core_bytes, flash_attention, rates))
     ops.extend(_mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e))
     ffn = _activation_width(model, moe_layer) / tp
     activation_bytes = tokens * ffn * e * (3 if model.mlp_kind == "swiglu" else 2)
@@ -207,6 +216,34 @@ def layer_op_times(
     ops.append(elementwise_time("elementwise.rotary", rotary, rates))
     ops.append(elementwise_time("elementwise.mlp_activation", activation_bytes, rates))
     return ops
+
+
+def attention_core_time(
+    forward_flops: float, forward_bytes: float, flash_attention: bool, rates: GpuRates
+) -> OpTime:
+    """Scores, softmax and the weighted sum of one layer: forward and input gradient.
+
+    Fused (FlashAttention) kernels run at the accelerator's measured attention rates, and
+    their backward does 2.5x the forward FLOPs (the scores are recomputed); without fusion
+    the two batched GEMMs run at the matmul rate and the backward does 2x. Backward
+    traffic is twice the forward's (read Q, K, V, O, dO; write dQ, dK, dV).
+    """
+    if flash_attention:
+        forward_rate = rates.attention_forward_flops_per_s or rates.matmul_flops_per_s
+        backward_rate = rates.attention_backward_flops_per_s or rates.matmul_flops_per_s
+        backward_flops = FLASH_BACKWARD_FLOPS_RATIO * forward_flops
+    else:
+        forward_rate = backward_rate = rates.matmul_flops_per_s
+        backward_flops = 2.0 * forward_flops
+    memory_s = forward_bytes / rates.hbm_bytes_per_s
+    return OpTime(
+        name="attention.core",
+        forward_s=max(forward_flops / forward_rate, memory_s),
+        input_grad_s=max(backward_flops / backward_rate, 2 * memory_s),
+        weight_grad_s=0.0,
+        forward_flops=forward_flops,
+        bound="compute",
+    )
 
 
 def _activation_width(model: ModelSpec, moe_layer: bool) -> float:

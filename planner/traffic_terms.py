@@ -32,8 +32,9 @@ Message sizes follow nccl-tests (see :mod:`planner.comm`); ``bytes_per_step`` is
 GPU sends. Raw time = count × the cheapest algorithm's time for the message on the group's
 placement. **Exposed** time needs compute times (:class:`planner.traffic.ComputeTimes`,
 per micro-batch on the busiest rank); without them every term is reported fully exposed
-(exposed = raw). With them: TP is exposed (with ``tp_comm_overlap`` it hides behind the m·(F+B) GEMMs); CP
-hides behind attention (m·attention) when shorter; PP exposes the 2·(pp·chunks − 1) fill
+(exposed = raw). With them: TP is exposed (with ``tp_comm_overlap`` it hides behind the m·(F+B) GEMMs); CP's
+all-gather and reduce-scatter are exposed ("the all-gather communication latency is exposed
+in the critical path", Llama 3 §3.3.2: attention needs the whole K and V first); PP exposes the 2·(pp·chunks − 1) fill
 and drain transfers plus any steady-state excess over m·(F+B); DP gradients hide behind the
 last micro-batch's backward except the last bucket (one layer); ZeRO-1/2 weight all-gathers
 hide behind the next step's first forward except the first bucket; FSDP all-gathers are
@@ -59,7 +60,7 @@ AXIS_GROUPS: dict[str, str] = {
 }  # fmt: skip
 RULES: dict[str, str] = {
     "exposed": "exposed: nothing to hide behind (hidden behind m·(F+B) with TP overlap on)",
-    "cp_attention": "hidden behind attention compute (m·attention) when shorter",
+    "cp_exposed": "exposed: attention waits for the gathered K and V (Llama 3 §3.3.2)",
     "pp_steady": "fill and drain transfers exposed; steady state hidden behind m·(F+B)",
     "dp_grad": "hidden behind the last micro-batch's backward except the last bucket (one layer)",
     "dp_param": "hidden behind the next step's first forward except the first bucket",
@@ -210,9 +211,9 @@ def step_terms(
     sends = np.where(pp >= 3, 2 * m * chunks, np.where(pp == 2, two_ranks, 0))
     terms += [
         Term("cp", "all-gather", "K and V, whole sequence, per layer", layers * m * (1 + full)
-             * on(cp > 1), kv, "cp_attention"),
+             * on(cp > 1), kv, "cp_exposed"),
         Term("cp", "reduce-scatter", "K and V gradients per layer", layers * m * on(cp > 1), kv,
-             "cp_attention"),
+             "cp_exposed"),
         Term("pp", "p2p", "activations forward, gradients backward", sends, act / tp,
              "pp_steady"),
     ]  # fmt: skip
@@ -300,12 +301,12 @@ def exposed_time(
     """
     if compute is None:
         return raw
-    forward, backward, attention = compute
+    forward, backward, _attention = compute
     busy = m * (forward + backward)
     if rule == "exposed":
         return np.where(tp_overlap, np.maximum(0.0, raw - busy), raw)
-    if rule == "cp_attention":
-        return raw if attention is None else np.maximum(0.0, raw - m * attention)
+    if rule == "cp_exposed":
+        return raw
     if rule == "pp_steady":
         critical = 2 * np.maximum(pp * chunks - 1, 0) * one
         return np.minimum(raw, critical + np.maximum(0.0, raw - busy))

@@ -3,7 +3,16 @@
 import pytest
 
 from hwspecs.catalog import load_accelerator
-from planner.compute import GEMM_TILE_M, GEMM_TILE_N, GpuRates, gemm_time, layer_op_times
+from hwspecs.schema import Accelerator
+from planner.compute import (
+    GEMM_TILE_M,
+    GEMM_TILE_N,
+    GpuRates,
+    attention_core_time,
+    attention_dtype,
+    gemm_time,
+    layer_op_times,
+)
 from planner.model import load_model
 
 H100 = GpuRates.of(load_accelerator("h100-sxm"), "bf16")
@@ -46,3 +55,42 @@ def test_tensor_parallelism_splits_the_layer_gemms():
     mlp = next(op for op in whole if op.name == "mlp").forward_s
     mlp8 = next(op for op in split if op.name == "mlp").forward_s
     assert mlp / 8 <= mlp8 < mlp / 7
+
+
+def test_flash_attention_runs_at_the_measured_kernel_rates():
+    # FlashAttention-3 on H100 SXM (Shah et al. 2024): 602 TFLOP/s forward (causal, d 128,
+    # 8k), 559 TFLOP/s backward on 2.5x the forward FLOPs.
+    flops = 1e15
+    op = attention_core_time(flops, 1e6, flash_attention=True, rates=H100)
+    assert op.forward_s == pytest.approx(flops / 602e12, rel=1e-3)
+    assert op.input_grad_s == pytest.approx(2.5 * flops / 559e12, rel=1e-3)
+    assert op.weight_grad_s == 0.0
+
+
+def test_unfused_attention_and_unmeasured_kernels_run_at_the_matmul_rate():
+    flops = 1e15
+    unfused = attention_core_time(flops, 1e6, flash_attention=False, rates=H100)
+    assert unfused.forward_s == pytest.approx(flops / H100.matmul_flops_per_s)
+    assert unfused.input_grad_s == pytest.approx(2 * unfused.forward_s)
+    a100 = GpuRates.of(load_accelerator("a100-sxm-80gb"), "bf16")  # no attention measurement
+    fused = attention_core_time(flops, 1e6, flash_attention=True, rates=a100)
+    assert fused.forward_s == pytest.approx(flops / a100.matmul_flops_per_s)
+    assert fused.input_grad_s == pytest.approx(2.5 * fused.forward_s)
+
+
+def test_fp8_recipes_keep_attention_in_bf16():
+    fp8 = GpuRates.of(load_accelerator("h100-sxm"), "fp8")
+    assert attention_dtype("fp8") == "bf16"
+    assert fp8.attention_forward_flops_per_s == H100.attention_forward_flops_per_s
+    assert fp8.matmul_flops_per_s > 1.5 * H100.matmul_flops_per_s
+
+
+def test_attention_efficiency_must_be_a_fraction_of_a_listed_peak():
+    spec = load_accelerator("h100-sxm").model_dump()
+    spec["attention_forward_efficiency"] = {"bf16": 1.3}
+    with pytest.raises(ValueError, match=r"attention_forward_efficiency\.bf16 must be in"):
+        Accelerator.model_validate(spec)
+    spec["attention_forward_efficiency"] = {"fp4": 0.5}
+    spec["sources"]["attention_forward_efficiency.fp4"] = "test"
+    with pytest.raises(ValueError, match="fp4_tflops is not"):
+        Accelerator.model_validate(spec)

@@ -112,6 +112,7 @@ def axis_traffic(
         None if compute is None else (compute.forward_s, compute.backward_s, compute.attention_s)
     )
     by_axis: dict[str, list[CollectiveTerm]] = {}
+    timed = []
     for term in terms:
         count, message = float(term.count), float(term.message_bytes)
         if count == 0:
@@ -125,7 +126,9 @@ def axis_traffic(
         bucket = one
         if term.bucket_bytes:
             bucket = choose(costs, float(term.bucket_bytes))[1].time_s(float(term.bucket_bytes))
-        raw = count * one
+        timed.append((term, count, message, n, name, one, bucket, count * one))
+    pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
+    for term, count, message, n, name, one, bucket, raw in timed:
         exposed = exposed_time(
             term.rule,
             raw,
@@ -137,6 +140,7 @@ def axis_traffic(
             times,
             tp_comm_overlap,
             layout.schedule in EP_OVERLAP_SCHEDULES,
+            pooled=pooled if term.rule == "ep" else None,
         )
         rule = RULES[term.rule] if times is not None else NO_COMPUTE_RULE
         by_axis.setdefault(term.axis, []).append(

@@ -163,6 +163,7 @@ def axis_times_vectorized(
         out[f"{axis}_time_s"] = np.zeros(rows)
         out[f"{axis}_exposed_time_s"] = np.zeros(rows)
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
+        timed = []
         for term in terms:
             count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
             if not count.any():
@@ -177,9 +178,13 @@ def axis_times_vectorized(
                 size = np.broadcast_to(np.asarray(term.bucket_bytes, dtype=float), rows)
                 bucket = (a_rows + b_rows * size[..., None]).min(axis=-1)
             raw = np.where(count > 0, count * one, 0.0)
+            timed.append((term, count, message, one, bucket, raw))
+        pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
+        for term, count, message, one, bucket, raw in timed:
             n = sizes["pp"] if term.op == "p2p" else sizes[AXIS_GROUPS[term.axis]]
             exposed = exposed_time(term.rule, raw, one, bucket, m, pp, chunks, compute,
-                                   tp_comm_overlap, ep_overlap)  # fmt: skip
+                                   tp_comm_overlap, ep_overlap,
+                                   pooled if term.rule == "ep" else None)  # fmt: skip
             out[f"{term.axis}_bytes_per_step"] += count * message * volume_factor(term.op, n)
             out[f"{term.axis}_time_s"] += raw
             out[f"{term.axis}_exposed_time_s"] += np.where(count > 0, exposed, 0.0)

@@ -289,14 +289,29 @@ def trainable_adapter_params(job: Job, tp, ep, shape: RankShape) -> dict | None:
     return {"dp": dense, "edp": expert}
 
 
+def shared_exposure(raw, pooled, window):
+    """This term's share of ``max(0, pooled − window)``: ``raw · max(0, 1 − window/pooled)``.
+
+    A window (DualPipe's m·(F+B) for the EP all-to-alls) hides the collectives that share
+    it together, not each term on its own, so the exposure is shared out in proportion to
+    each term's raw time.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        hidden = np.where(pooled > 0, np.minimum(1.0, window / pooled), 1.0)
+    return raw * (1.0 - hidden)
+
+
 def exposed_time(
-    rule, raw, one, bucket, m, pp, chunks, compute, tp_overlap=False, ep_overlap=False
-):
+    rule, raw, one, bucket, m, pp, chunks, compute, tp_overlap=False, ep_overlap=False,
+    pooled=None,
+):  # fmt: skip
     """Exposed seconds of a term under its overlap rule.
 
     ``raw``: count × ``one`` (one collective); ``bucket``: time of the first/last bucket;
     ``compute``: (forward, backward, attention) seconds per micro-batch, or None (then the
-    term is fully exposed). Works on numpy arrays.
+    term is fully exposed); ``pooled``: the raw seconds of every term sharing this term's
+    window (the EP all-to-alls share DualPipe's m·(F+B)), default
+    ``raw``. Works on numpy arrays.
     """
     if compute is None:
         return raw
@@ -310,7 +325,8 @@ def exposed_time(
         critical = 2 * np.maximum(pp * chunks - 1, 0) * one
         return np.minimum(raw, critical + np.maximum(0.0, raw - busy))
     if rule == "ep":
-        return np.where(ep_overlap, np.maximum(0.0, raw - busy), raw)
+        pooled = raw if pooled is None else pooled
+        return np.where(ep_overlap, shared_exposure(raw, pooled, busy), raw)
     window = {"dp_grad": backward, "dp_param": forward, "fsdp_gather": busy,
               "fsdp_grad": m * backward}[rule]  # fmt: skip
     return np.minimum(raw, np.maximum(bucket, raw - window))

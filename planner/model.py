@@ -60,6 +60,12 @@ class ModelSpec(BaseModel):
     moe_ffn_hidden_size: int | None = Field(None, gt=0)
     num_dense_layers: int = Field(0, ge=0, description="first-k layers with a dense MLP")
     router_bias: bool = Field(False, description="per-expert routing bias (DeepSeek-V3)")
+    max_nodes_per_token: int | None = Field(
+        None,
+        gt=0,
+        description="node-limited routing: a token's experts lie on at most this many nodes "
+        "(DeepSeek-V3 §2.1.2, M = 4); None: unlimited",
+    )
     num_mtp_modules: int = Field(0, ge=0, description="multi-token-prediction modules")
     sources: dict[str, str] = Field(default_factory=dict)
 

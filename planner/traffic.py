@@ -23,6 +23,7 @@ from planner.traffic_terms import (
     EP_OVERLAP_SCHEDULES,
     NO_COMPUTE_RULE,
     RULES,
+    ep_routing,
     exposed_time,
     step_terms,
 )
@@ -120,7 +121,8 @@ def axis_traffic(
         group = placement.groups[AXIS_GROUPS[term.axis]]
         n = group.group_size
         levels = (group.neighbour_level,) if term.op == "p2p" else group.levels
-        costs = algorithm_costs(term.op, levels, n)
+        routing = ep_routing(job.model) if term.axis == "ep" else None
+        costs = algorithm_costs(term.op, levels, n, routing)
         name, cost = choose(costs, message)
         one = cost.time_s(message)
         bucket = one

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from hwspecs.schema import Cluster
-from planner.comm import algorithm_costs, volume_factor
+from planner.comm import ALGORITHMS, algorithm_costs, volume_factor
 from planner.job import Job
 from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES
 from planner.network import as_cluster, cluster_view
@@ -23,6 +23,7 @@ from planner.topology import placement_for_view, resolve_order
 from planner.traffic_terms import (
     AXIS_GROUPS,
     EP_OVERLAP_SCHEDULES,
+    ep_routing,
     exposed_time,
     stage_layers,
     step_terms,
@@ -33,10 +34,12 @@ AXES: tuple[str, ...] = tuple(AXIS_GROUPS)
 _OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
 
 
-def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]):
-    """alpha, beta arrays [combo, group, op, algorithm]; inf alpha where unavailable/invalid."""
+def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...], routing=None):
+    """alpha, beta arrays [combo, group, op, algorithm]; inf alpha where unavailable/invalid.
+
+    ``routing``: the EP all-to-all's node-limited routing (:func:`ep_routing`), or None."""
     groups = list(dict.fromkeys(AXIS_GROUPS.values()))
-    num_algorithms = 7
+    num_algorithms = len(ALGORITHMS)
     alpha = np.full((len(combos), len(groups), len(_OPS), num_algorithms), np.inf)
     beta = np.zeros_like(alpha)
     views = {}
@@ -55,7 +58,9 @@ def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]):
                     levels = (group.neighbour_level,) if group.neighbour_level else ()
                 else:
                     levels = group.levels
-                costs = algorithm_costs(op, levels, group.group_size)
+                costs = algorithm_costs(
+                    op, levels, group.group_size, routing if name == "ep" else None
+                )
                 if not costs:  # a group of one rank: nothing to send
                     alpha[u, g, o, 0] = 0.0
                 for a, cost in enumerate(costs.values()):
@@ -144,7 +149,7 @@ def axis_times_vectorized(
     unique_keys, inv = np.unique(keys, return_inverse=True)
     unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
     inv = inv.reshape(rows)
-    groups, alpha, beta = _cost_tables(cluster, unique, order)
+    groups, alpha, beta = _cost_tables(cluster, unique, order, ep_routing(job.model))
     v_shape = np.isin(schedule, list(V_SHAPE_SCHEDULES))
     terms = step_terms(
         job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, pipeline_layer_split, v_shape

@@ -26,7 +26,9 @@ pipeline rank where the term is largest ("busiest rank"), with ``m`` micro-batch
 * **edp**: the same for routed-expert weights over dp·cp/ep ranks (MoE with ep > 1).
 * **ep** (GShard / DeepSeek-V3 §3.2): per MoE layer per micro-batch, dispatch and combine
   all-to-alls of ``b·s/(cp·tp)`` tokens × top-k × h, in forward and backward (+ forward
-  again under full recompute); with an FP8 recipe the forward dispatch is FP8.
+  again under full recompute); with an FP8 recipe the forward dispatch is FP8. Under
+  node-limited routing (:func:`ep_routing`) each token crosses IB once per destination
+  node and is forwarded over NVLink (the ``node-limited`` all-to-all of :mod:`planner.comm`).
 
 Message sizes follow nccl-tests (see :mod:`planner.comm`); ``bytes_per_step`` is what one
 GPU sends. Raw time = count × the cheapest algorithm's time for the message on the group's
@@ -68,6 +70,17 @@ RULES: dict[str, str] = {
     "ep": "exposed unless the schedule overlaps it (dualpipe, dualpipev: behind m·(F+B))",
 }
 NO_COMPUTE_RULE = "no compute times given: exposed = raw"
+
+
+def ep_routing(model) -> tuple[int, int] | None:
+    """(top-k, max nodes per token) of an MoE model with node-limited routing, else None.
+
+    DeepSeek-V3 §2.1.2 / §3.2.2: each token's experts lie on at most M nodes; the EP
+    all-to-all then costs as :mod:`planner.comm`'s ``node-limited`` algorithm.
+    """
+    if not model.is_moe or model.max_nodes_per_token is None:
+        return None
+    return model.num_experts_per_token, model.max_nodes_per_token
 
 
 def stage_layers(num_layers: int, pp, vpp, split="auto"):

@@ -92,6 +92,7 @@ def evaluate_columns(
     sp = col["sequence_parallel"].astype(bool) & (tp > 1)
     schedule, recompute, split = col["schedule"], col["recompute"], col["pipeline_layer_split"]
     rates = GpuRates.of(accelerator, precision.gemm_dtype)
+    bf16_rates = GpuRates.of(accelerator, "bf16") if precision.gemm_dtype == "fp8" else None
     e = precision.activation_bytes
 
     # Shapes: per-layer times and per-layer activation bytes.
@@ -107,8 +108,9 @@ def evaluate_columns(
     for u, (t, c, x, s, b, r) in enumerate(shapes):
         if (t, c, x, s, b) not in timed:
             timed[t, c, x, s, b] = shape_times(
-                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned
-            )
+                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned,
+                bf16_rates, job.active_memory_measures,
+            )  # fmt: skip
         times = timed[t, c, x, s, b]
         shape = act.ActivationShape(
             seq_len=job.seq_len,
@@ -119,6 +121,7 @@ def evaluate_columns(
             flash_attention=job.flash_attention,
             recompute=r,
             element_bytes=e,
+            measures=job.active_memory_measures,
         )
         moe_t = times.moe or times.dense
         adapters = ft.adapter_layer_bytes(model, tuned, shape)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, Field
 
+from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
 from planner.comm import algorithm_costs, choose, volume_factor
 from planner.job import Job
@@ -23,6 +24,7 @@ from planner.traffic_terms import (
     EP_OVERLAP_SCHEDULES,
     NO_COMPUTE_RULE,
     RULES,
+    ep_overlap_sm_share,
     ep_routing,
     exposed_time,
     step_terms,
@@ -130,6 +132,8 @@ def axis_traffic(
             bucket = choose(costs, float(term.bucket_bytes))[1].time_s(float(term.bucket_bytes))
         timed.append((term, count, message, n, name, one, bucket, count * one))
     pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
+    accelerator = load_accelerator(placement.view.cluster.accelerator)
+    sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
     for term, count, message, n, name, one, bucket, raw in timed:
         exposed = exposed_time(
             term.rule,
@@ -143,6 +147,7 @@ def axis_traffic(
             tp_comm_overlap,
             layout.schedule in EP_OVERLAP_SCHEDULES,
             pooled=pooled if term.rule == "ep" else None,
+            sm_share=sm_share,
         )
         rule = RULES[term.rule] if times is not None else NO_COMPUTE_RULE
         by_axis.setdefault(term.axis, []).append(

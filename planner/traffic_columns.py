@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
 from planner.comm import ALGORITHMS, algorithm_costs, volume_factor
 from planner.job import Job
@@ -23,6 +24,7 @@ from planner.topology import placement_for_view, resolve_order
 from planner.traffic_terms import (
     AXIS_GROUPS,
     EP_OVERLAP_SCHEDULES,
+    ep_overlap_sm_share,
     ep_routing,
     exposed_time,
     stage_layers,
@@ -185,11 +187,13 @@ def axis_times_vectorized(
             raw = np.where(count > 0, count * one, 0.0)
             timed.append((term, count, message, one, bucket, raw))
         pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
+        sm_share = ep_overlap_sm_share(load_accelerator(cluster.accelerator).num_compute_units)
         for term, count, message, one, bucket, raw in timed:
             n = sizes["pp"] if term.op == "p2p" else sizes[AXIS_GROUPS[term.axis]]
             exposed = exposed_time(term.rule, raw, one, bucket, m, pp, chunks, compute,
                                    tp_comm_overlap, ep_overlap,
-                                   pooled if term.rule == "ep" else None)  # fmt: skip
+                                   pooled if term.rule == "ep" else None,
+                                   sm_share)  # fmt: skip
             out[f"{term.axis}_bytes_per_step"] += count * message * volume_factor(term.op, n)
             out[f"{term.axis}_time_s"] += raw
             out[f"{term.axis}_exposed_time_s"] += np.where(count > 0, exposed, 0.0)

@@ -67,7 +67,8 @@ RULES: dict[str, str] = {
     "dp_param": "hidden behind the next step's first forward except the first bucket",
     "fsdp_gather": "prefetched behind m·(F+B) except the first layer's gather",
     "fsdp_grad": "hidden behind m·B except the last layer's reduce-scatter",
-    "ep": "exposed unless the schedule overlaps it (dualpipe, dualpipev: behind m·(F+B))",
+    "ep": "exposed unless the schedule overlaps it (dualpipe, dualpipev: all EP terms together "
+    "behind m·(F+B), which runs on the SMs the all-to-all kernels leave)",
 }
 NO_COMPUTE_RULE = "no compute times given: exposed = raw"
 
@@ -302,21 +303,33 @@ def trainable_adapter_params(job: Job, tp, ep, shape: RankShape) -> dict | None:
     return {"dp": dense, "edp": expert}
 
 
-def shared_exposure(raw, pooled, window):
+#: SMs DeepSeek-V3's all-to-all kernels occupy while they overlap compute: "only 20 SMs are
+#: sufficient to fully utilize the bandwidths of IB and NVLink" (arXiv 2412.19437 §3.2.2).
+EP_OVERLAP_COMM_SMS = 20
+
+
+def ep_overlap_sm_share(compute_units: int | None) -> float:
+    """Share of the GPU's SMs the overlapped EP all-to-all takes from compute (0 without SMs)."""
+    return EP_OVERLAP_COMM_SMS / compute_units if compute_units else 0.0
+
+
+def shared_exposure(raw, pooled, window, sm_share=0.0):
     """This term's share of ``max(0, pooled − window)``: ``raw · max(0, 1 − window/pooled)``.
 
     A window (DualPipe's m·(F+B) for the EP all-to-alls) hides the collectives that share
     it together, not each term on its own, so the exposure is shared out in proportion to
-    each term's raw time.
+    each term's raw time. While the collectives run, compute keeps only ``1 − sm_share`` of
+    the SMs (:data:`EP_OVERLAP_COMM_SMS`): a step of compute C and collectives T takes
+    ``max(T, C + sm_share·T)``, so the exposed time is ``max(sm_share·T, T − window)``.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
-        hidden = np.where(pooled > 0, np.minimum(1.0, window / pooled), 1.0)
-    return raw * (1.0 - hidden)
+        exposed = np.maximum(sm_share * pooled, pooled - window)
+        return np.where(pooled > 0, raw * exposed / pooled, 0.0)
 
 
 def exposed_time(
     rule, raw, one, bucket, m, pp, chunks, compute, tp_overlap=False, ep_overlap=False,
-    pooled=None,
+    pooled=None, sm_share=0.0,
 ):  # fmt: skip
     """Exposed seconds of a term under its overlap rule.
 
@@ -324,7 +337,8 @@ def exposed_time(
     ``compute``: (forward, backward, attention) seconds per micro-batch, or None (then the
     term is fully exposed); ``pooled``: the raw seconds of every term sharing this term's
     window (the EP all-to-alls share DualPipe's m·(F+B)), default
-    ``raw``. Works on numpy arrays.
+    ``raw``; ``sm_share``: the SMs the overlapped EP collectives take from compute
+    (:func:`ep_overlap_sm_share`). Works on numpy arrays.
     """
     if compute is None:
         return raw
@@ -339,7 +353,7 @@ def exposed_time(
         return np.minimum(raw, critical + np.maximum(0.0, raw - busy))
     if rule == "ep":
         pooled = raw if pooled is None else pooled
-        return np.where(ep_overlap, shared_exposure(raw, pooled, busy), raw)
+        return np.where(ep_overlap, shared_exposure(raw, pooled, busy, sm_share), raw)
     window = {"dp_grad": backward, "dp_param": forward, "fsdp_gather": busy,
               "fsdp_grad": m * backward}[rule]  # fmt: skip
     return np.minimum(raw, np.maximum(bucket, raw - window))

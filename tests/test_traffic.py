@@ -127,7 +127,8 @@ def test_overlap_rules_with_compute_times():
     report = axis_traffic(job, layout, "dgx-h100", compute=compute)
     assert axis(report, "tp").exposed_time_s == axis(report, "tp").time_s  # TP is exposed
     assert axis(report, "cp").exposed_time_s == 0  # shorter than attention
-    assert axis(report, "ep").exposed_time_s == 0  # DualPipe overlaps the all-to-all
+    ep = axis(report, "ep")  # DualPipe hides the all-to-all, on 20 of the 132 SMs
+    assert ep.exposed_time_s == pytest.approx(ep.time_s * 20 / 132)
     dp = axis(report, "dp")
     assert 0 < dp.exposed_time_s < dp.time_s  # the last bucket stays exposed
     one_f_one_b = axis_traffic(job, layout.model_copy(update={"schedule": "1f1b", "vpp": 1}),
@@ -142,7 +143,7 @@ def test_dualpipe_window_hides_the_ep_all_to_alls_together_not_each_on_its_own()
     bare = axis(axis_traffic(job, layout, "dgx-h100"), "ep")
     largest = max(t.time_s for t in bare.terms)
     m = job.global_batch_size // layout.dp
-    window = (largest + (bare.time_s - largest) / 2) / m  # F + B per micro-batch
+    window = (largest + (bare.time_s - largest) / 10) / m  # F + B per micro-batch
     compute = ComputeTimes(forward_s=window / 3, backward_s=2 * window / 3)
     ep = axis(axis_traffic(job, layout, "dgx-h100", compute=compute), "ep")
     assert all(t.time_s < m * window for t in ep.terms)

@@ -230,12 +230,19 @@ def first_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, f
 
 
 def last_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:
-    """Per-micro-batch tensors of the final norm and the LM head input."""
+    """Per-micro-batch tensors of the final norm and the LM head input, and of the MTP
+    modules (DeepSeek-V3 §2.2, on the last stage): per module the inputs of its two norms
+    and of its ``2h → h`` projection, one layer's tensors, and its own head's norm and input."""
     tokens, e, h = shape.local_tokens, shape.element_bytes, model.hidden_size
-    return {
+    tensors = {
         "final_norm.input": tokens * h * e * shape.replicated_share,
         "lm_head.input": tokens * h * e * shape.replicated_share,
     }
+    if model.num_mtp_modules:
+        per_module = tokens * h * e * (2 + 2 + 2) * shape.replicated_share
+        per_module += activation_bytes_per_layer(model, shape, model.is_moe)
+        tensors["mtp.modules"] = model.num_mtp_modules * per_module
+    return tensors
 
 
 def logits_buffer_bytes(model: ModelSpec, shape: ActivationShape) -> float:

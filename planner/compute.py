@@ -339,9 +339,44 @@ KEPT_IN_BF16 = ("attention.core", "moe.router", "lm_head")
 
 
 def keep_in_bf16(ops: list[OpTime], ops_at_bf16: list[OpTime]) -> list[OpTime]:
-    """``ops`` (timed at the FP8 rate) with the :data:`KEPT_IN_BF16` ones from ``ops_at_bf16``."""
+    """``ops`` (timed at the FP8 rate) with the :data:`KEPT_IN_BF16` ones from ``ops_at_bf16``
+    (an MTP module's copies, ``mtp.``-prefixed, too)."""
     bf16 = {op.name: op for op in ops_at_bf16}
-    return [bf16[op.name] if op.name in KEPT_IN_BF16 else op for op in ops]
+    kept = [bf16[op.name] if op.name.removeprefix(MTP_PREFIX) in KEPT_IN_BF16 else op for op in ops]
+    return kept
+
+
+MTP_PREFIX = "mtp."
+
+
+def mtp_op_times(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    flash_attention: bool,
+    rates: GpuRates,
+    element_bytes: float = 2.0,
+) -> list[OpTime]:
+    """One DeepSeek-V3 multi-token-prediction module for one micro-batch on one GPU.
+
+    arXiv 2412.19437 §2.2: the projection of the normed hidden state and the next token's
+    embedding ``[h; h] → h``, one transformer layer (MoE when the model is), and the shared
+    output head with its cross-entropy (§3.2.3: on the rank of the last stage). Names carry
+    the ``mtp.`` prefix.
+    """
+    tokens = seq_len * micro_batch_size / cp
+    h = model.hidden_size
+    ops = [gemm_time("projection", tokens, 2 * h, h / tp, rates, element_bytes)]
+    ops += layer_op_times(
+        model, seq_len, micro_batch_size, tp, cp, ep, sequence_parallel, flash_attention,
+        model.is_moe, rates, element_bytes,
+    )  # fmt: skip
+    ops += head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
+    return [op.model_copy(update={"name": MTP_PREFIX + op.name}) for op in ops]
 
 
 def measures_recompute_s(

@@ -23,6 +23,7 @@ from planner.compute import (
     keep_in_bf16,
     layer_op_times,
     measures_recompute_s,
+    mtp_op_times,
 )
 from planner.finetune import FinetuneSpec
 from planner.layout import dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
@@ -139,8 +140,15 @@ def shape_times(
     tokens = seq_len * micro_batch_size / cp
     # Embedding lookup: write the hidden states; its backward scatter-adds the gradients.
     embedding = elementwise_time("embedding", tokens * model.hidden_size * element_bytes, rates)
-    head_rates = rates if bf16_rates is None else bf16_rates  # the output head stays BF16
-    head = head_op_times(model, seq_len, micro_batch_size, tp, cp, head_rates, element_bytes)
+    head_args = (model, seq_len, micro_batch_size, tp, cp)
+    head = head_op_times(*head_args, rates, element_bytes)
+    if bf16_rates is not None:  # the output head stays BF16
+        head = keep_in_bf16(head, head_op_times(*head_args, bf16_rates, element_bytes))
+    for _ in range(model.num_mtp_modules):  # MTP sits with the head (DeepSeek-V3 §3.2.3)
+        mtp = mtp_op_times(*args, rates, element_bytes)
+        if bf16_rates is not None:
+            mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes))
+        head = head + mtp
     if tuned:
         embedding = embedding.model_copy(update={"input_grad_s": 0.0})
         head = [frozen(op) for op in head]

@@ -34,6 +34,23 @@ class Precision(str, Enum):
     fp8_mixed = "fp8-mixed"
 
 
+class MeasureSet(str, Enum):
+    none = "none"
+    deepseek_v3 = "deepseek-v3"
+
+
+PrecisionFlag = Annotated[
+    Precision | None,
+    typer.Option(help="precision recipe (default: the model's training recipe, else bf16-mixed)"),
+]
+MemoryMeasuresFlag = Annotated[
+    MeasureSet | None,
+    typer.Option(
+        help="activation-memory measures (default: the model's training recipe, else none)"
+    ),
+]
+
+
 class Optimizer(str, Enum):
     adamw = "adamw"
     sgd_momentum = "sgd-momentum"

@@ -11,8 +11,10 @@ from commands.common import (
     GradDtype,
     JsonFlag,
     MasterDtype,
+    MemoryMeasuresFlag,
     Optimizer,
     Precision,
+    PrecisionFlag,
     Recompute,
     app,
     emit_json,
@@ -180,7 +182,8 @@ def memory(
     schedule: Annotated[
         str, typer.Option(help="pipeline schedule (e.g. 1f1b, interleaved-1f1b, zbv)")
     ] = "1f1b",
-    precision: Annotated[Precision, typer.Option()] = Precision.bf16_mixed,
+    precision: PrecisionFlag = None,
+    memory_measures: MemoryMeasuresFlag = None,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
     flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention")] = True,
@@ -229,6 +232,7 @@ def memory(
         grad_dtype=option_value(grad_dtype),
         flash_attention=flash_attention,
         finetune=finetune,
+        memory_measures=option_value(memory_measures),
     )
     layout = api.build_layout(
         tp=tp,

@@ -9,7 +9,7 @@ import typer
 
 from commands.common import (
     JsonFlag,
-    Precision,
+    PrecisionFlag,
     Recompute,
     app,
     emit_json,
@@ -90,7 +90,7 @@ def comm(
     sequence_parallel: Annotated[
         bool, typer.Option("--sequence-parallel/--no-sequence-parallel")
     ] = True,
-    precision: Annotated[Precision, typer.Option()] = Precision.bf16_mixed,
+    precision: PrecisionFlag = None,
     order: Annotated[
         str | None, typer.Option(help="mesh order innermost first, e.g. tp,cp,ep,pp,dp")
     ] = None,

@@ -11,8 +11,9 @@ from commands.common import (
     GIB,
     GradDtype,
     JsonFlag,
+    MemoryMeasuresFlag,
     Optimizer,
-    Precision,
+    PrecisionFlag,
     Recompute,
     app,
     emit_json,
@@ -43,6 +44,7 @@ def _plan_job(
     optimizer,
     grad_dtype,
     finetune=None,
+    memory_measures=None,
 ):
     from planner import api
 
@@ -57,6 +59,7 @@ def _plan_job(
         optimizer=option_value(optimizer),
         grad_dtype=option_value(grad_dtype),
         finetune=finetune,
+        memory_measures=option_value(memory_measures),
     )
 
 
@@ -94,7 +97,8 @@ def plan(
         bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="pin")
     ] = None,
     allow_cross_node_tp: Annotated[bool, typer.Option("--allow-cross-node-tp")] = False,
-    precision: Annotated[Precision, typer.Option()] = Precision.bf16_mixed,
+    precision: PrecisionFlag = None,
+    memory_measures: MemoryMeasuresFlag = None,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
     recipe: RecipeFlag = Recipe.full,
@@ -139,6 +143,7 @@ def plan(
             optimizer,
             grad_dtype,
             finetune,
+            memory_measures,
         )
         pins = {
             "tp": int_list(tp, "tp"),
@@ -324,7 +329,8 @@ def estimate(
     sequence_parallel: Annotated[
         bool, typer.Option("--sequence-parallel/--no-sequence-parallel")
     ] = True,
-    precision: Annotated[Precision, typer.Option()] = Precision.bf16_mixed,
+    precision: PrecisionFlag = None,
+    memory_measures: MemoryMeasuresFlag = None,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
     recipe: RecipeFlag = Recipe.full,
@@ -351,6 +357,7 @@ def estimate(
         optimizer,
         grad_dtype,
         finetune,
+        memory_measures,
     )
     layout = api.build_layout(
         tp=tp,

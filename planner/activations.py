@@ -20,6 +20,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from planner.measures import E5M6_BYTES, FP8_BYTES, MemoryMeasures
 from planner.model import ModelSpec
 
 #: Bytes of a dropout mask element (PyTorch stores masks as uint8/bool).
@@ -41,6 +42,7 @@ class ActivationShape(BaseModel):
     flash_attention: bool = True
     recompute: str = "none"
     element_bytes: float = 2.0
+    measures: MemoryMeasures = MemoryMeasures()
 
     @property
     def local_tokens(self) -> float:
@@ -153,6 +155,8 @@ def layer_activation_tensors(
             * shape.replicated_share
         }
     tensors = {**attention_tensors(model, shape), **mlp_tensors(model, shape, moe_layer)}
+    if shape.measures.any:
+        tensors = apply_memory_measures(model, shape, tensors, moe_layer)
     if shape.recompute == "selective":
         for name in (
             "attention.softmax_output",
@@ -161,6 +165,50 @@ def layer_activation_tensors(
         ):
             tensors.pop(name, None)
     return tensors
+
+
+def apply_memory_measures(
+    model: ModelSpec, shape: ActivationShape, tensors: dict[str, float], moe_layer: bool
+) -> dict[str, float]:
+    """The layer's stored tensors under DeepSeek-V3's measures (:mod:`planner.measures`).
+
+    * Recomputed norms and MLA up-projections (arXiv 2412.19437 §3.2.3): the norm outputs
+      (``qkv_input``, ``up_input``) go; MLA keeps only its down-projected latents (the
+      inputs of their norms, ``(q_rank + kv_rank + rope)`` per token) and drops the
+      up-projected queries, keys and values.
+    * FP8 Linear inputs (§3.3.3): the routed experts' input (the FP8-dispatched tokens) and
+      the dense MLP's down-projection input are kept in FP8, the attention output (input
+      of the output projection, also read by attention's backward) in E5M6; norm outputs
+      still stored are FP8 too.
+    * Cached SwiGLU inputs (§3.3.3): routed and shared experts keep their gate and up
+      outputs in FP8 and recompute the product; the experts' weighted outputs are not kept.
+    """
+    measures, e = shape.measures, shape.element_bytes
+    out = dict(tensors)
+    if measures.recompute_norms_and_mla_up_proj:
+        out.pop("attention.qkv_input", None)
+        out.pop("mlp.up_input", None)
+        if model.attention_kind == "mla":
+            latent = (model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim
+            out["attention.latents"] = shape.local_tokens * latent * e
+            out.pop("attention.query", None)
+            out.pop("attention.key_value", None)
+    if measures.fp8_linear_inputs:
+        for name in ("attention.qkv_input", "mlp.up_input", "moe.expert_input"):
+            if name in out:
+                out[name] *= FP8_BYTES / e
+        out["attention.out_proj_input"] *= E5M6_BYTES / e
+        if "mlp.intermediate" in out:  # SwiGLU: gate, up (BF16) + product (FP8); GELU: in + out
+            stored = 3 if model.mlp_kind == "swiglu" else 2
+            per_width = out["mlp.intermediate"] / stored
+            out["mlp.intermediate"] = per_width * (stored - 1 + FP8_BYTES / e)
+    if measures.swiglu_input_cached and moe_layer:
+        stored = 3 if model.mlp_kind == "swiglu" else 2
+        for name in ("moe.expert_intermediate", "moe.shared_intermediate"):
+            if name in out:  # keep the activation's inputs (stored − 1 of them) in FP8
+                out[name] *= (stored - 1) / stored * FP8_BYTES / e
+        out.pop("moe.expert_output", None)
+    return out
 
 
 def activation_bytes_per_layer(
@@ -192,12 +240,19 @@ def first_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, f
 
 
 def last_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:
-    """Per-micro-batch tensors of the final norm and the LM head input."""
+    """Per-micro-batch tensors of the final norm and the LM head input, and of the MTP
+    modules (DeepSeek-V3 §2.2, on the last stage): per module the inputs of its two norms
+    and of its ``2h → h`` projection, one layer's tensors, and its own head's norm and input."""
     tokens, e, h = shape.local_tokens, shape.element_bytes, model.hidden_size
-    return {
+    tensors = {
         "final_norm.input": tokens * h * e * shape.replicated_share,
         "lm_head.input": tokens * h * e * shape.replicated_share,
     }
+    if model.num_mtp_modules:
+        per_module = tokens * h * e * (2 + 2 + 2) * shape.replicated_share
+        per_module += activation_bytes_per_layer(model, shape, model.is_moe)
+        tensors["mtp.modules"] = model.num_mtp_modules * per_module
+    return tensors
 
 
 def logits_buffer_bytes(model: ModelSpec, shape: ActivationShape) -> float:

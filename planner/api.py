@@ -227,19 +227,27 @@ def build_job(
     seq_len: int,
     global_batch_tokens: int | None = None,
     global_batch_size: int | None = None,
-    precision: str = "bf16-mixed",
+    precision: str | None = None,
     optimizer: str = "adamw",
     grad_dtype: str | None = None,
     flash_attention: bool = True,
     finetune=None,
+    memory_measures: str | None = None,
 ):
     """A Job from CLI-style values (batch as tokens or as sequences, not both).
 
     ``finetune``: a FinetuneSpec (:func:`build_finetune`), or None for full training.
+    ``precision`` and ``memory_measures`` default to the model's published training
+    recipe (``training_precision``, ``training_memory_measures``), else bf16-mixed and none.
     """
     from planner.job import Job
+    from planner.measures import memory_measures as measures_named
     from planner.model import load_model
     from planner.precision import PrecisionSpec
+
+    spec_model = load_model(model)
+    precision = precision or spec_model.training_precision or "bf16-mixed"
+    memory_measures = memory_measures or spec_model.training_memory_measures or "none"
 
     if global_batch_tokens is not None and global_batch_size is not None:
         raise PlanError("give the global batch as tokens or as sequences, not both")
@@ -250,12 +258,13 @@ def build_job(
     spec = _validated(PrecisionSpec, recipe=precision, optimizer=optimizer, grad_dtype=grad_dtype)
     return _validated(
         Job,
-        model=load_model(model),
+        model=spec_model,
         seq_len=seq_len,
         global_batch_tokens=global_batch_tokens,
         precision=spec,
         flash_attention=flash_attention,
         finetune=finetune,
+        memory_measures=measures_named(memory_measures),
     )
 
 

@@ -32,6 +32,11 @@ then to 1.0 where a link has none). Latency per ring step is the link's ``latenc
   leaving the instance below, through the rank's NIC); levels work concurrently, so
   ``beta = max_l``; on a torus axis the bisection bounds it: S·(p−1)/8 per link-direction
   with wraparound, S·(p−1)/4 without. ``alpha = Σ_l latency_l`` (sends are posted together).
+* ``node-limited`` — the EP all-to-all of a model whose tokens reach at most M nodes
+  (DeepSeek-V3 §2.1.2, §3.2.2): S holds a token's k expert copies; a token crosses each
+  scale-out level once per destination node (``min(k, M, nodes)`` of its k copies) and is
+  forwarded over the scale-up level to each expert's GPU there, so scale-out levels carry
+  ``min(k, M, nodes)/k`` of pairwise's bytes and the scale-up level ``(p−1)/p`` of S.
 * ``direct`` — p2p over the slowest level between the two ranks.
 
 Without an ``algorithm`` the cheapest available one is used, as NCCL's tuner does.
@@ -48,7 +53,7 @@ from pydantic import BaseModel
 
 from hwspecs.schema import Cluster
 from planner.errors import PlanError
-from planner.network import Level, cluster_view, group_levels, pair_level
+from planner.network import SCALE_OUT_KINDS, Level, cluster_view, group_levels, pair_level
 
 OPS: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
 ALGORITHMS: tuple[str, ...] = (
@@ -58,6 +63,7 @@ ALGORITHMS: tuple[str, ...] = (
     "nvls",
     "torus",
     "pairwise",
+    "node-limited",
     "direct",
 )
 #: busbw_efficiency key each algorithm reads (ring's figure is the fallback).
@@ -68,6 +74,7 @@ EFFICIENCY_KEY = {
     "nvls": "nvls",
     "torus": "torus",
     "pairwise": "alltoall",
+    "node-limited": "alltoall",
     "direct": "p2p",
 }
 
@@ -159,8 +166,33 @@ def _pairwise(levels: tuple[Level, ...], n: int) -> Cost:
     return Cost(sum(level.latency_s for level in levels), beta)
 
 
-def algorithm_costs(op: str, levels: tuple[Level, ...], n: int) -> dict[str, Cost]:
-    """Every algorithm available for ``op`` on a group of ``n`` ranks crossing ``levels``."""
+def _node_limited(levels: tuple[Level, ...], n: int, top_k: int, max_nodes: int) -> Cost:
+    """All-to-all under node-limited routing (DeepSeek-V3 §3.2.2); see the module docstring.
+
+    Each token goes once over IB to every destination node (at most ``max_nodes`` of them)
+    and NVLink forwards it to its experts' GPUs; levels work concurrently (``beta = max``).
+    """
+    scale_out = [level.kind in SCALE_OUT_KINDS for level in levels]
+    nodes = n // levels[scale_out.index(True)].members_below
+    node_share = min(top_k, max_nodes, nodes) / top_k
+    beta = 0.0
+    for level, crosses_nodes in zip(levels, scale_out, strict=True):
+        rate = level.bytes_per_s_per_rank * efficiency(level, "node-limited")
+        if crosses_nodes:
+            beta = max(beta, node_share * (n - level.members_below) / n / rate)
+        else:
+            beta = max(beta, (level.participants - 1) / level.participants / rate)
+    return Cost(sum(level.latency_s for level in levels), beta)
+
+
+def algorithm_costs(
+    op: str, levels: tuple[Level, ...], n: int, routing: tuple[int, int] | None = None
+) -> dict[str, Cost]:
+    """Every algorithm available for ``op`` on a group of ``n`` ranks crossing ``levels``.
+
+    ``routing``: (top-k, max nodes per token) of an EP all-to-all under node-limited
+    routing; the all-to-all then runs ``node-limited`` where the group spans nodes.
+    """
     check_op(op)
     if n <= 1 or not levels:
         return {}
@@ -172,6 +204,9 @@ def algorithm_costs(op: str, levels: tuple[Level, ...], n: int) -> dict[str, Cos
             )
         }
     if op == "all-to-all":
+        spans_nodes = any(level.kind in SCALE_OUT_KINDS for level in levels)
+        if routing is not None and spans_nodes and not any(lv.is_torus for lv in levels):
+            return {"node-limited": _node_limited(levels, n, *routing)}
         return {"pairwise": _pairwise(levels, n)}
     costs = {"ring": _ring(op, levels, n)}
     has_torus = any(level.is_torus for level in levels)

@@ -367,3 +367,80 @@ def adapter_op_times(
             )
         )
     return ops
+
+
+#: Operations DeepSeek-V3 keeps in BF16 under its FP8 recipe (arXiv 2412.19437 §3.3: "the
+#: embedding module, the output head, MoE gating modules, normalization operators, and
+#: attention operators"); the norms and the embedding are memory-bound here already.
+KEPT_IN_BF16 = ("attention.core", "moe.router", "lm_head")
+
+
+def keep_in_bf16(ops: list[OpTime], ops_at_bf16: list[OpTime]) -> list[OpTime]:
+    """``ops`` (timed at the FP8 rate) with the :data:`KEPT_IN_BF16` ones from ``ops_at_bf16``
+    (an MTP module's copies, ``mtp.``-prefixed, too)."""
+    bf16 = {op.name: op for op in ops_at_bf16}
+    kept = [bf16[op.name] if op.name.removeprefix(MTP_PREFIX) in KEPT_IN_BF16 else op for op in ops]
+    return kept
+
+
+MTP_PREFIX = "mtp."
+
+
+def mtp_op_times(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    flash_attention: bool,
+    rates: GpuRates,
+    element_bytes: float = 2.0,
+) -> list[OpTime]:
+    """One DeepSeek-V3 multi-token-prediction module for one micro-batch on one GPU.
+
+    arXiv 2412.19437 §2.2: the projection of the normed hidden state and the next token's
+    embedding ``[h; h] → h``, one transformer layer (MoE when the model is), and the shared
+    output head with its cross-entropy (§3.2.3: on the rank of the last stage). Names carry
+    the ``mtp.`` prefix.
+    """
+    tokens = seq_len * micro_batch_size / cp
+    h = model.hidden_size
+    ops = [gemm_time("projection", tokens, 2 * h, h / tp, rates, element_bytes)]
+    ops += layer_op_times(
+        model, seq_len, micro_batch_size, tp, cp, ep, sequence_parallel, flash_attention,
+        model.is_moe, rates, element_bytes,
+    )  # fmt: skip
+    ops += head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
+    return [op.model_copy(update={"name": MTP_PREFIX + op.name}) for op in ops]
+
+
+def measures_recompute_s(
+    model: ModelSpec,
+    measures,
+    ops: list[OpTime],
+    tokens: float,
+    moe_layer: bool,
+    rates: GpuRates,
+    element_bytes: float,
+) -> float:
+    """Forward work DeepSeek-V3's memory measures rerun in one layer's backward, seconds.
+
+    arXiv 2412.19437 §3.2.3: both RMSNorms (read the input, write the output: 2·tokens·h
+    each) and MLA's query and KV up-projections (with the rotary embedding of their
+    output); §3.3.3: the MoE SwiGLU's output from its cached inputs. ``ops``: the layer's
+    operations (:func:`layer_op_times`), ``tokens`` as the norms see them (÷ tp under SP).
+    """
+    by_name = {op.name: op for op in ops}
+    seconds = 0.0
+    if measures.recompute_norms_and_mla_up_proj:
+        norms = 2 * 2 * tokens * model.hidden_size * element_bytes
+        seconds += norms / rates.hbm_bytes_per_s
+        if model.attention_kind == "mla":
+            names = ("attention.q_up_proj", "attention.q_proj", "attention.kv_up_proj")
+            seconds += sum(by_name[name].forward_s for name in names if name in by_name)
+            seconds += by_name["elementwise.rotary"].forward_s
+    if measures.swiglu_input_cached and moe_layer:
+        seconds += by_name["elementwise.mlp_activation"].forward_s
+    return seconds

@@ -92,6 +92,7 @@ def evaluate_columns(
     sp = col["sequence_parallel"].astype(bool) & (tp > 1)
     schedule, recompute, split = col["schedule"], col["recompute"], col["pipeline_layer_split"]
     rates = GpuRates.of(accelerator, precision.gemm_dtype)
+    bf16_rates = GpuRates.of(accelerator, "bf16") if precision.gemm_dtype == "fp8" else None
     e = precision.activation_bytes
 
     # Shapes: per-layer times and per-layer activation bytes.
@@ -107,8 +108,9 @@ def evaluate_columns(
     for u, (t, c, x, s, b, r) in enumerate(shapes):
         if (t, c, x, s, b) not in timed:
             timed[t, c, x, s, b] = shape_times(
-                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned
-            )
+                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned,
+                bf16_rates, job.active_memory_measures,
+            )  # fmt: skip
         times = timed[t, c, x, s, b]
         shape = act.ActivationShape(
             seq_len=job.seq_len,
@@ -119,6 +121,7 @@ def evaluate_columns(
             flash_attention=job.flash_attention,
             recompute=r,
             element_bytes=e,
+            measures=job.active_memory_measures,
         )
         moe_t = times.moe or times.dense
         adapters = ft.adapter_layer_bytes(model, tuned, shape)
@@ -174,6 +177,11 @@ def evaluate_columns(
         table["expert_params"][u] = rank_sums(expert_stage, layout)[slots]
         # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
         mirrored = 1 if sch == "dualpipe" else 0
+        for kind in ("dense_layers", "moe_layers"):  # per micro-batch: the two stages' mean
+            paced = _with_mirror(getattr(structure, kind), mirrored) / (1 + mirrored)
+            table.setdefault(f"paced_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = paced[slots]
+            mirror = np.asarray(getattr(structure, kind))[::-1][slots]  # stage pp − 1 − r
+            table.setdefault(f"mirror_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = mirror
         states = slot_states(
             job, t, x, table["dense_params"][u], table["expert_params"][u],
             _with_mirror(structure.dense_layers, mirrored)[slots],
@@ -188,11 +196,17 @@ def evaluate_columns(
         R["emb"] = np.where(mirrored & last, 1.0, R["emb"])
         R["head"] = np.where(mirrored & (R["slot"] == 0), 1.0, R["head"])
 
-    # Compute per examined rank; the busiest one sets the pipeline's pace.
+    # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
+    # runs half its micro-batches through each of its two stages: per micro-batch it does
+    # the mean of their layers, and half of the embedding and of the head (+ MTP).
+    pace = np.where(schedule[:, None] == "dualpipe", 0.5, 1.0)
+
     def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
-        total = R["dense_layers"] * S[dense_key][:, None] + R["moe_layers"] * S[moe_key][:, None]
+        dense, moe = R["paced_dense_layers"], R["paced_moe_layers"]
+        total = dense * S[dense_key][:, None] + moe * S[moe_key][:, None]
         if emb_key:
-            total = total + R["emb"] * S[emb_key][:, None] + R["head"] * S[head_key][:, None]
+            ends = R["emb"] * S[emb_key][:, None] + R["head"] * S[head_key][:, None]
+            total = total + pace * ends
         return total
 
     F = on_slots("fd", "fm", "f_emb", "f_head")
@@ -271,6 +285,20 @@ def evaluate_columns(
     activations = activations + inflight * (
         R["emb"] * S["first_extra"][:, None] + R["head"] * S["last_extra"][:, None]
     )
+    if "dualpipe" in set(schedule.tolist()):  # rank r: pp − r own chunks, r + 1 mirrored
+        slot, p = R["slot"], pp[:, None]
+
+        def stage_bytes(dense, moe, has_embedding, has_head):
+            return (
+                dense * S["act_dense"][:, None] + moe * S["act_moe"][:, None]
+                + has_embedding * S["first_extra"][:, None] + has_head * S["last_extra"][:, None]
+            )  # fmt: skip
+
+        own = stage_bytes(R["dense_layers"], R["moe_layers"], slot == 0, slot == p - 1)
+        mirror = stage_bytes(R["mirror_dense_layers"], R["mirror_moe_layers"], slot == p - 1,
+                             slot == 0)  # fmt: skip
+        dual = own * (p - slot) + mirror * (slot + 1) + S["working"][:, None] * (act_layers > 0)
+        activations = np.where(schedule[:, None] == "dualpipe", dual, activations)
     parts["activations"] = activations
     parts["logits_buffers"] = R["head"] * S["logits"][:, None]
     comm_buffer = _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs, tuned)

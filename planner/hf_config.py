@@ -92,6 +92,9 @@ def _deepseek_v3(config: dict, source: str) -> dict:
         "moe_ffn_hidden_size": _require(config, "moe_intermediate_size", source),
         "num_dense_layers": config.get("first_k_dense_replace", 0),
         "router_bias": config.get("topk_method") == "noaux_tc",
+        # Group-limited routing: topk_group of n_group expert groups; DeepSeek-V3 places one
+        # group per node, so this is its node limit M (report §2.1.2).
+        "max_nodes_per_token": config.get("topk_group"),
         "num_mtp_modules": config.get("num_nextn_predict_layers", 0),
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.finetune import FinetuneSpec, check_targets
+from planner.measures import MemoryMeasures
 from planner.model import ModelSpec
 from planner.precision import PrecisionSpec
 
@@ -16,6 +17,7 @@ class Job(BaseModel):
     16,777,216 = 2,048 sequences of 8,192). ``flash_attention`` stores no attention score
     matrix (Dao et al. 2022); set it off to reproduce Korthikanti et al.'s accounting.
     ``finetune`` trains adapters on a frozen (for QLoRA: NF4) base; None is full training.
+    ``memory_measures``: DeepSeek-V3's activation-memory measures taken (none by default).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -26,6 +28,7 @@ class Job(BaseModel):
     precision: PrecisionSpec = PrecisionSpec()
     flash_attention: bool = True
     finetune: FinetuneSpec | None = None
+    memory_measures: MemoryMeasures = MemoryMeasures()
     runtime_overhead_bytes: int = Field(
         1 << 30,
         ge=0,
@@ -46,6 +49,11 @@ class Job(BaseModel):
         if self.finetune is not None:
             check_targets(self.model, self.finetune)
         return self
+
+    @property
+    def active_memory_measures(self) -> MemoryMeasures:
+        """The measures that apply under this job's GEMM dtype (FP8 caches need FP8 GEMMs)."""
+        return self.memory_measures.for_gemm_dtype(self.precision.gemm_dtype)
 
     @property
     def global_batch_size(self) -> int | None:

@@ -146,7 +146,23 @@ def params_per_virtual_stage(model: ModelSpec, layout: Layout) -> tuple[np.ndarr
     dense[0] += model.embedding_params() / layout.tp
     head = model.lm_head_params() or (model.vocab_size * model.hidden_size if layout.pp > 1 else 0)
     dense[-1] += head / layout.tp + model.norm_params()
+    mtp_dense, mtp_expert = mtp_params_per_rank(model, layout.tp, layout.ep)
+    dense[-1] += mtp_dense
+    expert[-1] += mtp_expert
     return dense, expert
+
+
+def mtp_params_per_rank(model: ModelSpec, tp: int, ep: int) -> tuple[float, float]:
+    """(dense, expert) parameters of the model's MTP modules on the last stage's rank.
+
+    DeepSeek-V3 §2.2 / §3.2.3: each module's projection ``2h → h`` (split by TP), its
+    three norms and one transformer layer; embedding and output head are the main model's.
+    """
+    if not model.num_mtp_modules:
+        return 0.0, 0.0
+    dense, expert = layer_params_per_rank(model, tp, ep, model.is_moe)
+    dense += 2 * model.hidden_size**2 / tp + 3 * model.norm_params()
+    return model.num_mtp_modules * dense, model.num_mtp_modules * expert
 
 
 def rank_sums(values: np.ndarray, layout: Layout) -> np.ndarray:
@@ -156,6 +172,19 @@ def rank_sums(values: np.ndarray, layout: Layout) -> np.ndarray:
     if layout.schedule == "dualpipe":
         per_rank = per_rank + per_rank[::-1]
     return per_rank
+
+
+def dualpipe_activations(stage_bytes: np.ndarray) -> np.ndarray:
+    """Activations per DualPipe rank from one micro-batch's bytes of each stage (direction 1).
+
+    Each direction fills like 1F1B: rank r holds ``pp − r`` micro-batches of its own stage
+    r and ``r + 1`` of the mirrored stage ``pp − 1 − r``, the README's PP + 1 chunks in all
+    (deepseek-ai/DualPipe; DeepSeek-V3 §3.2.1). So the first and last ranks hold many
+    chunks of the embedding's stage and one of the head's (with any MTP module).
+    """
+    pp = len(stage_bytes)
+    rank = np.arange(pp)
+    return stage_bytes * (pp - rank) + stage_bytes[::-1] * (rank + 1)
 
 
 # ----- the report -----------------------------------------------------------------------
@@ -199,6 +228,7 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         flash_attention=job.flash_attention,
         recompute=layout.recompute,
         element_bytes=precision.activation_bytes,
+        measures=job.active_memory_measures,
     )
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     dense_tensors = act.layer_activation_tensors(model, shape, moe_layer=False)
@@ -229,6 +259,11 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
     adapter_acts += act_moe_layers * adapter_layer[True] * inflight
     activations[first_rank] += first_extra * inflight[first_rank]
     activations[last_rank] += last_extra * inflight[last_rank]
+    if layout.schedule == "dualpipe":
+        stage_bytes = per_layer.copy()
+        stage_bytes[first_rank] += first_extra
+        stage_bytes[last_rank] += last_extra
+        activations = dualpipe_activations(stage_bytes) + working * (act_layers > 0)
     logits = np.zeros(layout.pp)
     logits[last_rank] = act.logits_buffer_bytes(model, shape)
     if layout.schedule == "dualpipe":

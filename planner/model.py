@@ -21,6 +21,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import PlanError, unknown_name_error
+from planner.measures import MEASURE_SETS
+from planner.precision import PrecisionName
 
 MODELS_DIR = Path(__file__).parent / "models"
 
@@ -60,7 +62,20 @@ class ModelSpec(BaseModel):
     moe_ffn_hidden_size: int | None = Field(None, gt=0)
     num_dense_layers: int = Field(0, ge=0, description="first-k layers with a dense MLP")
     router_bias: bool = Field(False, description="per-expert routing bias (DeepSeek-V3)")
+    max_nodes_per_token: int | None = Field(
+        None,
+        gt=0,
+        description="node-limited routing: a token's experts lie on at most this many nodes "
+        "(DeepSeek-V3 §2.1.2, M = 4); None: unlimited",
+    )
     num_mtp_modules: int = Field(0, ge=0, description="multi-token-prediction modules")
+    # How the model was trained when published: jobs that choose nothing take these.
+    training_precision: PrecisionName | None = Field(
+        None, description="precision recipe of the published training run"
+    )
+    training_memory_measures: str | None = Field(
+        None, description="activation-memory measures of the published run (planner.measures)"
+    )
     sources: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -103,6 +118,8 @@ class ModelSpec(BaseModel):
                 raise ValueError("num_experts_per_token exceeds num_routed_experts")
             if self.num_dense_layers > self.num_layers:
                 raise ValueError("num_dense_layers exceeds num_layers")
+        if self.training_memory_measures not in (None, *MEASURE_SETS):
+            raise ValueError(f"training_memory_measures must be one of: {', '.join(MEASURE_SETS)}")
         if self.position_embedding == "learned" and not self.max_position_embeddings:
             raise ValueError("learned position embeddings need max_position_embeddings")
         return self

@@ -20,7 +20,10 @@ from planner.compute import (
     elementwise_time,
     frozen,
     head_op_times,
+    keep_in_bf16,
     layer_op_times,
+    measures_recompute_s,
+    mtp_op_times,
 )
 from planner.finetune import FinetuneSpec
 from planner.layout import dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
@@ -38,11 +41,14 @@ class LayerTimes(BaseModel):
     attention_forward_s: float
     attention_backward_s: float
     ops: list[OpTime]
+    #: Forward work the job's memory measures rerun in the backward (planner.measures).
+    measures_recompute_s: float = 0.0
 
     @classmethod
-    def of(cls, ops: list[OpTime]) -> LayerTimes:
+    def of(cls, ops: list[OpTime], measures_recompute_s: float = 0.0) -> LayerTimes:
         core = [op for op in ops if op.name == "attention.core"]
         return cls(
+            measures_recompute_s=measures_recompute_s,
             forward_s=sum(op.forward_s for op in ops),
             input_grad_s=sum(op.input_grad_s for op in ops),
             weight_grad_s=sum(op.weight_grad_s for op in ops),
@@ -52,12 +58,13 @@ class LayerTimes(BaseModel):
         )
 
     def recompute_s(self, recompute: str) -> float:
-        """Forward work rerun before this layer's backward under ``recompute``."""
+        """Forward work rerun before this layer's backward under ``recompute`` (plus what
+        the memory measures rerun, which full recomputation already covers)."""
         if recompute == "full":
             return self.forward_s
         if recompute == "selective":
-            return self.attention_forward_s
-        return 0.0
+            return self.attention_forward_s + self.measures_recompute_s
+        return self.measures_recompute_s
 
 
 class ShapeTimes(BaseModel):
@@ -83,6 +90,8 @@ def shape_times(
     rates: GpuRates,
     element_bytes: float,
     finetune: FinetuneSpec | None = None,
+    bf16_rates: GpuRates | None = None,
+    measures=None,
 ) -> ShapeTimes:
     """Per-layer, embedding and head times for one (tp, cp, ep, SP, micro-batch) shape.
 
@@ -90,6 +99,9 @@ def shape_times(
     its GEMMs keep their forward and input gradient but lose the weight gradient, the
     embedding's backward (a scatter-add into the frozen table) goes, and each layer gains
     its adapters' GEMMs and QLoRA's dequantization (:func:`planner.compute.adapter_op_times`).
+    ``bf16_rates`` (under FP8 GEMMs): the rates of the operations DeepSeek-V3 keeps in BF16
+    (:data:`planner.compute.KEPT_IN_BF16`); ``measures``: the job's memory measures, whose
+    recomputation each layer pays (:func:`planner.compute.measures_recompute_s`).
     """
     tuned = finetune is not None and finetune.trains_adapters
     args = (
@@ -105,19 +117,38 @@ def shape_times(
 
     def layer(moe_layer: bool) -> LayerTimes:
         ops = layer_op_times(*args, moe_layer=moe_layer, rates=rates, element_bytes=element_bytes)
+        if bf16_rates is not None:
+            at_bf16 = layer_op_times(
+                *args, moe_layer=moe_layer, rates=bf16_rates, element_bytes=element_bytes
+            )
+            ops = keep_in_bf16(ops, at_bf16)
+        rerun = 0.0
+        if measures is not None and measures.any:
+            norm_tokens = seq_len * micro_batch_size / cp / (tp if sequence_parallel else 1)
+            rerun = measures_recompute_s(
+                model, measures, ops, norm_tokens, moe_layer, rates, element_bytes
+            )
         if tuned:
             ops = [frozen(op) for op in ops] + adapter_op_times(
                 model, finetune, seq_len, micro_batch_size, tp, cp, ep, moe_layer, rates,
                 element_bytes,
             )  # fmt: skip
-        return LayerTimes.of(ops)
+        return LayerTimes.of(ops, rerun)
 
     dense = layer(False)
     moe = layer(True) if model.is_moe else None
     tokens = seq_len * micro_batch_size / cp
     # Embedding lookup: write the hidden states; its backward scatter-adds the gradients.
     embedding = elementwise_time("embedding", tokens * model.hidden_size * element_bytes, rates)
-    head = head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
+    head_args = (model, seq_len, micro_batch_size, tp, cp)
+    head = head_op_times(*head_args, rates, element_bytes)
+    if bf16_rates is not None:  # the output head stays BF16
+        head = keep_in_bf16(head, head_op_times(*head_args, bf16_rates, element_bytes))
+    for _ in range(model.num_mtp_modules):  # MTP sits with the head (DeepSeek-V3 §3.2.3)
+        mtp = mtp_op_times(*args, rates, element_bytes)
+        if bf16_rates is not None:
+            mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes))
+        head = head + mtp
     if tuned:
         embedding = embedding.model_copy(update={"input_grad_s": 0.0})
         head = [frozen(op) for op in head]

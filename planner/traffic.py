@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, Field
 
+from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
 from planner.comm import algorithm_costs, choose, volume_factor
 from planner.job import Job
@@ -23,6 +24,8 @@ from planner.traffic_terms import (
     EP_OVERLAP_SCHEDULES,
     NO_COMPUTE_RULE,
     RULES,
+    ep_overlap_sm_share,
+    ep_routing,
     exposed_time,
     step_terms,
 )
@@ -112,6 +115,7 @@ def axis_traffic(
         None if compute is None else (compute.forward_s, compute.backward_s, compute.attention_s)
     )
     by_axis: dict[str, list[CollectiveTerm]] = {}
+    timed = []
     for term in terms:
         count, message = float(term.count), float(term.message_bytes)
         if count == 0:
@@ -119,13 +123,18 @@ def axis_traffic(
         group = placement.groups[AXIS_GROUPS[term.axis]]
         n = group.group_size
         levels = (group.neighbour_level,) if term.op == "p2p" else group.levels
-        costs = algorithm_costs(term.op, levels, n)
+        routing = ep_routing(job.model) if term.axis == "ep" else None
+        costs = algorithm_costs(term.op, levels, n, routing)
         name, cost = choose(costs, message)
         one = cost.time_s(message)
         bucket = one
         if term.bucket_bytes:
             bucket = choose(costs, float(term.bucket_bytes))[1].time_s(float(term.bucket_bytes))
-        raw = count * one
+        timed.append((term, count, message, n, name, one, bucket, count * one))
+    pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
+    accelerator = load_accelerator(placement.view.cluster.accelerator)
+    sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
+    for term, count, message, n, name, one, bucket, raw in timed:
         exposed = exposed_time(
             term.rule,
             raw,
@@ -137,6 +146,8 @@ def axis_traffic(
             times,
             tp_comm_overlap,
             layout.schedule in EP_OVERLAP_SCHEDULES,
+            pooled=pooled if term.rule == "ep" else None,
+            sm_share=sm_share,
         )
         rule = RULES[term.rule] if times is not None else NO_COMPUTE_RULE
         by_axis.setdefault(term.axis, []).append(

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
-from planner.comm import algorithm_costs, volume_factor
+from planner.comm import ALGORITHMS, algorithm_costs, volume_factor
 from planner.job import Job
 from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES
 from planner.network import as_cluster, cluster_view
@@ -23,6 +24,8 @@ from planner.topology import placement_for_view, resolve_order
 from planner.traffic_terms import (
     AXIS_GROUPS,
     EP_OVERLAP_SCHEDULES,
+    ep_overlap_sm_share,
+    ep_routing,
     exposed_time,
     stage_layers,
     step_terms,
@@ -33,10 +36,12 @@ AXES: tuple[str, ...] = tuple(AXIS_GROUPS)
 _OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
 
 
-def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]):
-    """alpha, beta arrays [combo, group, op, algorithm]; inf alpha where unavailable/invalid."""
+def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...], routing=None):
+    """alpha, beta arrays [combo, group, op, algorithm]; inf alpha where unavailable/invalid.
+
+    ``routing``: the EP all-to-all's node-limited routing (:func:`ep_routing`), or None."""
     groups = list(dict.fromkeys(AXIS_GROUPS.values()))
-    num_algorithms = 7
+    num_algorithms = len(ALGORITHMS)
     alpha = np.full((len(combos), len(groups), len(_OPS), num_algorithms), np.inf)
     beta = np.zeros_like(alpha)
     views = {}
@@ -55,7 +60,9 @@ def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]):
                     levels = (group.neighbour_level,) if group.neighbour_level else ()
                 else:
                     levels = group.levels
-                costs = algorithm_costs(op, levels, group.group_size)
+                costs = algorithm_costs(
+                    op, levels, group.group_size, routing if name == "ep" else None
+                )
                 if not costs:  # a group of one rank: nothing to send
                     alpha[u, g, o, 0] = 0.0
                 for a, cost in enumerate(costs.values()):
@@ -144,7 +151,7 @@ def axis_times_vectorized(
     unique_keys, inv = np.unique(keys, return_inverse=True)
     unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
     inv = inv.reshape(rows)
-    groups, alpha, beta = _cost_tables(cluster, unique, order)
+    groups, alpha, beta = _cost_tables(cluster, unique, order, ep_routing(job.model))
     v_shape = np.isin(schedule, list(V_SHAPE_SCHEDULES))
     terms = step_terms(
         job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, pipeline_layer_split, v_shape
@@ -163,6 +170,7 @@ def axis_times_vectorized(
         out[f"{axis}_time_s"] = np.zeros(rows)
         out[f"{axis}_exposed_time_s"] = np.zeros(rows)
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
+        timed = []
         for term in terms:
             count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
             if not count.any():
@@ -177,9 +185,15 @@ def axis_times_vectorized(
                 size = np.broadcast_to(np.asarray(term.bucket_bytes, dtype=float), rows)
                 bucket = (a_rows + b_rows * size[..., None]).min(axis=-1)
             raw = np.where(count > 0, count * one, 0.0)
+            timed.append((term, count, message, one, bucket, raw))
+        pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
+        sm_share = ep_overlap_sm_share(load_accelerator(cluster.accelerator).num_compute_units)
+        for term, count, message, one, bucket, raw in timed:
             n = sizes["pp"] if term.op == "p2p" else sizes[AXIS_GROUPS[term.axis]]
             exposed = exposed_time(term.rule, raw, one, bucket, m, pp, chunks, compute,
-                                   tp_comm_overlap, ep_overlap)  # fmt: skip
+                                   tp_comm_overlap, ep_overlap,
+                                   pooled if term.rule == "ep" else None,
+                                   sm_share)  # fmt: skip
             out[f"{term.axis}_bytes_per_step"] += count * message * volume_factor(term.op, n)
             out[f"{term.axis}_time_s"] += raw
             out[f"{term.axis}_exposed_time_s"] += np.where(count > 0, exposed, 0.0)

@@ -26,7 +26,9 @@ pipeline rank where the term is largest ("busiest rank"), with ``m`` micro-batch
 * **edp**: the same for routed-expert weights over dp·cp/ep ranks (MoE with ep > 1).
 * **ep** (GShard / DeepSeek-V3 §3.2): per MoE layer per micro-batch, dispatch and combine
   all-to-alls of ``b·s/(cp·tp)`` tokens × top-k × h, in forward and backward (+ forward
-  again under full recompute); with an FP8 recipe the forward dispatch is FP8.
+  again under full recompute); with an FP8 recipe the forward dispatch is FP8. Under
+  node-limited routing (:func:`ep_routing`) each token crosses IB once per destination
+  node and is forwarded over NVLink (the ``node-limited`` all-to-all of :mod:`planner.comm`).
 
 Message sizes follow nccl-tests (see :mod:`planner.comm`); ``bytes_per_step`` is what one
 GPU sends. Raw time = count × the cheapest algorithm's time for the message on the group's
@@ -66,9 +68,21 @@ RULES: dict[str, str] = {
     "dp_param": "hidden behind the next step's first forward except the first bucket",
     "fsdp_gather": "prefetched behind m·(F+B) except the first layer's gather",
     "fsdp_grad": "hidden behind m·B except the last layer's reduce-scatter",
-    "ep": "exposed unless the schedule overlaps it (dualpipe, dualpipev: behind m·(F+B))",
+    "ep": "exposed unless the schedule overlaps it (dualpipe, dualpipev: all EP terms together "
+    "behind m·(F+B), which runs on the SMs the all-to-all kernels leave)",
 }
 NO_COMPUTE_RULE = "no compute times given: exposed = raw"
+
+
+def ep_routing(model) -> tuple[int, int] | None:
+    """(top-k, max nodes per token) of an MoE model with node-limited routing, else None.
+
+    DeepSeek-V3 §2.1.2 / §3.2.2: each token's experts lie on at most M nodes; the EP
+    all-to-all then costs as :mod:`planner.comm`'s ``node-limited`` algorithm.
+    """
+    if not model.is_moe or model.max_nodes_per_token is None:
+        return None
+    return model.num_experts_per_token, model.max_nodes_per_token
 
 
 def stage_layers(num_layers: int, pp, vpp, split="auto"):
@@ -290,14 +304,42 @@ def trainable_adapter_params(job: Job, tp, ep, shape: RankShape) -> dict | None:
     return {"dp": dense, "edp": expert}
 
 
+#: SMs DeepSeek-V3's all-to-all kernels occupy while they overlap compute: "only 20 SMs are
+#: sufficient to fully utilize the bandwidths of IB and NVLink" (arXiv 2412.19437 §3.2.2).
+EP_OVERLAP_COMM_SMS = 20
+
+
+def ep_overlap_sm_share(compute_units: int | None) -> float:
+    """Share of the GPU's SMs the overlapped EP all-to-all takes from compute (0 without SMs)."""
+    return EP_OVERLAP_COMM_SMS / compute_units if compute_units else 0.0
+
+
+def shared_exposure(raw, pooled, window, sm_share=0.0):
+    """This term's share of ``max(0, pooled − window)``: ``raw · max(0, 1 − window/pooled)``.
+
+    A window (DualPipe's m·(F+B) for the EP all-to-alls) hides the collectives that share
+    it together, not each term on its own, so the exposure is shared out in proportion to
+    each term's raw time. While the collectives run, compute keeps only ``1 − sm_share`` of
+    the SMs (:data:`EP_OVERLAP_COMM_SMS`): a step of compute C and collectives T takes
+    ``max(T, C + sm_share·T)``, so the exposed time is ``max(sm_share·T, T − window)``.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exposed = np.maximum(sm_share * pooled, pooled - window)
+        return np.where(pooled > 0, raw * exposed / pooled, 0.0)
+
+
 def exposed_time(
-    rule, raw, one, bucket, m, pp, chunks, compute, tp_overlap=False, ep_overlap=False
-):
+    rule, raw, one, bucket, m, pp, chunks, compute, tp_overlap=False, ep_overlap=False,
+    pooled=None, sm_share=0.0,
+):  # fmt: skip
     """Exposed seconds of a term under its overlap rule.
 
     ``raw``: count × ``one`` (one collective); ``bucket``: time of the first/last bucket;
     ``compute``: (forward, backward, attention) seconds per micro-batch, or None (then the
-    term is fully exposed). Works on numpy arrays.
+    term is fully exposed); ``pooled``: the raw seconds of every term sharing this term's
+    window (the EP all-to-alls share DualPipe's m·(F+B)), default
+    ``raw``; ``sm_share``: the SMs the overlapped EP collectives take from compute
+    (:func:`ep_overlap_sm_share`). Works on numpy arrays.
     """
     if compute is None:
         return raw
@@ -311,7 +353,8 @@ def exposed_time(
         critical = 2 * np.maximum(pp * chunks - 1, 0) * one
         return np.minimum(raw, critical + np.maximum(0.0, raw - busy))
     if rule == "ep":
-        return np.where(ep_overlap, np.maximum(0.0, raw - busy), raw)
+        pooled = raw if pooled is None else pooled
+        return np.where(ep_overlap, shared_exposure(raw, pooled, busy, sm_share), raw)
     window = {"dp_grad": backward, "dp_param": forward, "fsdp_gather": busy,
               "fsdp_grad": m * backward}[rule]  # fmt: skip
     return np.minimum(raw, np.maximum(bucket, raw - window))

@@ -123,6 +123,36 @@ def test_all_to_all_is_bound_by_the_busier_of_nvlink_and_the_nic():
     assert result.time_s == pytest.approx(max(inside, leaving) + nvlink.latency_s + ndr.latency_s)
 
 
+def _ep64_levels():
+    """The levels of DeepSeek-V3's EP 64 group: 8 nodes of 8 H800s (dgx-h800)."""
+    from planner.layout import Layout
+
+    placement = place_groups("dgx-h800", Layout(pp=16, dp=128, ep=64), gpus=2048)
+    return placement.groups["ep"].levels
+
+
+def test_node_limited_all_to_all_crosses_ib_once_per_destination_node():
+    """DeepSeek-V3 §3.2.2: top-8 over at most 4 of 8 nodes; NVLink forwards to the experts."""
+    nvlink, ndr = load_link("nvlink4-h800"), load_link("ib-ndr")
+    size = 1e9  # a rank's send buffer: its tokens × 8 copies × h
+    leaving = 4 / 8 * (56 / 64) * size / (50e9 * ndr.busbw_efficiency["ring"])
+    forwarded = 7 / 8 * size / (200e9 * nvlink.busbw_efficiency["ring"])
+    levels = _ep64_levels()
+    cost = algorithm_costs("all-to-all", levels, 64, routing=(8, 4))["node-limited"]
+    assert cost.time_s(size) == pytest.approx(max(leaving, forwarded) + cost.alpha_s)
+    pairwise = algorithm_costs("all-to-all", levels, 64)["pairwise"]
+    assert cost.time_s(size) < pairwise.time_s(size)
+
+
+@settings(max_examples=20, deadline=None)
+@given(top_k=st.integers(1, 16), max_nodes=st.integers(1, 16))
+def test_node_limit_beyond_top_k_or_the_node_count_changes_nothing(top_k, max_nodes):
+    levels = _ep64_levels()
+    limited = algorithm_costs("all-to-all", levels, 64, routing=(top_k, max_nodes))
+    capped = algorithm_costs("all-to-all", levels, 64, routing=(top_k, min(top_k, max_nodes, 8)))
+    assert limited["node-limited"] == capped["node-limited"]
+
+
 def test_tpu_v5p_one_torus_axis_is_a_bidirectional_ring():
     # scaling-book: an all-reduce over a wrapped axis runs two rings, 2x the one-way link rate.
     ici = load_link("tpu-ici-v5p")

@@ -76,6 +76,8 @@ HF_CONFIGS = {
         "num_experts_per_tok": 8,
         "first_k_dense_replace": 3,
         "topk_method": "noaux_tc",
+        "n_group": 8,
+        "topk_group": 4,
         "num_nextn_predict_layers": 1,
         "tie_word_embeddings": False,
     },

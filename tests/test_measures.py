@@ -1,0 +1,111 @@
+"""DeepSeek-V3's activation-memory measures (planner.measures; arXiv 2412.19437 §3.2.3, §3.3.3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import api
+from planner.activations import ActivationShape, layer_activation_tensors
+from planner.errors import PlanError
+from planner.measures import MEASURE_SETS, MemoryMeasures, memory_measures
+from planner.model import load_model
+
+DEEPSEEK = load_model("deepseek-v3")
+ALL = MEASURE_SETS["deepseek-v3"]
+S, H = 4096, 7168
+
+
+def tensors(measures: MemoryMeasures, moe_layer: bool = True) -> dict[str, float]:
+    shape = ActivationShape(seq_len=S, micro_batch_size=1, measures=measures)
+    return layer_activation_tensors(DEEPSEEK, shape, moe_layer)
+
+
+def test_recomputed_norms_and_up_projections_keep_only_the_mla_latents():
+    kept = tensors(MemoryMeasures(recompute_norms_and_mla_up_proj=True))
+    for gone in ("attention.qkv_input", "mlp.up_input", "attention.query", "attention.key_value"):
+        assert gone not in kept
+    assert kept["attention.latents"] == S * (1536 + 512 + 64) * 2  # BF16 down-projections
+
+
+def test_fp8_caches_the_expert_input_in_one_byte_and_the_attention_output_in_e5m6():
+    base, fp8 = tensors(MemoryMeasures()), tensors(MemoryMeasures(fp8_linear_inputs=True))
+    assert fp8["moe.expert_input"] == S * 8 * H * 1
+    assert fp8["attention.out_proj_input"] == S * 128 * 128 * 1.5
+    assert fp8["moe.expert_output"] == base["moe.expert_output"]  # not a Linear input
+
+
+def test_cached_swiglu_input_is_two_fp8_widths_and_no_expert_output():
+    kept = tensors(MemoryMeasures(swiglu_input_cached=True))
+    assert kept["moe.expert_intermediate"] == S * 8 * 2 * 2048 * 1
+    assert kept["moe.shared_intermediate"] == S * 2 * 2048 * 1
+    assert "moe.expert_output" not in kept
+    dense = tensors(MemoryMeasures(swiglu_input_cached=True), moe_layer=False)
+    assert dense == tensors(MemoryMeasures(), moe_layer=False)  # §3.3.3 names the MoE's SwiGLU
+
+
+def test_all_measures_more_than_halve_a_moe_layer():
+    assert sum(tensors(ALL).values()) < 0.5 * sum(tensors(MemoryMeasures()).values())
+
+
+def test_fp8_caches_need_fp8_gemms():
+    assert ALL.for_gemm_dtype("bf16") == MemoryMeasures(recompute_norms_and_mla_up_proj=True)
+    assert ALL.for_gemm_dtype("fp8") == ALL
+
+
+def test_deepseek_v3_jobs_take_its_published_recipe_unless_told_otherwise():
+    job = api.build_job("deepseek-v3", 4096, global_batch_size=15360)
+    assert job.precision.recipe == "fp8-mixed" and job.memory_measures == ALL
+    plain = api.build_job(
+        "deepseek-v3", 4096, 15360 * 4096, None, "bf16-mixed", memory_measures="none"
+    )
+    assert plain.precision.recipe == "bf16-mixed" and not plain.memory_measures.any
+    llama = api.build_job("llama3-8b", 8192, global_batch_size=8)
+    assert llama.precision.recipe == "bf16-mixed" and not llama.memory_measures.any
+
+
+def test_unknown_measure_set_is_a_one_line_error():
+    with pytest.raises(PlanError, match="memory_measures must be one of"):
+        memory_measures("deepseek")
+
+
+def test_published_layout_fits_in_80_gb_with_the_measures_and_not_without():
+    layout = api.build_layout(tp=1, pp=16, ep=64, dp=128, schedule="dualpipe", zero_stage=1)
+    job = api.build_job("deepseek-v3", 4096, global_batch_size=15360)
+    bare = api.build_job("deepseek-v3", 4096, global_batch_size=15360, memory_measures="none")
+    assert api.estimate(job, layout, "dgx-h800", 2048).fits
+    assert not api.estimate(bare, layout, "dgx-h800", 2048).fits
+
+
+def test_measures_rerun_the_up_projections_norms_and_swiglu_in_the_backward():
+    from hwspecs.catalog import load_accelerator
+    from planner.compute import GpuRates
+    from planner.stage_times import shape_times
+
+    rates = GpuRates.of(load_accelerator("h800-sxm"), "fp8")
+    args = (DEEPSEEK, S, 1, 1, 1, 64, False, True, rates, 2.0)
+    plain = shape_times(*args)
+    measured = shape_times(*args, measures=ALL)
+    ops = {op.name: op for op in plain.moe.ops}
+    up = ops["attention.q_up_proj"].forward_s + ops["attention.kv_up_proj"].forward_s
+    assert plain.moe.recompute_s("none") == 0
+    assert measured.moe.recompute_s("none") > up + ops["elementwise.mlp_activation"].forward_s
+    assert measured.moe.recompute_s("full") == plain.moe.recompute_s("full")
+
+
+def test_fp8_recipe_keeps_attention_router_and_head_at_the_bf16_rate():
+    """§3.3: attention operators, MoE gating and the output head stay in BF16."""
+    from hwspecs.catalog import load_accelerator
+    from planner.compute import GpuRates
+    from planner.stage_times import shape_times
+
+    accelerator = load_accelerator("h800-sxm")
+    fp8, bf16 = GpuRates.of(accelerator, "fp8"), GpuRates.of(accelerator, "bf16")
+    args = (DEEPSEEK, S, 1, 1, 1, 64, False, True)
+    mixed = shape_times(*args, fp8, 2.0, bf16_rates=bf16)
+    all_bf16, all_fp8 = shape_times(*args, bf16, 2.0), shape_times(*args, fp8, 2.0)
+    for name in ("attention.core", "moe.router", "moe.routed_experts"):
+        kept = name != "moe.routed_experts"
+        reference = all_bf16 if kept else all_fp8
+        op = next(op for op in mixed.moe.ops if op.name == name)
+        assert op == next(op for op in reference.moe.ops if op.name == name)
+    assert mixed.head[0] == all_bf16.head[0]  # lm_head

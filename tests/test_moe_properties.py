@@ -1,0 +1,108 @@
+"""Invariants of the MoE / expert-parallel model, and DeepSeek-V3's DualPipe memory."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwspecs.catalog import load_accelerator, load_cluster
+from planner import api
+from planner.compute import GpuRates, layer_op_times
+from planner.estimate import layout_columns
+from planner.evaluate import evaluate_columns
+from planner.job import Job
+from planner.layout import Layout
+from planner.memory import (
+    dualpipe_activations,
+    memory_report,
+    mtp_params_per_rank,
+    params_per_virtual_stage,
+)
+from planner.model import load_model
+from planner.traffic import axis_traffic
+
+MOE_MODELS = ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3")
+H100 = load_accelerator("h100-sxm")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    name=st.sampled_from(MOE_MODELS),
+    ep_power=st.integers(0, 6),
+    tokens=st.sampled_from([1024, 4096]),
+)
+def test_ep_never_changes_the_flops_a_rank_runs(name, ep_power, tokens):
+    """Balanced routing: each EP rank gets tokens·k copies whatever ep is, so EP only moves FLOPs."""
+    model = load_model(name)
+    ep = min(2**ep_power, model.num_routed_experts)
+    rates = GpuRates.of(H100, "bf16")
+
+    def flops(ep_degree: int) -> float:
+        ops = layer_op_times(model, tokens, 1, 1, 1, ep_degree, False, True, True, rates)
+        return sum(op.forward_flops for op in ops)
+
+    assert flops(ep) == pytest.approx(flops(1))
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(MOE_MODELS), zero=st.integers(0, 3))
+def test_more_ep_lowers_expert_memory_per_gpu(name, zero):
+    model = load_model(name)
+    job = Job(model=model, seq_len=2048, global_batch_tokens=2048 * 64)
+    degrees = [ep for ep in (1, 2, 4, 8) if model.num_routed_experts % ep == 0]
+    reports = [
+        memory_report(job, Layout(tp=1, pp=4, dp=8, ep=ep, zero_stage=zero), H100) for ep in degrees
+    ]
+    experts = [max(stage.num_expert_params for stage in r.per_stage) for r in reports]
+    assert all(a > b for a, b in itertools.pairwise(experts))
+    totals = [r.total_bytes for r in reports]
+    assert all(a >= b for a, b in itertools.pairwise(totals))
+
+
+@settings(max_examples=20, deadline=None)
+@given(top_k=st.integers(1, 8), hidden_blocks=st.integers(8, 48))
+def test_all_to_all_bytes_scale_with_top_k_and_hidden_size(top_k, hidden_blocks):
+    """Bytes per step = layers · m · 4 exchanges · tokens · top-k · h · dtype · (ep−1)/ep."""
+    base = load_model("mixtral-8x7b")
+    model = base.model_copy(
+        update={"num_experts_per_token": top_k, "hidden_size": 128 * hidden_blocks}
+    )
+    job = Job(model=model, seq_len=4096, global_batch_tokens=4096 * 32)
+    layout = Layout(tp=1, pp=1, dp=8, ep=8, zero_stage=1)
+    ep = next(a for a in axis_traffic(job, layout, "dgx-h100").axes if a.axis == "ep")
+    m = 32 // 8
+    expected = model.num_layers * m * 4 * 4096 * top_k * model.hidden_size * 2 * 7 / 8
+    assert ep.bytes_per_step == pytest.approx(expected)
+
+
+def test_dualpipe_ranks_hold_pp_plus_one_chunks_split_between_their_two_stages():
+    stage_bytes = np.array([1.0, 10.0, 10.0, 100.0])  # embedding stage … head stage
+    held = dualpipe_activations(stage_bytes)
+    assert held.tolist() == [1 * 4 + 100 * 1, 10 * 3 + 10 * 2, 10 * 2 + 10 * 3, 100 * 1 + 1 * 4]
+    assert dualpipe_activations(np.ones(8)).tolist() == [9.0] * 8  # the README's PP + 1
+
+
+def test_deepseek_v3_mtp_module_sits_on_the_last_stage_without_its_own_head():
+    model = load_model("deepseek-v3")
+    dense, expert = mtp_params_per_rank(model, tp=1, ep=1)
+    assert dense + expert == pytest.approx(model.mtp_module_params())  # no embedding, no head
+    layout = Layout(pp=16, dp=128, ep=64, schedule="dualpipe")
+    without = model.model_copy(update={"num_mtp_modules": 0})
+    last = [params_per_virtual_stage(m, layout) for m in (model, without)]
+    assert last[0][1][-1] - last[1][1][-1] == pytest.approx(expert / 64)  # experts split by EP
+    assert (last[0][0][:-1] == last[1][0][:-1]).all()  # only the last stage holds it
+
+
+def test_deepseek_v3_columns_and_memory_report_agree_on_the_published_layout():
+    job = api.build_job("deepseek-v3", 4096, global_batch_size=15360)
+    layout = api.build_layout(tp=1, pp=16, ep=64, dp=128, schedule="dualpipe", zero_stage=1)
+    h800 = load_accelerator("h800-sxm")
+    m = layout.resolved_num_microbatches(job.global_batch_size)
+    row = evaluate_columns(job, load_cluster("dgx-h800"), h800, layout_columns(layout, m))
+    report = memory_report(job, layout, h800)
+    assert row["memory_per_gpu_bytes"][0] == pytest.approx(report.total_bytes)
+    assert report.fits

@@ -102,7 +102,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, workload.num_kv_heads * d, bias=False)
         self.wv = nn.Linear(h, workload.num_kv_heads * d, bias=False)
         self.wo = nn.Linear(workload.num_attention_heads * d, h, bias=False)
-        #: Replaced by ring attention under context parallelism.
+        #: Replaced by all-gather attention under context parallelism.
         self.core = causal_attention
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -52,16 +52,16 @@ class Trainer:
 
             apply_tensor_parallel(model, groups.submesh("tp"), layout.sequence_parallel)
         if layout.cp > 1:
-            from validate.workloads.context_parallel import local_positions, ring_attention
+            from validate.workloads.context_parallel import all_gather_attention, local_positions
 
             positions = local_positions(
                 spec.workload.seq_len, layout.cp, groups.coordinate("cp")
             ).to(self.device)
             model.positions = positions
+            # One core (and one causal mask) shared by every layer.
+            core = all_gather_attention(groups.group("cp"), positions, spec.workload.seq_len)
             for layer in model.layers.values():
-                layer.attention.core = ring_attention(
-                    groups.group("cp"), positions, spec.workload.seq_len
-                )
+                layer.attention.core = core
         if layout.ep > 1:
             from validate.workloads.moe import shard_experts
 
@@ -135,6 +135,10 @@ class Trainer:
             if hasattr(value, "to_local"):
                 value = value.to_local()
             loss = value.item()
+            if self.layout.tp > 1:
+                from validate.workloads.tensor_parallel import reduce_partial_gradients
+
+                reduce_partial_gradients(self.model)
             for param in self.expert_params:
                 # Experts see every data-parallel rank's tokens; average like DDP does.
                 param.grad.div_(self.layout.dp)

@@ -90,3 +90,22 @@ def test_sequence_parallel_and_cp_split_every_tensor(t, cp, b):
     split = ActivationShape(seq_len=4096, micro_batch_size=b, tp=t, cp=cp, sequence_parallel=True)
     # KV heads (8) split evenly up to tp 8, so every tensor shrinks by exactly tp·cp.
     assert activation_bytes_per_layer(model, split) * t * cp == pytest.approx(whole)
+
+
+def test_backward_working_bytes_is_the_swiglu_gradients_at_its_peak():
+    """Incoming gradient plus the gate and up gradients: 3·s·b·f/tp elements (SwiGLU)."""
+    from planner.activations import ActivationShape, backward_working_bytes
+    from planner.model import load_model
+
+    model = load_model("llama3-405b")
+    shape = ActivationShape(seq_len=8192, micro_batch_size=1, tp=8, element_bytes=2)
+    assert backward_working_bytes(model, shape) == 3 * 8192 * 53248 * 2 / 8
+
+
+def test_backward_working_beside_logits_counts_only_the_larger_on_the_head_rank():
+    import numpy as np
+
+    from planner.activations import backward_working_beside_logits
+
+    out = backward_working_beside_logits(10.0, np.array([4.0, 4.0, 30.0]), np.array([0, 1, 1]))
+    assert out.tolist() == [10.0, 6.0, 0.0]

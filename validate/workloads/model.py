@@ -50,11 +50,14 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        # In place where possible: a fused kernel allocates only the two input gradients.
+        # Two new tensors, the input gradients, as a fused kernel allocates: with
+        # sig = σ(a) and silu = a·sig, d silu/da = sig + silu·(1 − sig), computed in sig.
         a, b = ctx.saved_tensors
         sig = torch.sigmoid(a)
-        grad_b = torch.mul(a, sig).mul_(grad_out)
-        grad_a = torch.rsub(sig, 1).mul_(a).add_(1).mul_(sig).mul_(b).mul_(grad_out)
+        silu = torch.mul(a, sig)
+        sig.addcmul_(sig, silu, value=-1).add_(silu)
+        grad_b = silu.mul_(grad_out)
+        grad_a = sig.mul_(b).mul_(grad_out)
         return grad_a, grad_b
 
 

@@ -51,7 +51,7 @@ def _all_gather_kv(k: torch.Tensor, v: torch.Tensor, group) -> tuple[torch.Tenso
     cp = dist.get_world_size(group)
     packed = torch.stack([k, v])  # (2, b, kv_heads, s/cp, d)
     gathered = packed.new_empty((cp * 2, *packed.shape[1:]))
-    dist.all_gather_into_tensor(gathered, packed, group=group)
+    dist.all_gather_single(gathered, packed, group=group)
     whole = (
         gathered.view(cp, *packed.shape).permute(1, 2, 3, 0, 4, 5).flatten(3, 4)
     )  # (2, b, kv_heads, s, d)
@@ -65,7 +65,7 @@ def _reduce_scatter_kv(grad_k: torch.Tensor, grad_v: torch.Tensor, group):
     packed = torch.stack([grad_k, grad_v]).view(2, b, heads, cp, s // cp, d)
     packed = packed.permute(3, 0, 1, 2, 4, 5).flatten(0, 1).contiguous()  # (cp·2, b, …)
     mine = packed.new_empty((2, *packed.shape[1:]))
-    dist.reduce_scatter_tensor(mine, packed, group=group)
+    dist.reduce_scatter_single(mine, packed, group=group)
     return mine[0], mine[1]
 
 

@@ -1,7 +1,7 @@
 """One training step of a :class:`~validate.spec.RunSpec` on this rank, in its parallel form.
 
 :func:`build_trainer` composes the forms: tensor (+ sequence) parallelism, context
-parallelism (ring attention), expert parallelism, pipeline stages and schedules, and data
+parallelism (all-gather attention), expert parallelism, pipeline stages and schedules, and data
 parallelism / ZeRO around them (FSDP2 over TP makes the FSDP × TP layout; DDP under each
 pipeline stage makes PP × DP). Every rank builds the same full model from the same seed
 first, so a parallel step computes what the serial model computes on the same batch

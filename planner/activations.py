@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from planner.measures import E5M6_BYTES, FP8_BYTES, MemoryMeasures
@@ -60,16 +61,6 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
     return max(model.num_kv_heads // tp, 1)
 
 
-def key_value_tokens(shape: ActivationShape) -> float:
-    """Tokens whose K and V the attention kernel keeps for backward on one rank.
-
-    Without CP, the rank's own tokens. With all-gather based CP (Llama 3 §3.3.2) attention
-    runs the local queries against the K and V gathered from the whole sequence, and that
-    gathered tensor is the kernel's saved input: ``s·b`` tokens on every CP rank.
-    """
-    return shape.seq_len * shape.micro_batch_size if shape.cp > 1 else shape.local_tokens
-
-
 def attention_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:
     """Stored tensors of the attention block (bytes), before recomputation is applied."""
     tokens, e, t = shape.local_tokens, shape.element_bytes, shape.tp
@@ -92,7 +83,7 @@ def attention_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, flo
     else:
         kv = kv_heads_per_rank(model, t)
         tensors["attention.query"] = tokens * heads * model.head_dim * e
-        tensors["attention.key_value"] = key_value_tokens(shape) * 2 * kv * model.head_dim * e
+        tensors["attention.key_value"] = tokens * 2 * kv * model.head_dim * e
     if shape.flash_attention:
         tensors["attention.softmax_lse"] = tokens * heads * LSE_BYTES
     else:
@@ -224,6 +215,39 @@ def recompute_working_bytes(model: ModelSpec, shape: ActivationShape, moe_layer:
         return 0.0
     whole = shape.model_copy(update={"recompute": "none"})
     return activation_bytes_per_layer(model, whole, moe_layer)
+
+
+def backward_working_bytes(model: ModelSpec, shape: ActivationShape) -> float:
+    """Activation gradients alive together at the peak of one layer's backward (bytes).
+
+    Autograd frees a node's saved tensors only after the node has produced its input
+    gradients, so the largest node's gradients exist on top of the stored activations.
+    That node is the MLP activation: a fused SwiGLU backward (Megatron-LM's
+    ``bias_swiglu_back``) holds the incoming gradient of ``[s·b, f]`` and writes the
+    gradients of its two inputs (gate and up), ``3·s·b·f/tp`` elements; GELU holds the
+    incoming gradient and writes one, ``2·s·b·f/tp``. An MoE layer's experts see ``k``
+    copies of each token (balanced routing). Not part of Korthikanti et al.'s stored
+    activations (§4.1), which count what is saved for backward, not what backward makes.
+    """
+    tokens, e, t = shape.local_tokens, shape.element_bytes, shape.tp
+    per_token = 3 if model.mlp_kind == "swiglu" else 2
+    widest = model.ffn_hidden_size
+    if model.is_moe:
+        routed = model.num_experts_per_token * (model.moe_ffn_hidden_size or 0)
+        dense = model.ffn_hidden_size if model.num_dense_layers else 0
+        widest = max(dense, routed, model.num_shared_experts * (model.moe_ffn_hidden_size or 0))
+    return tokens * per_token * widest * e / t
+
+
+def backward_working_beside_logits(backward_working, logits_bytes, holds_head):
+    """The backward working bytes a rank adds on top of its logits buffers (numpy-friendly).
+
+    The loss turn (logits, FP32 probabilities and their gradient, :func:`logits_buffer_bytes`)
+    ends before the first layer's backward starts, so on the rank holding the head only
+    the larger of the two is alive at the peak: ``max(working, logits) − logits`` there,
+    the whole working set elsewhere.
+    """
+    return backward_working - holds_head * np.minimum(backward_working, logits_bytes)
 
 
 def first_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:

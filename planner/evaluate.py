@@ -98,7 +98,7 @@ def evaluate_columns(
     # Shapes: per-layer times and per-layer activation bytes.
     shapes, shape_inv = _unique_rows(tp, cp, ep, sp, mbs, recompute)
     shape_keys = [
-        *("act_dense", "act_moe", "first_extra", "last_extra", "working", "logits"),
+        *("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward", "logits"),
         *("fd", "bd", "wd", "rd", "ad", "fm", "bm", "wm", "rm", "am"),
         *("f_emb", "b_emb", "w_emb", "f_head", "b_head", "w_head"),
     ]
@@ -136,6 +136,7 @@ def evaluate_columns(
                 act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
             )
             + sum(ft.adapter_working_max(model, tuned, shape).values()),
+            "backward": act.backward_working_bytes(model, shape),
             "logits": act.logits_buffer_bytes(model, shape),
             "fd": times.dense.forward_s,
             "bd": times.dense.input_grad_s,
@@ -281,7 +282,10 @@ def evaluate_columns(
     activations = (
         R["dense_layers"] * S["act_dense"][:, None] + R["moe_layers"] * S["act_moe"][:, None]
     ) * inflight
-    activations = activations + S["working"][:, None] * (act_layers > 0)
+    working = S["working"][:, None] + act.backward_working_beside_logits(
+        S["backward"][:, None], S["logits"][:, None], R["head"]
+    )
+    activations = activations + working * (act_layers > 0)
     activations = activations + inflight * (
         R["emb"] * S["first_extra"][:, None] + R["head"] * S["last_extra"][:, None]
     )

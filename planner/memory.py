@@ -254,6 +254,14 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
     working += math.fsum(adapter_working.values())
 
     per_layer = (act_layers - act_moe_layers) * per_dense_layer + act_moe_layers * per_moe_layer
+    logits_bytes = act.logits_buffer_bytes(model, shape)
+    holds_head = np.zeros(layout.pp)
+    holds_head[last_rank] = 1.0
+    if layout.schedule == "dualpipe":
+        holds_head[first_rank] = 1.0
+    working = working + act.backward_working_beside_logits(
+        act.backward_working_bytes(model, shape), logits_bytes, holds_head
+    )
     activations = per_layer * inflight + working * (act_layers > 0)
     adapter_acts = (act_layers - act_moe_layers) * adapter_layer[False] * inflight
     adapter_acts += act_moe_layers * adapter_layer[True] * inflight
@@ -264,10 +272,7 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         stage_bytes[first_rank] += first_extra
         stage_bytes[last_rank] += last_extra
         activations = dualpipe_activations(stage_bytes) + working * (act_layers > 0)
-    logits = np.zeros(layout.pp)
-    logits[last_rank] = act.logits_buffer_bytes(model, shape)
-    if layout.schedule == "dualpipe":
-        logits[first_rank] = logits[last_rank]
+    logits = holds_head * logits_bytes
 
     comm = _comm_buffer_bytes(model, layout, shape, precision, tuned)
     copies = parameter_copies(layout.schedule)

@@ -7,10 +7,13 @@ pipeline rank where the term is largest ("busiest rank"), with ``m`` micro-batch
 * **tp** (Megatron-LM, Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2): per layer per
   micro-batch, 2 all-reduces of the [b, s/cp, h] activation in forward and 2 in backward, or
   with sequence parallelism 2 all-gathers + 2 reduce-scatters each way (same bytes); full
-  recompute repeats the forward ones. Embedding and loss all-reduces are left out.
+  recompute repeats the forward ones; one more at the embedding and at the LM head; the
+  SP norm-weight gradients once per step; the vocabulary-parallel cross-entropy's 3
+  all-reduces of one FP32 per token per micro-batch (:func:`vocab_parallel_loss_bytes`).
 * **cp** (Llama 3 §3.3.2, all-gather based CP): per layer per micro-batch an all-gather of K
-  and V for the whole sequence in forward (repeated under full recompute) and a
-  reduce-scatter of their gradients in backward; GQA keeps only ``max(1, kv_heads/tp)``
+  and V for the whole sequence in forward (repeated under full recompute), another in
+  backward (the gathered copy is not kept for backward, as TransformerEngine's
+  ``AttnFuncWithCPAndKVAllGather`` does) and a reduce-scatter of their gradients; GQA keeps only ``max(1, kv_heads/tp)``
   heads per TP rank (MLA gathers its compressed latent + rotary key).
 * **pp** (Narayanan et al. 2021 §4.1, scatter/gather optimisation): one send of the
   activation (÷ tp) per micro-batch per chunk forward and one gradient backward; ``vpp``
@@ -56,6 +59,8 @@ from planner.precision import DTYPE_BYTES
 #: Schedules that overlap one micro-batch's EP all-to-all with another's compute
 #: (DeepSeek-V3 §3.2.1 DualPipe; the V form keeps the F&B overlap).
 EP_OVERLAP_SCHEDULES: tuple[str, ...] = ("dualpipe", "dualpipev")
+#: All-reduces of the vocabulary-parallel cross-entropy per micro-batch (max, sum-exp, target).
+VOCAB_PARALLEL_LOSS_ALL_REDUCES = 3
 #: Report order of the axes and the placement group each one's collectives run on.
 AXIS_GROUPS: dict[str, str] = {
     "tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp_cp", "edp": "edp",
@@ -83,6 +88,18 @@ def ep_routing(model) -> tuple[int, int] | None:
     if not model.is_moe or model.max_nodes_per_token is None:
         return None
     return model.num_experts_per_token, model.max_nodes_per_token
+
+
+def vocab_parallel_loss_bytes(micro_batch_size, local_tokens_per_sequence):
+    """Bytes of each all-reduce of the vocabulary-parallel cross-entropy: one FP32 per token.
+
+    Megatron-LM's ``_VocabParallelCrossEntropy`` (Shoeybi et al. 2019 §3, the output
+    embedding's "fuse the output with the cross-entropy loss") and torch's ``loss_parallel``
+    all-reduce over TP, in forward, the per-token max logit, the sum of exponentials and
+    the target's logit: :data:`VOCAB_PARALLEL_LOSS_ALL_REDUCES` messages of ``[b, s/cp]``
+    FP32 values per micro-batch. Backward is local (softmax minus one-hot).
+    """
+    return micro_batch_size * local_tokens_per_sequence * DTYPE_BYTES["fp32"]
 
 
 def stage_layers(num_layers: int, pp, vpp, split="auto"):
@@ -114,7 +131,7 @@ def stage_layers(num_layers: int, pp, vpp, split="auto"):
 
 @dataclass
 class RankShape:
-    """What the busiest pipeline rank holds, per term (parameters are elements, ÷ tp)."""
+    """What the busiest pipeline rank holds, per term (parameters are elements on one TP rank)."""
 
     layers: np.ndarray  # most transformer layers on one rank
     moe_layers: np.ndarray  # most MoE layers on one rank
@@ -127,7 +144,8 @@ class RankShape:
 def rank_shape(model, tp, pp, ep, chunks, split="auto") -> RankShape:
     """Layers and parameters of the busiest rank (first, a middle, or the last one).
 
-    The embedding sits on the first rank, the final norm and LM head on the last; the dense
+    Parameters are split over TP except the norm weights, which every TP rank holds whole
+    (as :func:`planner.memory.layer_params_per_rank` counts them). The embedding sits on the first rank, the final norm and LM head on the last; the dense
     layers of an MoE model (``num_dense_layers``) are taken to fit on the first rank.
     """
     first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
@@ -140,17 +158,25 @@ def rank_shape(model, tp, pp, ep, chunks, split="auto") -> RankShape:
     held = [first, middle, last]
     head = model.lm_head_params() + model.norm_params()
     extra = [model.embedding_params() + np.where(pp == 1, head, 0), 0, np.where(pp >= 2, head, 0)]
+    # Norm weights are whole on every TP rank (two per layer, the final one with the head).
+    norms = [
+        (2 * n + f) * model.norm_params()
+        for n, f in zip(held, [np.where(pp == 1, 1, 0), 0, np.where(pp >= 2, 1, 0)], strict=True)
+    ]
     params = [
-        (n - k) * dense_layer + k * moe_layer + e for n, k, e in zip(held, moe, extra, strict=True)
+        ((n - k) * dense_layer + k * moe_layer + e - w) / tp + w
+        for n, k, e, w in zip(held, moe, extra, norms, strict=True)
     ]
     moe_layers = np.maximum(np.maximum(moe[0], moe[1]), moe[2])
     has_dense = not model.is_moe or model.num_dense_layers > 0
+    layer_norms = 2 * model.norm_params()
     return RankShape(
         layers=np.maximum(np.maximum(first, middle), last),
         moe_layers=moe_layers,
-        dense_params=np.maximum(np.maximum(params[0], params[1]), params[2]) / tp,
+        dense_params=np.maximum(np.maximum(params[0], params[1]), params[2]),
         expert_params=moe_layers * routed * (ep > 1) / (ep * tp),
-        dense_bucket=np.maximum(dense_layer * has_dense, moe_layer) / tp,
+        dense_bucket=(np.maximum(dense_layer * has_dense, moe_layer) - layer_norms) / tp
+        + layer_norms,
         expert_bucket=routed * (ep > 1) / (ep * tp),
     )
 
@@ -194,6 +220,7 @@ def step_terms(
     first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
     per_layer = 4 + 2 * full
     both_ends = (pp == 1) | np.asarray(v_shape)  # one rank holds the embedding and the head
+    head_rank = np.where(both_ends, first * per_layer + 2, last * per_layer + 1)
     per_microbatch = np.maximum.reduce([
         first * per_layer + np.where(both_ends, 2, 1),
         np.where(pp >= 3, middle * per_layer, 0),
@@ -204,7 +231,14 @@ def step_terms(
     what_tp = "activations per layer (attention + MLP) and at the embedding / LM head, fwd + bwd"
     # Under SP the norm weights see only part of the sequence: their gradients are summed
     # over TP once per step (Megatron-LM's all-reduce of sequence-parallel norm gradients).
-    norms = layers * 2 * model.norm_params() * grad_b
+    norm_weights = np.maximum.reduce([
+        2 * first + both_ends,
+        np.where(pp >= 3, 2 * middle, 0),
+        np.where((pp >= 2) & ~both_ends, 2 * last + 1, 0),
+    ])  # fmt: skip
+    norms = norm_weights * model.norm_params() * grad_b
+    # The head's rank, when it is the busiest, also runs the vocabulary-parallel loss.
+    loss_calls = m * VOCAB_PARALLEL_LOSS_ALL_REDUCES * on((tp > 1) & (head_rank >= per_microbatch))
     terms = [
         Term("tp", "all-reduce", what_tp, passes * sp_off, act, "exposed"),
         Term("tp", "all-gather", "sequence-parallel " + what_tp, passes * sp_on, act, "exposed"),
@@ -212,6 +246,8 @@ def step_terms(
              "exposed"),
         Term("tp", "all-reduce", "sequence-parallel norm weight gradients", sp_on, norms,
              "exposed"),
+        Term("tp", "all-reduce", "vocabulary-parallel cross-entropy: max logit, sum of exp, "
+             "target logit", loss_calls, vocab_parallel_loss_bytes(b, s / cp), "exposed"),
     ]  # fmt: skip
     if model.attention_kind == "mla":
         kv_token = (model.kv_lora_rank + model.qk_rope_head_dim) * act_b + 0 * tp
@@ -224,8 +260,8 @@ def step_terms(
     two_ranks = np.where(v_shape, 2 * m, m * (2 * chunks - 1))
     sends = np.where(pp >= 3, 2 * m * chunks, np.where(pp == 2, two_ranks, 0))
     terms += [
-        Term("cp", "all-gather", "K and V, whole sequence, per layer", layers * m * (1 + full)
-             * on(cp > 1), kv, "cp_exposed"),
+        Term("cp", "all-gather", "K and V, whole sequence, per layer, fwd + bwd",
+             layers * m * (2 + full) * on(cp > 1), kv, "cp_exposed"),
         Term("cp", "reduce-scatter", "K and V gradients per layer", layers * m * on(cp > 1), kv,
              "cp_exposed"),
         Term("pp", "p2p", "activations forward, gradients backward", sends, act / tp,

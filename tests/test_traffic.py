@@ -39,7 +39,9 @@ def test_llama3_405b_tp_on_nvlink_dp_across_pods_with_exact_bytes():
     assert tp.bytes_per_step == pytest.approx(expected)
     assert pp.bytes_per_step == pytest.approx(2 * m * 2 * activation / 8)
     assert dp.tier == "cluster" and dp.tiers == ["pod", "cluster"]
-    params = layers * model.layer_params(moe_layer=False) / 8  # a middle rank is busiest
+    # A middle rank is busiest; its norm weights are whole on every TP rank.
+    norms = layers * 2 * model.hidden_size
+    params = (layers * model.layer_params(moe_layer=False) - norms) / 8 + norms
     assert dp.bytes_per_step == pytest.approx(2 * (127 / 128) * params * 2)
     # ZeRO-2 keeps only a gradient shard: the reduce-scatter runs every micro-batch.
     zero2 = axis(axis_traffic(job, LLAMA3_LAYOUT.model_copy(update={"zero_stage": 2}),
@@ -283,3 +285,37 @@ def test_tp_with_sp_on_one_stage_counts_4l_plus_2_gathers_and_scatters():
     scatters = next(t for t in report.terms if t.collective == "reduce-scatter")
     m = 2  # 8 sequences over dp 4, micro-batch 1
     assert gathers.count_per_step == scatters.count_per_step == (4 * 32 + 2) * m
+
+
+def test_all_gather_context_parallel_gathers_twice_and_reduce_scatters_once_per_layer():
+    """Forward and backward each gather K and V (TransformerEngine's all-gather CP keeps no
+    gathered copy); full recompute adds the recomputed forward's gather."""
+    job = job_for("llama3-8b", tokens=8192 * 8)
+    for recompute, gathers in (("none", 2), ("full", 3)):
+        layout = Layout(cp=2, dp=4, recompute=recompute)
+        terms = {t.collective: t for t in axis(axis_traffic(job, layout, "dgx-h100"), "cp").terms}
+        m = layout.resolved_num_microbatches(job.global_batch_size)
+        assert terms["all-gather"].count_per_step == 32 * m * gathers
+        assert terms["reduce-scatter"].count_per_step == 32 * m
+
+
+def test_vocabulary_parallel_loss_adds_three_fp32_all_reduces_per_microbatch_on_the_head_rank():
+    """max logit, sum of exponentials, target logit: one FP32 per local token each."""
+    from planner.traffic_terms import vocab_parallel_loss_bytes
+
+    assert vocab_parallel_loss_bytes(2, 4096) == 2 * 4096 * 4
+    job = job_for("llama3-8b", seq_len=4096, tokens=4096 * 8)
+    report = axis(axis_traffic(job, Layout(tp=2, dp=4), "dgx-h100"), "tp")
+    loss = next(t for t in report.terms if "cross-entropy" in t.what)
+    assert loss.count_per_step == 3 * 2 and loss.message_bytes == 4096 * 4  # m 2, b 1
+    # pp 4, 8 layers each: the last rank (8 layers + the head) is the busiest.
+    report = axis(axis_traffic(job, Layout(tp=2, pp=4, dp=1), "dgx-h100"), "tp")
+    loss = next(t for t in report.terms if "cross-entropy" in t.what)
+    assert loss.count_per_step == 3 * 8  # m 8
+
+
+def test_sequence_parallel_norm_gradients_include_the_final_norm_on_its_rank():
+    job = job_for("llama3-8b", seq_len=4096, tokens=4096 * 8)
+    report = axis(axis_traffic(job, Layout(tp=2, dp=4), "dgx-h100"), "tp")
+    norms = next(t for t in report.terms if "norm" in t.what)
+    assert norms.message_bytes == (2 * 32 + 1) * 4096 * 2  # 65 RMSNorm weights, bf16 grads

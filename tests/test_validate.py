@@ -112,16 +112,26 @@ def test_pipeline_sends_one_activation_and_one_gradient_per_microbatch_hop(quick
             assert send.bytes == hops_per_rank * spec.num_microbatches * tensor, name
 
 
-def test_expert_all_to_all_bytes_sum_to_four_exchanges_of_every_routed_token(quick):
-    """Dispatch and combine, forward and backward; each rank also sends its E expert counts."""
+def test_expert_all_to_all_sends_four_fixed_capacity_exchanges_on_every_rank(quick):
+    """Dispatch and combine, forward and backward, of E × capacity rows per sequence: with
+    capacity factor 1 that is every routed token, whatever the routing, on every rank."""
     result, workload = quick["ep"], TINY_MOE
     tokens = workload.seq_len  # one sequence per rank
     moe_layers = workload.num_layers - workload.num_dense_layers
     per_layer = 4 * tokens * workload.num_experts_per_token * workload.hidden_size * F32
-    counts = workload.num_routed_experts * 8  # int64
-    total = sum(rows(result, r)[("ep", "all_to_all")].bytes for r in range(2))
-    assert total == 2 * moe_layers * (per_layer + counts)
-    assert rows(result)[("ep", "all_to_all")].calls == 5 * moe_layers
+    for rank in range(2):
+        row = rows(result, rank)[("ep", "all_to_all")]
+        assert (row.bytes, row.calls) == (moe_layers * per_layer, 4 * moe_layers)
+        assert row.sent_bytes == row.bytes / 2  # equal splits: half stays on the rank
+
+
+def test_capacity_positions_fill_first_choices_before_second_choices():
+    from validate.workloads.moe import capacity_positions, expert_capacity
+
+    # One sequence of 3 tokens, top-2 over 2 experts: first choices 0, 0, 1; second 1, 1, 0.
+    ids = torch.tensor([[[0, 1], [0, 1], [1, 0]]])
+    assert capacity_positions(ids, 2).tolist() == [[[0, 1], [1, 2], [0, 2]]]
+    assert expert_capacity(seq_len=3, top_k=2, num_experts=2) == 3
 
 
 def test_expert_layout_all_reduces_only_the_dense_gradients(quick):
@@ -133,13 +143,30 @@ def test_expert_layout_all_reduces_only_the_dense_gradients(quick):
     assert rows(quick["ep"])[("dp", "all_reduce")].bytes == dense_bytes
 
 
-def test_ring_attention_sends_the_closed_form(quick):
-    """Per layer: (cp−1)·2·KV forward, (cp−1)·4·KV + 2·KV backward (module docstring)."""
-    workload, cp = TINY, 2
-    kv = workload.num_kv_heads * workload.head_dim * (workload.seq_len // cp) * F32
-    per_layer = ((cp - 1) * 2 + (cp - 1) * 4 + 2) * kv
-    for rank in range(cp):
-        assert rows(quick["cp-ring"], rank)[("cp", "send")].bytes == workload.num_layers * per_layer
+def test_all_gather_attention_moves_the_closed_form(quick):
+    """Per layer: K and V of the whole sequence all-gathered in forward and again in
+    backward, their gradients reduce-scattered once (module docstring)."""
+    workload = TINY
+    whole_kv = 2 * workload.num_kv_heads * workload.head_dim * workload.seq_len * F32
+    for rank in range(2):
+        table = rows(quick["cp-allgather"], rank)
+        assert table[("cp", "all_gather")].bytes == 2 * workload.num_layers * whole_kv
+        assert table[("cp", "reduce_scatter")].bytes == workload.num_layers * whole_kv
+
+
+def test_causal_mask_of_load_balanced_chunks_lets_each_query_see_its_past():
+    from validate.workloads.context_parallel import (
+        causal_mask,
+        gathered_positions,
+        local_positions,
+    )
+
+    # seq 8, cp 2: rank 0 holds chunks 0 and 3 (positions 0, 1, 6, 7), rank 1 chunks 1 and 2.
+    assert local_positions(8, 2, 0).tolist() == [0, 1, 6, 7]
+    keys = gathered_positions(8, 2)
+    assert keys.tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
+    visible = causal_mask(local_positions(8, 2, 1), keys) == 0
+    assert visible.sum(1).tolist() == [3, 4, 5, 6]  # positions 2, 3, 4, 5 see 3 … 6 keys
 
 
 def test_fsdp_over_tp_shards_the_tp_local_weights(quick):
@@ -169,7 +196,7 @@ def test_optimizer_states_measured_equal_the_planner_exactly(quick):
             assert 0 <= measured - predicted <= 64 * F32, run.name
 
 
-@pytest.mark.parametrize("name", ["tp-sp", "pp-1f1b", "cp-ring", "ep"])
+@pytest.mark.parametrize("name", ["tp-sp", "pp-1f1b", "cp-allgather", "ep"])
 def test_peak_memory_is_within_tolerance_of_the_planner(quick, name):
     """Where the accounting applies (no FSDP: the planner adds a 25 MiB DDP bucket there).
 

@@ -1,25 +1,30 @@
-"""Context parallelism: load-balanced causal ring attention over isend/irecv.
+"""Context parallelism: all-gather based causal attention (Llama 3 §3.3.2).
 
-torch's ``context_parallel`` needs CUDA, so the ring is written here (Liu et al. 2023,
-"Ring Attention"; the causal load balancing of Llama 3 §3.3.2 and zigzag ring attention).
-The sequence is cut into ``2·cp`` chunks and rank ``r`` holds chunks ``r`` and
-``2·cp − 1 − r``, so every rank has the same share of the causal work.
+torch's ``context_parallel`` needs CUDA, so the algorithm is written here, following the
+Llama 3 paper (Dubey et al. 2024, §3.3.2) and TransformerEngine's
+``AttnFuncWithCPAndKVAllGather``. The sequence is cut into ``2·cp`` chunks and rank ``r``
+holds chunks ``r`` and ``2·cp − 1 − r``, so every rank has the same share of the causal
+work.
 
-Forward: the K/V block (K and V packed into one message) travels the ring ``cp − 1`` hops;
-each rank merges the partial attention of its queries against every block by log-sum-exp.
-Backward: the block travels again, now with its accumulated K/V gradients (one message of
-K, V, dK, dV per hop, ``cp − 1`` hops), and one last hop returns dK, dV to their owner.
-Per layer and rank the bytes sent are therefore ``(cp − 1)·2·KV`` forward and
-``(cp − 1)·4·KV + 2·KV`` backward, with ``KV`` the bytes of one local K (or V).
+Forward: all-gather K and V (packed into one message) over the CP group, then attention of
+the local queries against the whole sequence, causally masked by global position.
+Backward: all-gather K and V again (the gathered copy is not kept, as in
+TransformerEngine), compute the gradients, and reduce-scatter dK and dV (one packed
+message) back to their owners. Per layer and micro-batch, each rank therefore takes part in
+two all-gathers and one reduce-scatter of the whole sequence's K and V — the planner's CP
+terms.
 
-Saved for backward per layer: the local q, k, v, the output and the FP32 log-sum-exp,
-as flash attention saves them.
+Saved for backward per layer: the local q, k, v, the output and the FP32 log-sum-exp, as
+flash attention saves them (torch's CPU flash kernel computes both passes).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 def local_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
@@ -30,112 +35,86 @@ def local_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
     return torch.cat([first, torch.arange(last_start, last_start + chunk)])
 
 
-def _ring_exchange(tensor: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, list]:
-    """Send ``tensor`` to the next rank of the ring and receive the previous rank's copy."""
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    send_to = dist.get_global_rank(group, (rank + 1) % size)
-    recv_from = dist.get_global_rank(group, (rank - 1) % size)
-    received = torch.empty_like(tensor)
-    ops = [
-        dist.P2POp(dist.isend, tensor, send_to, group),
-        dist.P2POp(dist.irecv, received, recv_from, group),
-    ]
-    return received, dist.batch_isend_irecv(ops)
+def gathered_positions(seq_len: int, cp: int) -> torch.Tensor:
+    """Global positions of the all-gathered keys: every rank's tokens, in rank order."""
+    return torch.cat([local_positions(seq_len, cp, rank) for rank in range(cp)])
 
 
-def _wait(works) -> None:
-    for work in works:
-        work.wait()
+def causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """Additive mask: 0 where a query may see a key (key position ≤ query position), else −inf."""
+    visible = q_positions[:, None] >= k_positions[None, :]
+    return torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
 
 
-def _block_scores(q, k, q_pos, k_pos, scale):
-    """Scaled, causally masked scores of local queries against one K block (GQA expanded)."""
-    group = q.shape[1] // k.shape[1]
-    scores = q @ k.repeat_interleave(group, dim=1).transpose(-1, -2) * scale
-    mask = q_pos[:, None] >= k_pos[None, :]
-    return scores.masked_fill(~mask, float("-inf"))
+def _all_gather_kv(k: torch.Tensor, v: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of the whole sequence, ``(b, kv_heads, s, d)``, keys in rank order."""
+    cp = dist.get_world_size(group)
+    packed = torch.stack([k, v])  # (2, b, kv_heads, s/cp, d)
+    gathered = packed.new_empty((cp * 2, *packed.shape[1:]))
+    dist.all_gather_single(gathered, packed, group=group)
+    whole = (
+        gathered.view(cp, *packed.shape).permute(1, 2, 3, 0, 4, 5).flatten(3, 4)
+    )  # (2, b, kv_heads, s, d)
+    return whole[0], whole[1]
 
 
-class RingAttention(torch.autograd.Function):
+def _reduce_scatter_kv(grad_k: torch.Tensor, grad_v: torch.Tensor, group):
+    """Sum the whole-sequence dK, dV over the CP group; each rank keeps its own keys' share."""
+    cp = dist.get_world_size(group)
+    b, heads, s, d = grad_k.shape
+    packed = torch.stack([grad_k, grad_v]).view(2, b, heads, cp, s // cp, d)
+    packed = packed.permute(3, 0, 1, 2, 4, 5).flatten(0, 1).contiguous()  # (cp·2, b, …)
+    mine = packed.new_empty((2, *packed.shape[1:]))
+    dist.reduce_scatter_single(mine, packed, group=group)
+    return mine[0], mine[1]
+
+
+class AllGatherAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, positions, group, seq_len):
-        cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        scale = q.shape[-1] ** -0.5
+    def forward(ctx, q, k, v, mask, group):
         group_size = q.shape[1] // k.shape[1]
-        out = torch.zeros_like(q)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32)
-        block = torch.stack([k, v])
-        for step in range(cp):
-            works = []
-            if step < cp - 1:
-                incoming, works = _ring_exchange(block, group)
-            source = (rank - step) % cp
-            k_pos = local_positions(seq_len, cp, source)
-            scores = _block_scores(q, block[0], positions, k_pos, scale)
-            block_lse = torch.logsumexp(scores, dim=-1)
-            safe = torch.where(torch.isinf(block_lse), 0.0, block_lse)
-            probs = torch.exp(scores - safe[..., None])
-            block_out = probs @ block[1].repeat_interleave(group_size, dim=1)
-            new_lse = torch.logaddexp(lse, block_lse)
-            new_safe = torch.where(torch.isinf(new_lse), 0.0, new_lse)
-            out = (
-                out * torch.exp(lse - new_safe)[..., None]
-                + block_out
-                * torch.exp(safe - new_safe)[..., None]
-                * (~torch.isinf(block_lse))[..., None]
-            )
-            lse = new_lse
-            if works:
-                _wait(works)
-                block = incoming
+        k_all, v_all = _all_gather_kv(k, v, group)
+        k_all = k_all.repeat_interleave(group_size, dim=1)
+        v_all = v_all.repeat_interleave(group_size, dim=1)
+        out, lse = flash_forward(q, k_all, v_all, 0.0, False, attn_mask=mask)
+        del k_all, v_all
         # Lay the output out as (b, s, heads, d), the layout ``wo`` reads, so it is stored once.
         out = out.transpose(1, 2).contiguous().transpose(1, 2)
-        ctx.save_for_backward(q, k, v, out, lse, positions)
-        ctx.group, ctx.seq_len = group, seq_len
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.group = group
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, positions = ctx.saved_tensors
-        group, seq_len = ctx.group, ctx.seq_len
-        cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        scale = q.shape[-1] ** -0.5
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        group = ctx.group
         group_size = q.shape[1] // k.shape[1]
-        delta = (grad_out * out).sum(-1, keepdim=True)
-        grad_q = torch.zeros_like(q)
-        # The travelling message: K, V and the gradients accumulated for them so far.
-        block = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])
-        for step in range(cp):
-            source = (rank - step) % cp
-            k_pos = local_positions(seq_len, cp, source)
-            k_rep = block[0].repeat_interleave(group_size, dim=1)
-            v_rep = block[1].repeat_interleave(group_size, dim=1)
-            scores = _block_scores(q, block[0], positions, k_pos, scale)
-            probs = torch.exp(scores - lse[..., None])
-            grad_v = probs.transpose(-1, -2) @ grad_out
-            grad_scores = probs * (grad_out @ v_rep.transpose(-1, -2) - delta)
-            grad_q += grad_scores @ k_rep * scale
-            grad_k = grad_scores.transpose(-1, -2) @ q * scale
-            block = block.clone()
-            block[2] += grad_k.unflatten(1, (-1, group_size)).sum(2)
-            block[3] += grad_v.unflatten(1, (-1, group_size)).sum(2)
-            if step < cp - 1:
-                block, works = _ring_exchange(block, group)
-                _wait(works)
-        # The block held now belongs to the next rank: return its gradients home.
-        if cp > 1:
-            grads, works = _ring_exchange(block[2:].contiguous(), group)
-            _wait(works)
-        else:
-            grads = block[2:]
-        return grad_q, grads[0], grads[1], None, None, None
+        k_all, v_all = _all_gather_kv(k, v, group)
+        grad_q, grad_k, grad_v = flash_backward(
+            grad_out,
+            q,
+            k_all.repeat_interleave(group_size, dim=1),
+            v_all.repeat_interleave(group_size, dim=1),
+            out,
+            lse,
+            0.0,
+            False,
+            attn_mask=mask,
+        )
+        # GQA: each KV head's gradient is the sum over the query heads that share it.
+        grad_k = grad_k.unflatten(1, (-1, group_size)).sum(2)
+        grad_v = grad_v.unflatten(1, (-1, group_size)).sum(2)
+        grad_k, grad_v = _reduce_scatter_kv(grad_k, grad_v, group)
+        return grad_q, grad_k, grad_v, None, None
 
 
-def ring_attention(group: dist.ProcessGroup, positions: torch.Tensor, seq_len: int):
-    """An attention core for :class:`~validate.workloads.model.Attention` over the CP ring."""
+def all_gather_attention(group: dist.ProcessGroup, positions: torch.Tensor, seq_len: int):
+    """An attention core for :class:`~validate.workloads.model.Attention` over the CP group."""
+    cp = dist.get_world_size(group)
+    mask = causal_mask(positions, gathered_positions(seq_len, cp)).to(positions.device)
 
     def core(q, k, v):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        return RingAttention.apply(q, k, v, positions, group, seq_len)
+        return AllGatherAttention.apply(q, k, v, mask, group)
 
     return core

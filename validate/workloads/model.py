@@ -50,11 +50,14 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        # In place where possible: a fused kernel allocates only the two input gradients.
+        # Two new tensors, the input gradients, as a fused kernel allocates: with
+        # sig = σ(a) and silu = a·sig, d silu/da = sig + silu·(1 − sig), computed in sig.
         a, b = ctx.saved_tensors
         sig = torch.sigmoid(a)
-        grad_b = torch.mul(a, sig).mul_(grad_out)
-        grad_a = torch.rsub(sig, 1).mul_(a).add_(1).mul_(sig).mul_(b).mul_(grad_out)
+        silu = torch.mul(a, sig)
+        sig.addcmul_(sig, silu, value=-1).add_(silu)
+        grad_b = silu.mul_(grad_out)
+        grad_a = sig.mul_(b).mul_(grad_out)
         return grad_a, grad_b
 
 
@@ -102,7 +105,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, workload.num_kv_heads * d, bias=False)
         self.wv = nn.Linear(h, workload.num_kv_heads * d, bias=False)
         self.wo = nn.Linear(workload.num_attention_heads * d, h, bias=False)
-        #: Replaced by ring attention under context parallelism.
+        #: Replaced by all-gather attention under context parallelism.
         self.core = causal_attention
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,18 +1,26 @@
-"""Mixture-of-experts block with top-k routing and expert parallelism over all_to_all.
+"""Mixture-of-experts block with top-k routing, fixed expert capacity, and EP over all_to_all.
 
-Routing: softmax over the top-k router logits of each token (Mixtral, Jiang et al. 2024),
-dropless (no capacity factor). Each (token, slot) pair is sent to its expert; experts are
-SwiGLU MLPs stored stacked (``w1``, ``w3``: ``E × h × f``; ``w2``: ``E × f × h``).
+Routing: softmax over the top-k router logits of each token (Mixtral, Jiang et al. 2024).
+Dispatch is capacity-based, as in GShard (Lepikhin et al. 2020, §2.2) and Switch
+Transformer (Fedus et al. 2021, §2.1): each sequence may send each expert at most
+``capacity = ceil(s·k / E)`` tokens (capacity factor 1), first choices before second
+choices and earlier tokens before later ones; the rest are dropped (their slot adds
+nothing, the residual carries the token). Every expert therefore processes a fixed
+``[sequences, capacity]`` block, padded with zeros, and the experts run as one batched
+matmul. Experts are SwiGLU MLPs stored stacked (``w1``, ``w3``: ``E × h × f``; ``w2``:
+``E × f × h``).
 
 Under expert parallelism (:func:`shard_experts`) rank ``r`` of the EP group keeps experts
-``[r·E/ep, (r+1)·E/ep)``. A forward then runs two all_to_all exchanges per MoE layer
-(dispatch the routed tokens, combine the expert outputs), plus one small exchange of the
-per-expert token counts; backward runs the two large ones again in reverse. Every rank
-sends ``tokens·k·h`` elements in the dispatch; the combine sends what its own experts
-processed, so per-rank combine bytes follow the routing while their sum over ranks does not.
+``[r·E/ep, (r+1)·E/ep)``. A forward runs two all_to_all exchanges per MoE layer (dispatch
+the padded blocks, combine the expert outputs), backward the same two in reverse. With
+fixed capacity the splits are equal and known in advance: every rank sends
+``(ep − 1)/ep · b·E·capacity·h`` elements per exchange, ``(ep − 1)/ep · b·s·k·h`` when
+``E`` divides ``s·k`` — the planner's EP term, whatever the routing does.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -22,6 +30,24 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from validate.spec import Workload
 from validate.workloads.model import swiglu
+
+
+def expert_capacity(seq_len: int, top_k: int, num_experts: int) -> int:
+    """Tokens one sequence may send each expert at capacity factor 1 (GShard, Switch)."""
+    return math.ceil(seq_len * top_k / num_experts)
+
+
+def capacity_positions(expert_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Position of each (token, choice) in its expert's queue, per sequence.
+
+    ``expert_ids`` is ``(b, s, k)``. Queues fill choice-major (every token's first choice
+    before any second choice, GShard §2.2), then in token order.
+    """
+    b, s, k = expert_ids.shape
+    order = expert_ids.transpose(1, 2).reshape(b, k * s)
+    onehot = F.one_hot(order, num_experts)
+    position = (onehot.cumsum(1) - 1).gather(-1, order.unsqueeze(-1)).squeeze(-1)
+    return position.view(b, k, s).transpose(1, 2)
 
 
 class MoE(nn.Module):
@@ -39,59 +65,50 @@ class MoE(nn.Module):
         self.w1 = nn.Parameter(torch.randn(num_experts, h, f) * 0.02)
         self.w3 = nn.Parameter(torch.randn(num_experts, h, f) * 0.02)
         self.w2 = nn.Parameter(torch.randn(num_experts, f, h) * 0.02)
-        #: Expert-parallel group and this rank's first expert (set by :func:`shard_experts`).
+        #: Expert-parallel group (set by :func:`shard_experts`).
         self.ep_group: dist.ProcessGroup | None = None
-        self.first_expert = 0
-
-    @property
-    def num_local_experts(self) -> int:
-        return self.w1.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        tokens = x.reshape(-1, shape[-1])
-        logits = self.router(tokens)
-        top_logits, expert_ids = logits.topk(self.top_k, dim=-1)
+        b, s, h = x.shape
+        num_experts, k = self.num_experts, self.top_k
+        capacity = expert_capacity(s, k, num_experts)
+        top_logits, expert_ids = self.router(x).topk(k, dim=-1)
         weights = F.softmax(top_logits, dim=-1)
-        flat_experts = expert_ids.flatten()
-        order = flat_experts.argsort(stable=True)
-        routed = tokens[order // self.top_k]
-        counts = torch.bincount(flat_experts, minlength=self.num_experts)
-        if self.ep_group is None:
-            out = self._run_experts(routed, counts)
-        else:
-            out = self._dispatch_run_combine(routed, counts)
-        # Gather with the inverse permutation: autograd keeps only the indices.
-        unsorted = out[order.argsort()]
-        combined = (unsorted.view(-1, self.top_k, shape[-1]) * weights.unsqueeze(-1)).sum(1)
-        return combined.view(shape)
+        with torch.no_grad():
+            position = capacity_positions(expert_ids, num_experts)
+            kept = position < capacity
+            sequence = torch.arange(b).view(b, 1, 1).expand(b, s, k)
+            slot = ((sequence * num_experts + expert_ids) * capacity + position)[kept]
+            token = torch.arange(b * s).view(b, s, 1).expand(b, s, k)[kept]
+        tokens = x.reshape(b * s, h)
+        blocks = tokens.new_zeros(b * num_experts * capacity, h).index_copy(0, slot, tokens[token])
+        # Expert-major: (E, b·capacity, h), the layout the all_to_all splits by rank.
+        blocks = (
+            blocks.view(b, num_experts, capacity, h).transpose(0, 1).reshape(num_experts, -1, h)
+        )
+        out = self._run_experts(blocks) if self.ep_group is None else self._exchange_run(blocks)
+        out = out.view(num_experts, b, capacity, h).transpose(0, 1).reshape(-1, h)
+        gathered = out[slot] * weights[kept].unsqueeze(-1)
+        return tokens.new_zeros(b * s, h).index_add(0, token, gathered).view(b, s, h)
 
-    def _run_experts(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Rows of ``routed`` are grouped by local expert, ``counts`` rows each."""
-        outputs = []
-        for e, rows in enumerate(routed.split(counts.tolist())):
-            hidden = swiglu(rows @ self.w1[e], rows @ self.w3[e], self.fused)
-            outputs.append(hidden @ self.w2[e])
-        return torch.cat(outputs)
+    def _run_experts(self, blocks: torch.Tensor) -> torch.Tensor:
+        """``blocks``: ``(local experts, rows, h)``; one batched SwiGLU MLP over all experts."""
+        hidden = swiglu(torch.bmm(blocks, self.w1), torch.bmm(blocks, self.w3), self.fused)
+        return torch.bmm(hidden, self.w2)
 
-    def _dispatch_run_combine(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _exchange_run(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Send each rank its experts' blocks, run the local experts, send the outputs back."""
         group, ep = self.ep_group, dist.get_world_size(self.ep_group)
-        local = self.num_local_experts
-        # counts_in[src, e]: rows rank src sends to this rank's local expert e.
-        counts_in = torch.empty_like(counts)
-        dist.all_to_all_single(counts_in, counts, group=group)
-        send_splits = counts.view(ep, local).sum(1).tolist()
-        counts_in = counts_in.view(ep, local)
-        recv_splits = counts_in.sum(1).tolist()
-        received = all_to_all_single_autograd(routed, recv_splits, send_splits, group)
-        # Received rows are ordered (source rank, expert); regroup them by expert.
-        source_major = torch.arange(ep * local).view(ep, local)
-        chunk_of = torch.repeat_interleave(source_major.flatten(), counts_in.flatten())
-        by_expert = (chunk_of % local) * ep + chunk_of // local
-        regroup = by_expert.argsort(stable=True)
-        out = self._run_experts(received[regroup], counts_in.sum(0))
-        back = out[regroup.argsort()]
-        return all_to_all_single_autograd(back, send_splits, recv_splits, group)
+        num_experts, rows, h = blocks.shape
+        local = num_experts // ep
+        splits = [local * rows] * ep
+        received = all_to_all_single_autograd(blocks.reshape(-1, h), splits, splits, group)
+        # Received: (source rank, local expert, rows, h) -> (local expert, sources·rows, h).
+        received = received.view(ep, local, rows, h).transpose(0, 1).reshape(local, -1, h)
+        out = self._run_experts(received)
+        back = out.view(local, ep, rows, h).transpose(0, 1).reshape(-1, h)
+        returned = all_to_all_single_autograd(back, splits, splits, group)
+        return returned.view(num_experts, rows, h)
 
 
 def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[nn.Parameter]:
@@ -109,5 +126,4 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[nn.Paramet
             setattr(module, name, part)
             expert_params.append(part)
         module.ep_group = group
-        module.first_expert = first
     return expert_params

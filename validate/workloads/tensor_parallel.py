@@ -6,13 +6,19 @@ split), output head column-parallel with a vocabulary-parallel cross-entropy
 (``loss_parallel``). With sequence parallelism the norms run on sequence shards and each
 block's input is all-gathered and its output reduce-scattered (Korthikanti et al. 2022,
 §4.2.2); without it the row-parallel outputs are all-reduced.
+
+Under sequence parallelism each rank's norm weights see only its sequence shard, so their
+gradients come out of backward as ``Partial`` DTensors. :func:`reduce_partial_gradients`
+all-reduces them once per step, as Megatron-LM's ``_allreduce_layernorm_grads`` does;
+left ``Partial``, every optimizer op reading the gradient would all-reduce it again (AdamW
+reads it three times).
 """
 
 from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -59,3 +65,11 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
         parallelize_module(layer, mesh, plan)
+
+
+def reduce_partial_gradients(model: nn.Module) -> None:
+    """All-reduce, once, every gradient left ``Partial`` over TP (the SP norm weights)."""
+    for param in model.parameters():
+        grad = param.grad
+        if isinstance(grad, DTensor) and any(isinstance(p, Partial) for p in grad.placements):
+            param.grad = grad.redistribute(placements=[Replicate()] * len(grad.placements))

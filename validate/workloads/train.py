@@ -1,7 +1,7 @@
 """One training step of a :class:`~validate.spec.RunSpec` on this rank, in its parallel form.
 
 :func:`build_trainer` composes the forms: tensor (+ sequence) parallelism, context
-parallelism (ring attention), expert parallelism, pipeline stages and schedules, and data
+parallelism (all-gather attention), expert parallelism, pipeline stages and schedules, and data
 parallelism / ZeRO around them (FSDP2 over TP makes the FSDP × TP layout; DDP under each
 pipeline stage makes PP × DP). Every rank builds the same full model from the same seed
 first, so a parallel step computes what the serial model computes on the same batch
@@ -52,16 +52,16 @@ class Trainer:
 
             apply_tensor_parallel(model, groups.submesh("tp"), layout.sequence_parallel)
         if layout.cp > 1:
-            from validate.workloads.context_parallel import local_positions, ring_attention
+            from validate.workloads.context_parallel import all_gather_attention, local_positions
 
             positions = local_positions(
                 spec.workload.seq_len, layout.cp, groups.coordinate("cp")
             ).to(self.device)
             model.positions = positions
+            # One core (and one causal mask) shared by every layer.
+            core = all_gather_attention(groups.group("cp"), positions, spec.workload.seq_len)
             for layer in model.layers.values():
-                layer.attention.core = ring_attention(
-                    groups.group("cp"), positions, spec.workload.seq_len
-                )
+                layer.attention.core = core
         if layout.ep > 1:
             from validate.workloads.moe import shard_experts
 
@@ -135,6 +135,10 @@ class Trainer:
             if hasattr(value, "to_local"):
                 value = value.to_local()
             loss = value.item()
+            if self.layout.tp > 1:
+                from validate.workloads.tensor_parallel import reduce_partial_gradients
+
+                reduce_partial_gradients(self.model)
             for param in self.expert_params:
                 # Experts see every data-parallel rank's tokens; average like DDP does.
                 param.grad.div_(self.layout.dp)

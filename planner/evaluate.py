@@ -56,6 +56,14 @@ def _unique_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
     return rows, inverse.reshape(-1)
 
 
+def _rows_by_value(column: np.ndarray) -> list[tuple[object, np.ndarray]]:
+    """(value, indices of the rows holding it) for each distinct value of ``column``."""
+    codes, uniques = pd.factorize(np.asarray(column).reshape(-1))
+    order = np.argsort(codes, kind="stable")
+    bounds = np.cumsum(np.bincount(codes, minlength=len(uniques)))[:-1]
+    return list(zip(uniques.tolist(), np.split(order, bounds), strict=True))
+
+
 def _with_mirror(per_rank: list[float], mirrored: int) -> np.ndarray:
     """Per-rank values plus, for DualPipe, those of the rank's mirrored stage (pp − 1 − r)."""
     values = np.asarray(per_rank, dtype=float)
@@ -204,18 +212,19 @@ def evaluate_columns(
     pick = np.arange(n), busiest
     f, b, w, rc, attention = F[pick], B[pick], W[pick], Rc[pick], A[pick]
 
-    # Pipeline step time by closed form, once per (schedule, pp, m, vpp).
+    # Pipeline step time by closed form: one call per schedule on its rows' columns.
     pipeline = np.zeros(n)
     busy = np.zeros(n)
     inflight = np.zeros((n, NUM_SLOTS))
-    groups, group_inv = _unique_rows(schedule, pp, m, vpp)
-    for g, (sch, p, mm, v) in enumerate(groups):
-        rows = np.flatnonzero(group_inv == g)
-        args = (sch, int(p), int(mm), int(v))
-        pipeline[rows] = closed_form.step_time(*args, f[rows], b[rows] + rc[rows], w[rows])
-        busy[rows] = closed_form.busy_time(*args, f[rows], b[rows] + rc[rows], w[rows])
-        per_rank = closed_form.peak_activation_microbatches(*args)
-        inflight[rows] = per_rank[R["slot"][rows].astype(np.int64)]
+    for sch, rows in _rows_by_value(schedule):
+        args = (sch, pp[rows], m[rows], vpp[rows])
+        backward = b[rows] + rc[rows]
+        pipeline[rows] = closed_form.step_time(*args, f[rows], backward, w[rows])
+        busy[rows] = closed_form.busy_time(*args, f[rows], backward, w[rows])
+        per_row = (column[:, None] for column in args[1:])  # against the (rows, slots) ranks
+        inflight[rows] = closed_form.activation_microbatches_at(
+            sch, *per_row, R["slot"][rows].astype(np.int64)
+        )
 
     # Communication: exposed time per axis under the overlap rules.
     comm = axis_times_vectorized(

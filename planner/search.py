@@ -280,8 +280,8 @@ def search(
             }
         columns.update(out)
         kept = np.flatnonzero(placeable & ~too_big)
+        kept = kept[_ranking({key: columns[key][kept] for key in RANKING_COLUMNS}, objective)]
         columns = {key: value[kept] for key, value in columns.items()}
-        columns = {key: value[_ranking(columns, objective)] for key, value in columns.items()}
     table = pd.DataFrame(columns) if out else pd.DataFrame(columns=LAYOUT_COLUMNS)
     return SearchResult(
         candidates_evaluated=total,
@@ -297,6 +297,9 @@ RANKING_KEYS = {  # objective: (columns, ascending), ties broken by the later co
     "memory": (("memory_per_gpu_bytes", "step_time_s"), (True, True)),
     "mfu": (("mfu", "memory_per_gpu_bytes"), (False, True)),
 }
+
+
+RANKING_COLUMNS = ("step_time_s", "memory_per_gpu_bytes", "mfu")
 
 
 def _ranking(columns: dict[str, np.ndarray], objective: str) -> np.ndarray:

@@ -40,6 +40,7 @@ def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]):
     alpha = np.full((len(combos), len(groups), len(_OPS), num_algorithms), np.inf)
     beta = np.zeros_like(alpha)
     views = {}
+    blocks = {}  # per distinct group (levels, neighbour level, size): [op, algorithm] costs
     for u, (tp, cp, ep, pp, dp) in enumerate(combos.tolist()):
         num_gpus = tp * cp * pp * dp
         if num_gpus > cluster.num_gpus or (dp * cp) % ep:
@@ -50,17 +51,46 @@ def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]):
         placement = placement_for_view(views[num_gpus], order, sizes)
         for g, name in enumerate(groups):
             group = placement.groups[name]
-            for o, op in enumerate(_OPS):
-                if op == "p2p":
-                    levels = (group.neighbour_level,) if group.neighbour_level else ()
-                else:
-                    levels = group.levels
-                costs = algorithm_costs(op, levels, group.group_size)
-                if not costs:  # a group of one rank: nothing to send
-                    alpha[u, g, o, 0] = 0.0
-                for a, cost in enumerate(costs.values()):
-                    alpha[u, g, o, a], beta[u, g, o, a] = cost.alpha_s, cost.beta_s_per_byte
+            # Level holds a dict (not hashable); placements share one levels tuple per group
+            # shape, so identity is the key (the block keeps the objects alive).
+            key = (id(group.levels), id(group.neighbour_level), group.group_size)
+            if key not in blocks:
+                blocks[key] = (_group_costs(group, num_algorithms), group)
+            alpha[u, g], beta[u, g] = blocks[key][0]
     return groups, alpha, beta
+
+
+def chunks_column(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+    """Model chunks per rank: the vpp, except zbv and dualpipev, which always run two."""
+    chunks = vpp.copy()
+    for name, spec in SCHEDULES.items():
+        if spec.fixed_vpp:
+            chunks = np.where(schedule == name, spec.fixed_vpp, chunks)
+    return chunks
+
+
+def placeable(cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, split="auto"):
+    """Rows that can be placed: the cluster has the GPUs, ep divides dp·cp (the combinations
+    :func:`_cost_tables` leaves unpriced) and the layer split is legal."""
+    priced = (tp * cp * pp * dp <= cluster.num_gpus) & ((dp * cp) % ep == 0)
+    return priced & np.asarray(stage_layers(num_layers, pp, chunks, split)[3])
+
+
+def _group_costs(group, num_algorithms: int) -> tuple[np.ndarray, np.ndarray]:
+    """alpha, beta [op, algorithm] of one group placement (inf alpha where unavailable)."""
+    alpha = np.full((len(_OPS), num_algorithms), np.inf)
+    beta = np.zeros_like(alpha)
+    for o, op in enumerate(_OPS):
+        if op == "p2p":
+            levels = (group.neighbour_level,) if group.neighbour_level else ()
+        else:
+            levels = group.levels
+        costs = algorithm_costs(op, levels, group.group_size)
+        if not costs:  # a group of one rank: nothing to send
+            alpha[o, 0] = 0.0
+        for a, cost in enumerate(costs.values()):
+            alpha[o, a], beta[o, a] = cost.alpha_s, cost.beta_s_per_byte
+    return alpha, beta
 
 
 def axis_times_vectorized(
@@ -114,10 +144,7 @@ def axis_times_vectorized(
     sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
     full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
     schedule = np.broadcast_to(np.asarray(schedule), rows)
-    chunks = vpp.copy()
-    for name, spec in SCHEDULES.items():  # zbv and dualpipev always run two chunks
-        if spec.fixed_vpp:
-            chunks = np.where(schedule == name, spec.fixed_vpp, chunks)
+    chunks = chunks_column(schedule, vpp)
     unknown = ~np.isin(schedule, list(SCHEDULES))
     if unknown.any():
         get_schedule(str(schedule[unknown].ravel()[0]))  # raises the one-line error
@@ -183,9 +210,8 @@ def axis_times_vectorized(
             out[f"{term.axis}_bytes_per_step"] += count * message * volume_factor(term.op, n)
             out[f"{term.axis}_time_s"] += raw
             out[f"{term.axis}_exposed_time_s"] += np.where(count > 0, exposed, 0.0)
-    valid = np.isfinite(alpha[inv, 0, 0].min(axis=-1))
-    valid &= np.asarray(stage_layers(job.model.num_layers, pp, chunks, pipeline_layer_split)[3])
-    valid &= batch_ok
+    valid = placeable(cluster, job.model.num_layers, tp, cp, pp, dp, ep, chunks,
+                      pipeline_layer_split) & batch_ok  # fmt: skip
     for key, column in out.items():
         out[key] = np.where(valid, column, np.nan)
     out["total_time_s"] = sum(out[f"{axis}_time_s"] for axis in AXES)

@@ -254,14 +254,14 @@ def search(
     cols["pipeline_layer_split"] = np.full(len(cols["tp"]), "auto", dtype=object)
     if progress:
         progress(0.3)
-    out = (
-        evaluate_columns(job, cluster, accelerator, cols, order=order, mfu_dtype=mfu_dtype)
+    usable = accelerator.hbm_bytes * (1 - mem_headroom)
+    out = (  # rows that do not fit are not timed
+        evaluate_columns(job, cluster, accelerator, cols, order, mfu_dtype, usable)
         if len(cols["tp"])
         else {}
     )
     if progress:
         progress(0.9)
-    usable = accelerator.hbm_bytes * (1 - mem_headroom)
     smallest = None
     columns = {key: cols[key] for key in LAYOUT_COLUMNS}
     if out:

@@ -166,7 +166,7 @@ def axis_times_vectorized(
         )
 
     combos = np.stack([tp, cp, ep, pp, dp], axis=-1).reshape(-1, 5)
-    radix = combos.max(axis=0) + 1  # one integer key per row: np.unique on ints is fast
+    radix = combos.max(axis=0, initial=0) + 1  # one integer key per row: np.unique on ints is fast
     keys = np.ravel_multi_index(tuple(combos.T), tuple(radix))
     unique_keys, inv = np.unique(keys, return_inverse=True)
     unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)

@@ -144,8 +144,11 @@ def structure_table(
     structs, struct_inv = unique_rows(tp, ep, pp, vpp, schedule, split)
     fields = ("dense_layers", "moe_layers", "emb", "head", "dense_params", "expert_params", "slot")
     table = {key: np.zeros((len(structs), NUM_SLOTS)) for key in fields}
+    layouts, rank_states = {}, {}  # rank structures ignore tp and ep; states repeat
     for u, (t, x, p, v, sch, spl) in enumerate(structs):
-        structure = rank_structure(model, p, v, sch, spl)
+        if (p, v, sch, spl) not in layouts:
+            layouts[p, v, sch, spl] = rank_structure(model, p, v, sch, spl)
+        structure = layouts[p, v, sch, spl]
         layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
         dense_stage, expert_stage = params_per_virtual_stage(model, layout)
         layers = np.asarray(structure.dense_layers) + np.asarray(structure.moe_layers)
@@ -162,7 +165,7 @@ def structure_table(
         states = slot_states(
             job, t, x, table["dense_params"][u], table["expert_params"][u],
             _with_mirror(structure.dense_layers, mirrored)[slots],
-            _with_mirror(structure.moe_layers, mirrored)[slots],
+            _with_mirror(structure.moe_layers, mirrored)[slots], rank_states,
         )  # fmt: skip
         for key, value in states.items():
             table.setdefault(key, np.zeros((len(structs), NUM_SLOTS)))[u] = value

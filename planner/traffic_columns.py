@@ -30,34 +30,56 @@ from planner.traffic_terms import (
 
 #: Axes whose columns :func:`axis_times_vectorized` returns (all of them, zeros where idle).
 AXES: tuple[str, ...] = tuple(AXIS_GROUPS)
-_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
+#: Most algorithms :func:`planner.comm.algorithm_costs` offers for one op.
+NUM_ALGORITHMS = 7
 
 
-def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]):
-    """alpha, beta arrays [combo, group, op, algorithm]; inf alpha where unavailable/invalid."""
-    groups = list(dict.fromkeys(AXIS_GROUPS.values()))
-    num_algorithms = 7
-    alpha = np.full((len(combos), len(groups), len(_OPS), num_algorithms), np.inf)
-    beta = np.zeros_like(alpha)
-    views = {}
-    blocks = {}  # per distinct group (levels, neighbour level, size): [op, algorithm] costs
-    for u, (tp, cp, ep, pp, dp) in enumerate(combos.tolist()):
+def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) -> list:
+    """The placement of each (tp, cp, ep, pp, dp) combination; None where it cannot be placed."""
+    views, placements = {}, []
+    for tp, cp, ep, pp, dp in combos.tolist():
         num_gpus = tp * cp * pp * dp
         if num_gpus > cluster.num_gpus or (dp * cp) % ep:
-            continue  # stays inf: the row cannot be placed
+            placements.append(None)  # stays unpriced: the row cannot be placed
+            continue
         if num_gpus not in views:
             views[num_gpus] = cluster_view(cluster, num_gpus)
         sizes = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
-        placement = placement_for_view(views[num_gpus], order, sizes)
-        for g, name in enumerate(groups):
-            group = placement.groups[name]
-            # Level holds a dict (not hashable); placements share one levels tuple per group
-            # shape, so identity is the key (the block keeps the objects alive).
-            key = (id(group.levels), id(group.neighbour_level), group.group_size)
-            if key not in blocks:
-                blocks[key] = (_group_costs(group, num_algorithms), group)
-            alpha[u, g], beta[u, g] = blocks[key][0]
-    return groups, alpha, beta
+        placements.append(placement_for_view(views[num_gpus], order, sizes))
+    return placements
+
+
+class _CostTables:
+    """alpha, beta [combination, algorithm] of one (placement group, op), priced on first
+    use: every algorithm costs ``alpha + beta · bytes`` (:func:`planner.comm.algorithm_costs`),
+    inf alpha where an algorithm is unavailable or the combination cannot be placed. Each
+    distinct group (placements share one levels tuple per group shape) is priced once."""
+
+    def __init__(self, placements: list):
+        self.placements = placements
+        self.tables: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+        self.groups: dict[tuple, tuple] = {}
+
+    def __call__(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray]:
+        if (group_name, op) not in self.tables:
+            self.tables[group_name, op] = self._price(group_name, op)
+        return self.tables[group_name, op]
+
+    def _price(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray]:
+        alpha = np.full((len(self.placements), NUM_ALGORITHMS), np.inf)
+        beta = np.zeros_like(alpha)
+        for u, placement in enumerate(self.placements):
+            if placement is None:
+                continue
+            group = placement.groups[group_name]
+            # Level holds a dict (not hashable): the identity of the shared levels is the
+            # key, and the entry keeps the group (and so its levels) alive.
+            key = (id(group.levels), id(group.neighbour_level), group.group_size, op)
+            if key not in self.groups:
+                self.groups[key] = (*_group_costs(group, op), group)
+            alpha[u], beta[u] = self.groups[key][:2]
+        usable = np.flatnonzero(np.isfinite(alpha).any(axis=0))
+        return alpha[:, usable], beta[:, usable]
 
 
 def chunks_column(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
@@ -76,21 +98,29 @@ def placeable(cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, spl
     return priced & np.asarray(stage_layers(num_layers, pp, chunks, split)[3])
 
 
-def _group_costs(group, num_algorithms: int) -> tuple[np.ndarray, np.ndarray]:
-    """alpha, beta [op, algorithm] of one group placement (inf alpha where unavailable)."""
-    alpha = np.full((len(_OPS), num_algorithms), np.inf)
+def _group_costs(group, op: str) -> tuple[np.ndarray, np.ndarray]:
+    """alpha, beta [algorithm] of ``op`` on one group placement (inf where unavailable)."""
+    alpha = np.full(NUM_ALGORITHMS, np.inf)
     beta = np.zeros_like(alpha)
-    for o, op in enumerate(_OPS):
-        if op == "p2p":
-            levels = (group.neighbour_level,) if group.neighbour_level else ()
-        else:
-            levels = group.levels
-        costs = algorithm_costs(op, levels, group.group_size)
-        if not costs:  # a group of one rank: nothing to send
-            alpha[o, 0] = 0.0
-        for a, cost in enumerate(costs.values()):
-            alpha[o, a], beta[o, a] = cost.alpha_s, cost.beta_s_per_byte
+    if op == "p2p":
+        levels = (group.neighbour_level,) if group.neighbour_level else ()
+    else:
+        levels = group.levels
+    costs = algorithm_costs(op, levels, group.group_size)
+    if not costs:  # a group of one rank: nothing to send
+        alpha[0] = 0.0
+    for a, cost in enumerate(costs.values()):
+        alpha[a], beta[a] = cost.alpha_s, cost.beta_s_per_byte
     return alpha, beta
+
+
+def _cheapest(alpha, beta, live: np.ndarray, num_bytes, shape) -> np.ndarray:
+    """The cheapest algorithm's time for one collective of ``num_bytes`` on the ``live`` rows
+    (flat indices; ``alpha``, ``beta`` [live row, algorithm]); 0 on the other rows."""
+    sent = np.broadcast_to(np.asarray(num_bytes, dtype=float), shape).ravel()[live]
+    time = np.zeros(int(np.prod(shape)))
+    time[live] = (alpha + beta * sent[:, None]).min(axis=-1)
+    return time.reshape(shape)
 
 
 def axis_times_vectorized(
@@ -171,7 +201,7 @@ def axis_times_vectorized(
     unique_keys, inv = np.unique(keys, return_inverse=True)
     unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
     inv = inv.reshape(rows)
-    groups, alpha, beta = _cost_tables(cluster, unique, order)
+    costs = _CostTables(_placements(cluster, unique, order))
     v_shape = np.isin(schedule, list(V_SHAPE_SCHEDULES))
     terms = step_terms(
         job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, pipeline_layer_split, v_shape
@@ -194,15 +224,15 @@ def axis_times_vectorized(
             count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
             if not count.any():
                 continue
-            g, o = groups.index(AXIS_GROUPS[term.axis]), _OPS.index(term.op)
-            usable = np.flatnonzero(np.isfinite(alpha[:, g, o]).any(axis=0))
-            a_rows, b_rows = alpha[:, g, o][:, usable][inv], beta[:, g, o][:, usable][inv]
+            alpha, beta = costs(AXIS_GROUPS[term.axis], term.op)
             message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
-            one = (a_rows + b_rows * message[..., None]).min(axis=-1)
+            # One collective's time, on the rows that run it (the others count 0 of them).
+            live = np.flatnonzero(count > 0)
+            priced = alpha[inv.ravel()[live]], beta[inv.ravel()[live]]
+            one = _cheapest(*priced, live, message, rows)
             bucket = one
             if np.any(term.bucket_bytes):
-                size = np.broadcast_to(np.asarray(term.bucket_bytes, dtype=float), rows)
-                bucket = (a_rows + b_rows * size[..., None]).min(axis=-1)
+                bucket = _cheapest(*priced, live, term.bucket_bytes, rows)
             raw = np.where(count > 0, count * one, 0.0)
             n = sizes["pp"] if term.op == "p2p" else sizes[AXIS_GROUPS[term.axis]]
             exposed = exposed_time(term.rule, raw, one, bucket, m, pp, chunks, compute,

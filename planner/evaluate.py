@@ -29,6 +29,7 @@ from planner.evaluate_tables import (
     MEMORY_SHAPE_KEYS,
     NUM_SLOTS,
     TIME_SHAPE_KEYS,
+    one_value_or_column,
     rows_by_value,
     shape_table,
     structure_table,
@@ -101,7 +102,8 @@ def evaluate_columns(
         )  # fmt: skip
         return _in_output_order(timed, memory)
     valid = placeable(cluster, job.model.num_layers, c["tp"], c["cp"], c["pp"], c["dp"],
-                      c["ep"], chunks_column(c["schedule"], c["vpp"]), c["split"])  # fmt: skip
+                      c["ep"], chunks_column(c["schedule"], c["vpp"]),
+                      one_value_or_column(c["split"]))  # fmt: skip
     rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= memory_limit_bytes))
     sub = {key: value[rows] for key, value in c.items()}
     timed = _time_columns(
@@ -241,7 +243,7 @@ def _time_columns(
         sequence_parallel=c["sp"],
         recompute=recompute,
         schedule=schedule,
-        pipeline_layer_split=c["split"],
+        pipeline_layer_split=one_value_or_column(c["split"]),
         order=order or ("tp", "cp", "ep", "pp", "dp"),
         forward_s=f,
         backward_s=b + rc + w,

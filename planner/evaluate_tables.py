@@ -62,6 +62,12 @@ def rows_by_value(column: np.ndarray) -> list[tuple[object, np.ndarray]]:
     return list(zip(uniques.tolist(), np.split(order, bounds), strict=True))
 
 
+def one_value_or_column(column: np.ndarray):
+    """The value every row holds (string rules then run once, broadcast), else the column."""
+    values = pd.unique(np.asarray(column).reshape(-1))
+    return values[0] if len(values) == 1 else column
+
+
 def _with_mirror(per_rank: list[float], mirrored: int) -> np.ndarray:
     """Per-rank values plus, for DualPipe, those of the rank's mirrored stage (pp − 1 − r)."""
     values = np.asarray(per_rank, dtype=float)

@@ -12,6 +12,7 @@ by :func:`planner.topology.placement_for_view`, so repeated calls are cheap.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from hwspecs.schema import Cluster
 from planner.comm import algorithm_costs, volume_factor
@@ -84,11 +85,27 @@ class _CostTables:
 
 def chunks_column(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
     """Model chunks per rank: the vpp, except zbv and dualpipev, which always run two."""
-    chunks = vpp.copy()
-    for name, spec in SCHEDULES.items():
-        if spec.fixed_vpp:
-            chunks = np.where(schedule == name, spec.fixed_vpp, chunks)
-    return chunks
+    fixed = {name: spec.fixed_vpp for name, spec in SCHEDULES.items() if spec.fixed_vpp}
+    codes, names = _codes(schedule)
+    per_name = np.array([fixed.get(name, 0) for name in names], dtype=np.int64)
+    return np.where(per_name[codes] > 0, per_name[codes], vpp) if len(names) else vpp.copy()
+
+
+def _codes(column) -> tuple[np.ndarray, list]:
+    """Each row's index into the column's distinct values, and those values (hashing)."""
+    values = np.asarray(column)
+    codes, names = pd.factorize(values.ravel())
+    return codes.reshape(values.shape), names.tolist()
+
+
+def _distinct(column) -> list:
+    return _codes(column)[1]
+
+
+def _is_one_of(column, names) -> np.ndarray:
+    """Rows whose value is one of ``names`` (string columns: one hash pass, no sort)."""
+    codes, values = _codes(column)
+    return np.array([value in names for value in values], dtype=bool)[codes]
 
 
 def placeable(cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, split="auto"):
@@ -174,11 +191,10 @@ def axis_times_vectorized(
     sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
     full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
     schedule = np.broadcast_to(np.asarray(schedule), rows)
+    for name in _distinct(schedule):
+        get_schedule(str(name))  # an unknown name raises its one-line error
     chunks = chunks_column(schedule, vpp)
-    unknown = ~np.isin(schedule, list(SCHEDULES))
-    if unknown.any():
-        get_schedule(str(schedule[unknown].ravel()[0]))  # raises the one-line error
-    ep_overlap = np.isin(schedule, EP_OVERLAP_SCHEDULES)
+    ep_overlap = _is_one_of(schedule, EP_OVERLAP_SCHEDULES)
     batch_ok = np.ones(rows, dtype=bool)
     if num_microbatches is not None:
         m = np.broadcast_to(np.asarray(num_microbatches, dtype=np.int64), rows)
@@ -202,7 +218,7 @@ def axis_times_vectorized(
     unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
     inv = inv.reshape(rows)
     costs = _CostTables(_placements(cluster, unique, order))
-    v_shape = np.isin(schedule, list(V_SHAPE_SCHEDULES))
+    v_shape = _is_one_of(schedule, V_SHAPE_SCHEDULES)
     terms = step_terms(
         job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, pipeline_layer_split, v_shape
     )

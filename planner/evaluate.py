@@ -51,9 +51,19 @@ TIME_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "optimizer_byte
 MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
 
+#: Structure entries that are zero in every row of a dense model: left out when they are
+#: (their terms add exactly 0), read through :func:`_held`.
+MOE_KEYS = ("moe_layers", "expert_params")
+
+
 def _gather(table: dict[str, np.ndarray], inverse: np.ndarray, keys) -> dict[str, np.ndarray]:
     """Rows of a per-distinct-value table (broadcast by each row's index into it)."""
-    return {key: table[key][inverse] for key in keys}
+    return {key: table[key][inverse] for key in keys if key not in MOE_KEYS or table[key].any()}
+
+
+def _held(R: dict, key: str, factor) -> np.ndarray | float:
+    """``R[key] · factor``: 0 where no row holds MoE layers or routed experts."""
+    return R[key] * factor if key in R else 0.0
 
 
 def evaluate_columns(
@@ -161,13 +171,12 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
             )
             continue
         per_param = getattr(whole, name)
-        parts[name] = (
-            R["dense_params"] * shard(per_param, first_stage, zero_group)[:, None]
-            + R["expert_params"] * shard(per_param, first_stage, expert_group)[:, None]
-        )
-    act_layers = R["dense_layers"] + R["moe_layers"]
+        parts[name] = R["dense_params"] * shard(per_param, first_stage, zero_group)[
+            :, None
+        ] + _held(R, "expert_params", shard(per_param, first_stage, expert_group)[:, None])
+    act_layers = R["dense_layers"] + _held(R, "moe_layers", 1.0)
     activations = (
-        R["dense_layers"] * S["act_dense"][:, None] + R["moe_layers"] * S["act_moe"][:, None]
+        R["dense_layers"] * S["act_dense"][:, None] + _held(R, "moe_layers", S["act_moe"][:, None])
     ) * inflight
     activations = activations + S["working"][:, None] * (act_layers > 0)
     activations = activations + inflight * (
@@ -204,7 +213,9 @@ def _time_columns(
 
     # Compute per examined rank; the busiest one sets the pipeline's pace.
     def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
-        total = R["dense_layers"] * S[dense_key][:, None] + R["moe_layers"] * S[moe_key][:, None]
+        total = R["dense_layers"] * S[dense_key][:, None] + _held(
+            R, "moe_layers", S[moe_key][:, None]
+        )
         if emb_key:
             total = total + R["emb"] * S[emb_key][:, None] + R["head"] * S[head_key][:, None]
         return total

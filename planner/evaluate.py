@@ -25,48 +25,47 @@ from hwspecs.schema import Accelerator, Cluster
 from planner import activations as act
 from planner import finetune_costs as ft
 from planner.compute import GpuRates
-from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns, slot_states
+from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns
+from planner.evaluate_tables import (
+    MEMORY_SHAPE_KEYS,
+    NUM_SLOTS,
+    TIME_SHAPE_KEYS,
+    one_value_or_column,
+    rows_by_value,
+    shape_table,
+    structure_table,
+    unique_rows,
+)
 from planner.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.job import Job
-from planner.layout import Layout
-from planner.memory import params_per_virtual_stage, rank_sums
 from planner.precision import DTYPE_BYTES, optimizer_states_per_param, unsharded_bytes_per_param
 from planner.schedules import closed_form
-from planner.stage_times import rank_structure, shape_times
-from planner.traffic_columns import AXES, axis_times_vectorized
+from planner.traffic_columns import AXES, axis_times_vectorized, chunks_column, placeable
 
-NUM_SLOTS = 5
 RECOMPUTE_CODES = ("none", "selective", "full")
+#: Structure-table entries the memory model reads (with the recipe's state terms, if any).
+MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "dense_params",
+                      "expert_params", "slot", "mirror_dense_layers",
+                      "mirror_moe_layers")  # fmt: skip
+TIME_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head", "optimizer_bytes",
+                    "newton_schulz_flops", "newton_schulz_bytes", "muon_params")  # fmt: skip
+#: Outputs of the memory model; every other output is timed.
+MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
 
-def _unique_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
-    """Distinct value tuples of the given columns and each row's index into them.
-
-    Each column is factorized to integer codes first, so strings cost no more than ints.
-    """
-    codes, values = [], []
-    for column in columns:
-        code, uniques = pd.factorize(np.asarray(column).reshape(-1))  # hashing: O(rows)
-        codes.append(code)
-        values.append(np.asarray(uniques))
-    key = np.ravel_multi_index(tuple(codes), tuple(len(v) for v in values))
-    unique_keys, inverse = np.unique(key, return_inverse=True)
-    parts = np.unravel_index(unique_keys, tuple(len(v) for v in values))
-    rows = list(zip(*(v[i].tolist() for v, i in zip(values, parts, strict=True)), strict=True))
-    return rows, inverse.reshape(-1)
+#: Structure entries that are zero in every row of a dense model: left out when they are
+#: (their terms add exactly 0), read through :func:`_held`.
+MOE_KEYS = ("moe_layers", "expert_params", "paced_moe_layers", "mirror_moe_layers")
 
 
-def _with_mirror(per_rank: list[float], mirrored: int) -> np.ndarray:
-    """Per-rank values plus, for DualPipe, those of the rank's mirrored stage (pp − 1 − r)."""
-    values = np.asarray(per_rank, dtype=float)
-    return values + mirrored * values[::-1]
+def _gather(table: dict[str, np.ndarray], inverse: np.ndarray, keys) -> dict[str, np.ndarray]:
+    """Rows of a per-distinct-value table (broadcast by each row's index into it)."""
+    return {key: table[key][inverse] for key in keys if key not in MOE_KEYS or table[key].any()}
 
 
-def _slots(pp: int, layers: np.ndarray) -> np.ndarray:
-    """The ranks examined for peaks: 0, 1, the first with the most layers, pp−2, pp−1."""
-    candidates = [0, 1, int(np.argmax(layers)), pp - 2, pp - 1]
-    ranks = sorted({r for r in candidates if 0 <= r < pp})
-    return np.array((ranks + [ranks[-1]] * NUM_SLOTS)[:NUM_SLOTS])
+def _held(R: dict, key: str, factor) -> np.ndarray | float:
+    """``R[key] · factor``: 0 where no row holds MoE layers or routed experts."""
+    return R[key] * factor if key in R else 0.0
 
 
 def evaluate_columns(
@@ -76,186 +75,91 @@ def evaluate_columns(
     columns: dict,
     order=None,
     mfu_dtype: str = "bf16",
+    memory_limit_bytes: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Evaluate rows of layouts. ``columns``: tp, cp, pp, dp, ep, vpp, micro_batch_size,
     num_microbatches, zero_stage (ints), sequence_parallel (bool), recompute, schedule,
-    pipeline_layer_split (str). Returns one array per quantity (see :data:`OUTPUTS`)."""
-    model, precision = job.model, job.precision
+    pipeline_layer_split (str). Returns one array per quantity.
+
+    Memory comes first, on every row. With ``memory_limit_bytes`` only the rows that fit in
+    it and can be placed are timed (the search's screen); the others keep their memory and
+    ``valid`` and carry NaN times. Each row's numbers do not depend on the other rows.
+    """
     n = len(columns["tp"])
     col = {k: np.asarray(v) for k, v in columns.items()}
-    tp, cp, pp, dp, ep, vpp = (
-        col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")
-    )
-    mbs, m, zero = (
+    c = {k: col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
+    c["mbs"], c["m"], c["zero"] = (
         col[k].astype(np.int64) for k in ("micro_batch_size", "num_microbatches", "zero_stage")
     )
-    sp = col["sequence_parallel"].astype(bool) & (tp > 1)
-    schedule, recompute, split = col["schedule"], col["recompute"], col["pipeline_layer_split"]
-    rates = GpuRates.of(accelerator, precision.gemm_dtype)
-    bf16_rates = GpuRates.of(accelerator, "bf16") if precision.gemm_dtype == "fp8" else None
-    e = precision.activation_bytes
-
-    # Shapes: per-layer times and per-layer activation bytes.
-    shapes, shape_inv = _unique_rows(tp, cp, ep, sp, mbs, recompute)
-    shape_keys = [
-        *("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward", "logits"),
-        *("fd", "bd", "wd", "rd", "ad", "fm", "bm", "wm", "rm", "am"),
-        *("f_emb", "b_emb", "w_emb", "f_head", "b_head", "w_head"),
-    ]
-    shape_cols = {key: np.zeros(len(shapes)) for key in shape_keys}
+    c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
+    c["schedule"], c["recompute"] = col["schedule"], col["recompute"]
+    c["split"] = col["pipeline_layer_split"]
+    rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
+    bf16_rates = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
-    timed = {}  # op times do not depend on the recompute policy: once per shape
-    for u, (t, c, x, s, b, r) in enumerate(shapes):
-        if (t, c, x, s, b) not in timed:
-            timed[t, c, x, s, b] = shape_times(
-                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned,
-                bf16_rates, job.active_memory_measures,
-            )  # fmt: skip
-        times = timed[t, c, x, s, b]
-        shape = act.ActivationShape(
-            seq_len=job.seq_len,
-            micro_batch_size=b,
-            tp=t,
-            cp=c,
-            sequence_parallel=s,
-            flash_attention=job.flash_attention,
-            recompute=r,
-            element_bytes=e,
-            measures=job.active_memory_measures,
-        )
-        moe_t = times.moe or times.dense
-        adapters = ft.adapter_layer_bytes(model, tuned, shape)
-        act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
-        values = {
-            "act_dense": act.activation_bytes_per_layer(model, shape, False) + adapters[False],
-            "act_moe": act_moe + adapters[True] if model.is_moe else 0.0,
-            "first_extra": sum(act.first_stage_tensors(model, shape).values()),
-            "last_extra": sum(act.last_stage_tensors(model, shape).values()),
-            "working": max(
-                act.recompute_working_bytes(model, shape, False),
-                act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
-            )
-            + sum(ft.adapter_working_max(model, tuned, shape).values()),
-            "backward": act.backward_working_bytes(model, shape),
-            "logits": act.logits_buffer_bytes(model, shape),
-            "fd": times.dense.forward_s,
-            "bd": times.dense.input_grad_s,
-            "wd": times.dense.weight_grad_s,
-            "rd": times.dense.recompute_s(r),
-            "ad": times.dense.attention_forward_s + times.dense.attention_backward_s,
-            "fm": moe_t.forward_s,
-            "bm": moe_t.input_grad_s,
-            "wm": moe_t.weight_grad_s,
-            "rm": moe_t.recompute_s(r),
-            "am": moe_t.attention_forward_s + moe_t.attention_backward_s,
-            "f_emb": times.embedding.forward_s,
-            "b_emb": times.embedding.input_grad_s,
-            "w_emb": 0.0,
-            "f_head": sum(op.forward_s for op in times.head),
-            "b_head": sum(op.input_grad_s for op in times.head),
-            "w_head": sum(op.weight_grad_s for op in times.head),
-        }
-        for key, value in values.items():
-            shape_cols[key][u] = value
-    S = {key: value[shape_inv] for key, value in shape_cols.items()}
-
-    # Structure: what each examined rank holds (layers, parameters, embedding, head).
-    structs, struct_inv = _unique_rows(tp, ep, pp, vpp, schedule, split)
-    fields = ("dense_layers", "moe_layers", "emb", "head", "dense_params", "expert_params", "slot")
-    table = {key: np.zeros((len(structs), NUM_SLOTS)) for key in fields}
-    for u, (t, x, p, v, sch, spl) in enumerate(structs):
-        structure = rank_structure(model, p, v, sch, spl)
-        layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
-        dense_stage, expert_stage = params_per_virtual_stage(model, layout)
-        layers = np.asarray(structure.dense_layers) + np.asarray(structure.moe_layers)
-        slots = _slots(p, layers)
-        table["slot"][u] = slots
-        table["dense_layers"][u] = np.asarray(structure.dense_layers)[slots]
-        table["moe_layers"][u] = np.asarray(structure.moe_layers)[slots]
-        table["emb"][u] = np.asarray(structure.has_embedding, dtype=float)[slots]
-        table["head"][u] = np.asarray(structure.has_head, dtype=float)[slots]
-        table["dense_params"][u] = rank_sums(dense_stage, layout)[slots]
-        table["expert_params"][u] = rank_sums(expert_stage, layout)[slots]
-        # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
-        mirrored = 1 if sch == "dualpipe" else 0
-        for kind in ("dense_layers", "moe_layers"):  # per micro-batch: the two stages' mean
-            paced = _with_mirror(getattr(structure, kind), mirrored) / (1 + mirrored)
-            table.setdefault(f"paced_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = paced[slots]
-            mirror = np.asarray(getattr(structure, kind))[::-1][slots]  # stage pp − 1 − r
-            table.setdefault(f"mirror_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = mirror
-        states = slot_states(
-            job, t, x, table["dense_params"][u], table["expert_params"][u],
-            _with_mirror(structure.dense_layers, mirrored)[slots],
-            _with_mirror(structure.moe_layers, mirrored)[slots],
-        )  # fmt: skip
-        for key, value in states.items():
-            table.setdefault(key, np.zeros((len(structs), NUM_SLOTS)))[u] = value
-    R = {key: value[struct_inv] for key, value in table.items()}
-    if "dualpipe" in set(schedule.tolist()):  # the mirrored direction's embedding and head
-        mirrored = schedule[:, None] == "dualpipe"
-        last = R["slot"] == (pp[:, None] - 1)
-        R["emb"] = np.where(mirrored & last, 1.0, R["emb"])
-        R["head"] = np.where(mirrored & (R["slot"] == 0), 1.0, R["head"])
-
-    # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
-    # runs half its micro-batches through each of its two stages: per micro-batch it does
-    # the mean of their layers, and half of the embedding and of the head (+ MTP).
-    pace = np.where(schedule[:, None] == "dualpipe", 0.5, 1.0)
-
-    def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
-        dense, moe = R["paced_dense_layers"], R["paced_moe_layers"]
-        total = dense * S[dense_key][:, None] + moe * S[moe_key][:, None]
-        if emb_key:
-            ends = R["emb"] * S[emb_key][:, None] + R["head"] * S[head_key][:, None]
-            total = total + pace * ends
-        return total
-
-    F = on_slots("fd", "fm", "f_emb", "f_head")
-    B = on_slots("bd", "bm", "b_emb", "b_head")
-    W = on_slots("wd", "wm", "w_emb", "w_head")
-    Rc = on_slots("rd", "rm")
-    A = on_slots("ad", "am")
-    busiest = np.argmax(F + B + W + Rc, axis=1)
-    pick = np.arange(n), busiest
-    f, b, w, rc, attention = F[pick], B[pick], W[pick], Rc[pick], A[pick]
-
-    # Pipeline step time by closed form, once per (schedule, pp, m, vpp).
-    pipeline = np.zeros(n)
-    busy = np.zeros(n)
-    inflight = np.zeros((n, NUM_SLOTS))
-    groups, group_inv = _unique_rows(schedule, pp, m, vpp)
-    for g, (sch, p, mm, v) in enumerate(groups):
-        rows = np.flatnonzero(group_inv == g)
-        args = (sch, int(p), int(mm), int(v))
-        pipeline[rows] = closed_form.step_time(*args, f[rows], b[rows] + rc[rows], w[rows])
-        busy[rows] = closed_form.busy_time(*args, f[rows], b[rows] + rc[rows], w[rows])
-        per_rank = closed_form.peak_activation_microbatches(*args)
-        inflight[rows] = per_rank[R["slot"][rows].astype(np.int64)]
-
-    # Communication: exposed time per axis under the overlap rules.
-    comm = axis_times_vectorized(
+    shapes, shape_inv = shape_table(
         job,
-        cluster,
-        tp=tp,
-        cp=cp,
-        pp=pp,
-        dp=dp,
-        ep=ep,
-        vpp=vpp,
-        micro_batch_size=mbs,
-        num_microbatches=m,
-        zero_stage=zero,
-        sequence_parallel=sp,
-        recompute=recompute,
-        schedule=schedule,
-        pipeline_layer_split=split,
-        order=order or ("tp", "cp", "ep", "pp", "dp"),
-        forward_s=f,
-        backward_s=b + rc + w,
-        attention_s=attention,
+        rates,
+        tuned,
+        *(c[k] for k in ("tp", "cp", "ep", "sp", "mbs", "recompute")),
+        bf16_rates,
     )
+    structs, struct_inv = structure_table(
+        job, *(c[k] for k in ("tp", "ep", "pp", "vpp", "schedule", "split"))
+    )
+    state_keys = tuple(key for key in structs if key.endswith(("_fixed", "_dense", "_expert")))
+    memory = _memory_columns(
+        job, c, _gather(shapes, shape_inv, MEMORY_SHAPE_KEYS),
+        _gather(structs, struct_inv, MEMORY_STRUCT_KEYS + state_keys), tuned,
+    )  # fmt: skip
+    if memory_limit_bytes is None:
+        timed = _time_columns(
+            job, cluster, accelerator, c, _gather(shapes, shape_inv, TIME_SHAPE_KEYS),
+            _gather(structs, struct_inv, TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
+        )  # fmt: skip
+        return _in_output_order(timed, memory)
+    valid = placeable(cluster, job.model.num_layers, c["tp"], c["cp"], c["pp"], c["dp"],
+                      c["ep"], chunks_column(c["schedule"], c["vpp"]),
+                      one_value_or_column(c["split"]))  # fmt: skip
+    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= memory_limit_bytes))
+    sub = {key: value[rows] for key, value in c.items()}
+    timed = _time_columns(
+        job, cluster, accelerator, sub, _gather(shapes, shape_inv[rows], TIME_SHAPE_KEYS),
+        _gather(structs, struct_inv[rows], TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
+    )  # fmt: skip
+    full = {}
+    for key, value in timed.items():
+        full[key] = valid.copy() if key == "valid" else np.full(n, np.nan)
+        full[key][rows] = value
+    return _in_output_order(full, memory)
 
-    # Memory per examined rank; the peak is memory per GPU.
+
+def _in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
+    """Timed and memory outputs in one order: throughput, memory per GPU and peak rank,
+    exposed communication and validity, the memory parts, then per-axis communication."""
+    keys = list(timed)
+    after_hfu, first_axis = keys.index("hfu") + 1, keys.index(f"{AXES[0]}_exposed_time_s")
+    out = {key: timed[key] for key in keys[:after_hfu]}
+    out.update({key: memory[key] for key in MEMORY_OUTPUTS})
+    out.update({key: timed[key] for key in keys[after_hfu:first_axis]})
+    out.update({key: value for key, value in memory.items() if key not in MEMORY_OUTPUTS})
+    out.update({key: timed[key] for key in keys[first_axis:]})
+    return out
+
+
+def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.ndarray]:
+    """Memory per examined rank from the rows' shapes and structures; the peak is memory
+    per GPU. Model states (ZeRO-sharded), activations of the micro-batches in flight,
+    logits, communication buffers and the runtime's fixed overhead."""
+    model, precision = job.model, job.precision
+    n = len(c["tp"])
+    tp, cp, pp, dp, ep, zero = (c[k] for k in ("tp", "cp", "pp", "dp", "ep", "zero"))
+    inflight = np.zeros((n, NUM_SLOTS))
+    for sch, rows in rows_by_value(c["schedule"]):
+        per_row = (c[k][rows, None] for k in ("pp", "m", "vpp"))  # against the slots' ranks
+        inflight[rows] = closed_form.activation_microbatches_at(
+            sch, *per_row, R["slot"][rows].astype(np.int64)
+        )
     states_per_param = optimizer_states_per_param(precision.optimizer, model)
     whole = unsharded_bytes_per_param(precision, states_per_param)
     zero_group = dp * cp
@@ -274,13 +178,12 @@ def evaluate_columns(
             )
             continue
         per_param = getattr(whole, name)
-        parts[name] = (
-            R["dense_params"] * shard(per_param, first_stage, zero_group)[:, None]
-            + R["expert_params"] * shard(per_param, first_stage, expert_group)[:, None]
-        )
-    act_layers = R["dense_layers"] + R["moe_layers"]
+        parts[name] = R["dense_params"] * shard(per_param, first_stage, zero_group)[
+            :, None
+        ] + _held(R, "expert_params", shard(per_param, first_stage, expert_group)[:, None])
+    act_layers = R["dense_layers"] + _held(R, "moe_layers", 1.0)
     activations = (
-        R["dense_layers"] * S["act_dense"][:, None] + R["moe_layers"] * S["act_moe"][:, None]
+        R["dense_layers"] * S["act_dense"][:, None] + _held(R, "moe_layers", S["act_moe"][:, None])
     ) * inflight
     working = S["working"][:, None] + act.backward_working_beside_logits(
         S["backward"][:, None], S["logits"][:, None], R["head"]
@@ -289,7 +192,7 @@ def evaluate_columns(
     activations = activations + inflight * (
         R["emb"] * S["first_extra"][:, None] + R["head"] * S["last_extra"][:, None]
     )
-    if "dualpipe" in set(schedule.tolist()):  # rank r: pp − r own chunks, r + 1 mirrored
+    if "dualpipe" in set(c["schedule"].tolist()):  # rank r: pp − r own chunks, r + 1 mirrored
         slot, p = R["slot"], pp[:, None]
 
         def stage_bytes(dense, moe, has_embedding, has_head):
@@ -298,22 +201,97 @@ def evaluate_columns(
                 + has_embedding * S["first_extra"][:, None] + has_head * S["last_extra"][:, None]
             )  # fmt: skip
 
-        own = stage_bytes(R["dense_layers"], R["moe_layers"], slot == 0, slot == p - 1)
-        mirror = stage_bytes(R["mirror_dense_layers"], R["mirror_moe_layers"], slot == p - 1,
-                             slot == 0)  # fmt: skip
+        own = stage_bytes(R["dense_layers"], _held(R, "moe_layers", 1.0), slot == 0, slot == p - 1)
+        mirror = stage_bytes(R["mirror_dense_layers"], _held(R, "mirror_moe_layers", 1.0),
+                             slot == p - 1, slot == 0)  # fmt: skip
         dual = own * (p - slot) + mirror * (slot + 1) + S["working"][:, None] * (act_layers > 0)
-        activations = np.where(schedule[:, None] == "dualpipe", dual, activations)
+        activations = np.where(c["schedule"][:, None] == "dualpipe", dual, activations)
     parts["activations"] = activations
     parts["logits_buffers"] = R["head"] * S["logits"][:, None]
-    comm_buffer = _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs, tuned)
+    comm_buffer = _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, c["sp"], c["mbs"], tuned)
     parts["comm_buffers"] = np.broadcast_to(comm_buffer[:, None], (n, NUM_SLOTS))
     parts["runtime_overhead"] = np.full((n, NUM_SLOTS), float(job.runtime_overhead_bytes))
     total = sum(parts.values())
     peak_slot = np.argmax(total, axis=1)
     peak_pick = np.arange(n), peak_slot
-    memory = total[peak_pick]
+    out = {
+        "memory_per_gpu_bytes": total[peak_pick],
+        "peak_rank": R["slot"][peak_pick].astype(np.int64),
+    }
+    for name, value in parts.items():
+        out[f"memory_{name}_bytes"] = value[peak_pick]
+    return out
+
+
+def _time_columns(
+    job: Job, cluster, accelerator, c: dict, S: dict, R: dict, order, mfu_dtype, rates, tuned
+) -> dict[str, np.ndarray]:
+    """Step time per row: the busiest examined rank's F, B (+ recompute) and W per
+    micro-batch through the schedule's closed form, exposed communication per axis, the
+    optimizer step; throughput and MFU from it."""
+    model = job.model
+    n = len(c["tp"])
+    tp, cp, pp, dp, ep, vpp = (c[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
+    mbs, m, zero, schedule, recompute = (c[k] for k in ("mbs", "m", "zero", "schedule",
+                                                        "recompute"))  # fmt: skip
+
+    # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
+    # runs half its micro-batches through each of its two stages: per micro-batch it does
+    # the mean of their layers, and half of the embedding and of the head (+ MTP).
+    pace = np.where(schedule[:, None] == "dualpipe", 0.5, 1.0)
+
+    def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
+        total = R["paced_dense_layers"] * S[dense_key][:, None] + _held(
+            R, "paced_moe_layers", S[moe_key][:, None]
+        )
+        if emb_key:
+            ends = R["emb"] * S[emb_key][:, None] + R["head"] * S[head_key][:, None]
+            total = total + pace * ends
+        return total
+
+    F = on_slots("fd", "fm", "f_emb", "f_head")
+    B = on_slots("bd", "bm", "b_emb", "b_head")
+    W = on_slots("wd", "wm", "w_emb", "w_head")
+    Rc = on_slots("rd", "rm")
+    A = on_slots("ad", "am")
+    busiest = np.argmax(F + B + W + Rc, axis=1)
+    pick = np.arange(n), busiest
+    f, b, w, rc, attention = F[pick], B[pick], W[pick], Rc[pick], A[pick]
+
+    # Pipeline step time by closed form: one call per schedule on its rows' columns.
+    pipeline = np.zeros(n)
+    busy = np.zeros(n)
+    for sch, rows in rows_by_value(schedule):
+        args = (sch, pp[rows], m[rows], vpp[rows])
+        backward = b[rows] + rc[rows]
+        pipeline[rows] = closed_form.step_time(*args, f[rows], backward, w[rows])
+        busy[rows] = closed_form.busy_time(*args, f[rows], backward, w[rows])
+
+    # Communication: exposed time per axis under the overlap rules.
+    comm = axis_times_vectorized(
+        job,
+        cluster,
+        tp=tp,
+        cp=cp,
+        pp=pp,
+        dp=dp,
+        ep=ep,
+        vpp=vpp,
+        micro_batch_size=mbs,
+        num_microbatches=m,
+        zero_stage=zero,
+        sequence_parallel=c["sp"],
+        recompute=recompute,
+        schedule=schedule,
+        pipeline_layer_split=one_value_or_column(c["split"]),
+        order=order or ("tp", "cp", "ep", "pp", "dp"),
+        forward_s=f,
+        backward_s=b + rc + w,
+        attention_s=attention,
+    )
 
     # Optimizer: the trainable parameters' update (and Muon's orthogonalization and gather).
+    zero_group = dp * cp
     with np.errstate(divide="ignore", invalid="ignore"):  # the DP group's achieved bus rate
         dp_rate = np.where(
             comm["dp_time_s"] > 0, comm["dp_bytes_per_step"] / comm["dp_time_s"], np.inf
@@ -353,14 +331,10 @@ def evaluate_columns(
         "mfu": tokens_per_s_per_gpu * flops_token / peak,
         "mfu_causal": tokens_per_s_per_gpu * flops_token_causal / peak,
         "hfu": tokens_per_s_per_gpu * (flops_token + extra) / peak,
-        "memory_per_gpu_bytes": memory,
-        "peak_rank": R["slot"][peak_pick].astype(np.int64),
         "exposed_comm_s": exposed,
         "valid": comm["valid"],
     }
     out["bubble_fraction"] = out["pipeline_bubble_s"] / step
-    for name, value in parts.items():
-        out[f"memory_{name}_bytes"] = value[peak_pick]
     for axis in AXES:
         out[f"{axis}_exposed_time_s"] = comm[f"{axis}_exposed_time_s"]
         out[f"{axis}_time_s"] = comm[f"{axis}_time_s"]
@@ -392,7 +366,7 @@ def _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs, tuned=None) 
     replicated = np.where(sp, 1.0 / tp, 1.0)
     total = np.where(pp > 1, 2 * tokens * h * e * replicated, 0.0)
     total = total + np.where(sp, tokens * h * e, 0.0)
-    keys, inverse = _unique_rows(tp, ep)
+    keys, inverse = unique_rows(tp, ep)
     if tuned is None:
         layer = np.array([sum(layer_params_per_rank(model, t, x, model.is_moe)) for t, x in keys])
         weights = layer * DTYPE_BYTES[job.precision.weight_dtype]

@@ -94,21 +94,25 @@ def slot_states(
     expert_params: np.ndarray,
     dense_layers: np.ndarray,
     moe_layers: np.ndarray,
+    seen: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """Per examined rank (arrays over slots, layers counted in both directions for DualPipe):
-    the optimizer's unsharded cost and, under an adapter recipe, the state terms."""
+    the optimizer's unsharded cost and, under an adapter recipe, the state terms.
+
+    ``seen`` caches each distinct rank's values across calls of one job (pass one dict)."""
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     keys = ["optimizer_bytes", "newton_schulz_flops", "newton_schulz_bytes", "muon_params"]
     if tuned:
         keys += [f"{part}_{term}" for part in STATE_PARTS for term in ("fixed", "dense", "expert")]
     out = {key: np.zeros(len(dense_params)) for key in keys}
-    seen: dict[tuple, dict[str, float]] = {}
+    seen = {} if seen is None else seen
     for slot, rank in enumerate(
         zip(dense_params, expert_params, dense_layers, moe_layers, strict=True)
     ):
-        if rank not in seen:
-            seen[rank] = _rank_states(job, tuned, tp, ep, *rank)
-        for key, value in seen[rank].items():
+        rank_key = (tp, ep, *rank)
+        if rank_key not in seen:
+            seen[rank_key] = _rank_states(job, tuned, tp, ep, *rank)
+        for key, value in seen[rank_key].items():
             out[key][slot] = value
     return out
 

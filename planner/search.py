@@ -90,10 +90,16 @@ def _schedule_options(space: SearchSpace, num_layers: int) -> list[tuple[str, in
     return pairs
 
 
-def candidate_columns(
+def screening_grid(
     job: Job, cluster: Cluster, gpus: int, space: SearchSpace
-) -> dict[str, np.ndarray]:
-    """Every combination of the knobs as numpy columns (degrees multiply to ``gpus``)."""
+) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[int, ...]]:
+    """The knobs the screening rules read, as numpy columns over their combinations.
+
+    Degrees (multiplying to ``gpus``), (schedule, vpp), micro-batch size and sequence
+    parallelism; no rule reads the ZeRO stage or the recompute policy, so each row here
+    stands for ``len(zero_stage) · len(recompute)`` candidates (:func:`expand_rows`).
+    Also returns each row's cell in the grid ``(degree, pair, mbs, sp)`` and its shape.
+    """
     model = job.model
     tps = space.tp or _divisors(gpus, 64)
     cps = space.cp or _divisors(gpus, space.max_cp)
@@ -110,13 +116,11 @@ def candidate_columns(
     grids = np.meshgrid(
         np.arange(len(t)),
         np.arange(len(pairs)),
-        space.micro_batch_size,
-        space.zero_stage,
-        np.arange(len(space.recompute)),
-        space.sequence_parallel,
+        np.arange(len(space.micro_batch_size)),
+        np.arange(len(space.sequence_parallel)),
         indexing="ij",
     )
-    degree, pair, mbs, zero, recompute, sp = (g.ravel() for g in grids)
+    degree, pair, mbs, sp = (g.ravel() for g in grids)
     names = np.array([name for name, _ in pairs] or ["1f1b"], dtype=object)
     vpps = np.array([v for _, v in pairs] or [1])
     columns = {
@@ -126,17 +130,37 @@ def candidate_columns(
         "dp": d[degree],
         "ep": x[degree],
         "vpp": vpps[pair],
-        "micro_batch_size": mbs,
+        "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
         "schedule": names[pair],
-        "zero_stage": zero,
-        "recompute": np.array(space.recompute, dtype=object)[recompute],
-        "sequence_parallel": sp.astype(bool),
+        "sequence_parallel": np.asarray(space.sequence_parallel, dtype=bool)[sp],
     }
     # Sequence parallelism means nothing without TP: keep one of the two rows.
     keep = np.ones(len(sp), dtype=bool)
     if False in space.sequence_parallel:
         keep = (columns["tp"] > 1) | ~columns["sequence_parallel"]
-    return {key: value[keep] for key, value in columns.items()}
+    shape = (len(t), len(pairs) or 1, len(space.micro_batch_size), len(space.sequence_parallel))
+    return {key: value[keep] for key, value in columns.items()}, np.flatnonzero(keep), shape
+
+
+def expand_rows(
+    columns: dict[str, np.ndarray], cells: np.ndarray, grid_shape: tuple[int, ...], space
+) -> dict[str, np.ndarray]:
+    """Screened rows × every ZeRO stage × every recompute policy, in the order of the full
+    grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it)."""
+    num_zero, num_recompute = len(space.zero_stage), len(space.recompute)
+    alive = np.zeros(int(np.prod(grid_shape)), dtype=bool)
+    alive[cells] = True
+    num_sp = grid_shape[-1]
+    alive = alive.reshape(-1, 1, 1, num_sp)
+    full = np.broadcast_to(alive, (alive.shape[0], num_zero, num_recompute, num_sp))
+    cell, zero, recompute, sp = np.nonzero(full)
+    row_of_cell = np.zeros(len(alive.ravel()), dtype=np.int64)
+    row_of_cell[cells] = np.arange(len(cells))
+    row = row_of_cell[cell * num_sp + sp]
+    out = {key: value[row] for key, value in columns.items()}
+    out["zero_stage"] = np.asarray(space.zero_stage)[zero]
+    out["recompute"] = np.array(space.recompute, dtype=object)[recompute]
+    return out
 
 
 def rejection_masks(
@@ -215,50 +239,50 @@ def search(
 ) -> SearchResult:
     """Screen, evaluate and rank every layout of ``job`` on the first ``gpus`` of ``cluster``."""
     space = space or SearchSpace()
-    cols = candidate_columns(job, cluster, gpus, space)
-    total = len(cols["tp"])
+    grid, cells, grid_shape = screening_grid(job, cluster, gpus, space)
+    copies = len(space.zero_stage) * len(space.recompute)  # rows per screened grid row
+    total = len(cells) * copies
     rejected: dict[str, int] = {}
-    alive = np.ones(total, dtype=bool)
-    for reason, mask in rejection_masks(job, cluster, cols, space):
+    alive = np.ones(len(cells), dtype=bool)
+    for reason, mask in rejection_masks(job, cluster, grid, space):
         hit = alive & np.asarray(mask, dtype=bool)
         if hit.any():
-            rejected[reason] = int(hit.sum())
+            rejected[reason] = int(hit.sum()) * copies
         alive &= ~hit
-    cols = {key: value[alive] for key, value in cols.items()}
+    grid = {key: value[alive] for key, value in grid.items()}
+    cols = expand_rows(grid, cells[alive], grid_shape, space)
     cols["pipeline_layer_split"] = np.full(len(cols["tp"]), "auto", dtype=object)
     if progress:
         progress(0.3)
-    out = (
-        evaluate_columns(job, cluster, accelerator, cols, order=order, mfu_dtype=mfu_dtype)
+    usable = accelerator.hbm_bytes * (1 - mem_headroom)
+    out = (  # rows that do not fit are not timed
+        evaluate_columns(job, cluster, accelerator, cols, order, mfu_dtype, usable)
         if len(cols["tp"])
         else {}
     )
     if progress:
         progress(0.9)
-    usable = accelerator.hbm_bytes * (1 - mem_headroom)
-    table = (
-        pd.DataFrame({key: cols[key] for key in LAYOUT_COLUMNS})
-        if out
-        else pd.DataFrame(columns=LAYOUT_COLUMNS)
-    )
     smallest = None
+    columns = {key: cols[key] for key in LAYOUT_COLUMNS}
     if out:
-        for key, value in out.items():
-            table[key] = value
-        unplaceable = ~table["valid"].to_numpy()
-        if unplaceable.any():
-            rejected["cannot be placed on the cluster"] = int(unplaceable.sum())
-        table = table[~unplaceable]
-        too_big = table["memory_per_gpu_bytes"].to_numpy() > usable
+        placeable = out["valid"]
+        if not placeable.all():
+            rejected["cannot be placed on the cluster"] = int((~placeable).sum())
+        memory = out["memory_per_gpu_bytes"]
+        too_big = placeable & (memory > usable)
         if too_big.any():
             rejected[f"does not fit in {usable / GIB:.1f} GiB per GPU"] = int(too_big.sum())
-            best = table[too_big].sort_values("memory_per_gpu_bytes").iloc[0]
+            big = np.flatnonzero(too_big)
+            best = big[np.argsort(memory[big], kind="quicksort")[0]]  # as pandas' sort_values
             smallest = {
-                **{k: _plain(best[k]) for k in LAYOUT_COLUMNS},
-                "memory_per_gpu_bytes": float(best["memory_per_gpu_bytes"]),
+                **{k: _plain(cols[k][best]) for k in LAYOUT_COLUMNS},
+                "memory_per_gpu_bytes": float(memory[best]),
             }
-        table = table[~too_big]
-    table = rank_table(table, objective)
+        columns.update(out)
+        kept = np.flatnonzero(placeable & ~too_big)
+        kept = kept[_ranking({key: columns[key][kept] for key in RANKING_COLUMNS}, objective)]
+        columns = {key: value[kept] for key, value in columns.items()}
+    table = pd.DataFrame(columns) if out else pd.DataFrame(columns=LAYOUT_COLUMNS)
     return SearchResult(
         candidates_evaluated=total,
         feasible=len(table),
@@ -268,16 +292,31 @@ def search(
     )
 
 
+RANKING_KEYS = {  # objective: (columns, ascending), ties broken by the later columns
+    "step_time": (("step_time_s", "memory_per_gpu_bytes"), (True, True)),
+    "memory": (("memory_per_gpu_bytes", "step_time_s"), (True, True)),
+    "mfu": (("mfu", "memory_per_gpu_bytes"), (False, True)),
+}
+
+
+RANKING_COLUMNS = ("step_time_s", "memory_per_gpu_bytes", "mfu")
+
+
+def _ranking(columns: dict[str, np.ndarray], objective: str) -> np.ndarray:
+    """Row order by the objective: a stable sort, as :func:`rank_table` sorts a table."""
+    names, ascending = RANKING_KEYS[objective]
+    keys = [columns[n] if up else -columns[n] for n, up in zip(names, ascending, strict=True)]
+    return np.lexsort(keys[::-1])
+
+
 def rank_table(table: pd.DataFrame, objective: str) -> pd.DataFrame:
     """Sort by the objective (ties broken by step time, then memory)."""
     if table.empty:
         return table.reset_index(drop=True)
-    keys = {
-        "step_time": (["step_time_s", "memory_per_gpu_bytes"], [True, True]),
-        "memory": (["memory_per_gpu_bytes", "step_time_s"], [True, True]),
-        "mfu": (["mfu", "memory_per_gpu_bytes"], [False, True]),
-    }[objective]
-    return table.sort_values(keys[0], ascending=keys[1], kind="stable").reset_index(drop=True)
+    names, ascending = RANKING_KEYS[objective]
+    return table.sort_values(list(names), ascending=list(ascending), kind="stable").reset_index(
+        drop=True
+    )
 
 
 def _plain(value):

@@ -12,6 +12,7 @@ by :func:`planner.topology.placement_for_view`, so repeated calls are cheap.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
@@ -33,41 +34,116 @@ from planner.traffic_terms import (
 
 #: Axes whose columns :func:`axis_times_vectorized` returns (all of them, zeros where idle).
 AXES: tuple[str, ...] = tuple(AXIS_GROUPS)
-_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
+#: Most algorithms :func:`planner.comm.algorithm_costs` offers for one op.
+NUM_ALGORITHMS = len(ALGORITHMS)
 
 
-def _cost_tables(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...], routing=None):
-    """alpha, beta arrays [combo, group, op, algorithm]; inf alpha where unavailable/invalid.
-
-    ``routing``: the EP all-to-all's node-limited routing (:func:`ep_routing`), or None."""
-    groups = list(dict.fromkeys(AXIS_GROUPS.values()))
-    num_algorithms = len(ALGORITHMS)
-    alpha = np.full((len(combos), len(groups), len(_OPS), num_algorithms), np.inf)
-    beta = np.zeros_like(alpha)
-    views = {}
-    for u, (tp, cp, ep, pp, dp) in enumerate(combos.tolist()):
+def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) -> list:
+    """The placement of each (tp, cp, ep, pp, dp) combination; None where it cannot be placed."""
+    views, placements = {}, []
+    for tp, cp, ep, pp, dp in combos.tolist():
         num_gpus = tp * cp * pp * dp
         if num_gpus > cluster.num_gpus or (dp * cp) % ep:
-            continue  # stays inf: the row cannot be placed
+            placements.append(None)  # stays unpriced: the row cannot be placed
+            continue
         if num_gpus not in views:
             views[num_gpus] = cluster_view(cluster, num_gpus)
         sizes = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
-        placement = placement_for_view(views[num_gpus], order, sizes)
-        for g, name in enumerate(groups):
-            group = placement.groups[name]
-            for o, op in enumerate(_OPS):
-                if op == "p2p":
-                    levels = (group.neighbour_level,) if group.neighbour_level else ()
-                else:
-                    levels = group.levels
-                costs = algorithm_costs(
-                    op, levels, group.group_size, routing if name == "ep" else None
-                )
-                if not costs:  # a group of one rank: nothing to send
-                    alpha[u, g, o, 0] = 0.0
-                for a, cost in enumerate(costs.values()):
-                    alpha[u, g, o, a], beta[u, g, o, a] = cost.alpha_s, cost.beta_s_per_byte
-    return groups, alpha, beta
+        placements.append(placement_for_view(views[num_gpus], order, sizes))
+    return placements
+
+
+class _CostTables:
+    """alpha, beta [combination, algorithm] of one (placement group, op), priced on first
+    use: every algorithm costs ``alpha + beta · bytes`` (:func:`planner.comm.algorithm_costs`),
+    inf alpha where an algorithm is unavailable or the combination cannot be placed. Each
+    distinct group (placements share one levels tuple per group shape) is priced once."""
+
+    def __init__(self, placements: list, routing=None):
+        self.placements = placements
+        self.routing = routing  # the EP all-to-all's node-limited routing (ep_routing)
+        self.tables: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+        self.groups: dict[tuple, tuple] = {}
+
+    def __call__(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray]:
+        if (group_name, op) not in self.tables:
+            self.tables[group_name, op] = self._price(group_name, op)
+        return self.tables[group_name, op]
+
+    def _price(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray]:
+        alpha = np.full((len(self.placements), NUM_ALGORITHMS), np.inf)
+        beta = np.zeros_like(alpha)
+        for u, placement in enumerate(self.placements):
+            if placement is None:
+                continue
+            group = placement.groups[group_name]
+            # Level holds a dict (not hashable): the identity of the shared levels is the
+            # key, and the entry keeps the group (and so its levels) alive.
+            routing = self.routing if group_name == "ep" else None
+            key = (id(group.levels), id(group.neighbour_level), group.group_size, op, routing)
+            if key not in self.groups:
+                self.groups[key] = (*_group_costs(group, op, routing), group)
+            alpha[u], beta[u] = self.groups[key][:2]
+        usable = np.flatnonzero(np.isfinite(alpha).any(axis=0))
+        return alpha[:, usable], beta[:, usable]
+
+
+def chunks_column(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+    """Model chunks per rank: the vpp, except zbv and dualpipev, which always run two."""
+    fixed = {name: spec.fixed_vpp for name, spec in SCHEDULES.items() if spec.fixed_vpp}
+    codes, names = _codes(schedule)
+    per_name = np.array([fixed.get(name, 0) for name in names], dtype=np.int64)
+    return np.where(per_name[codes] > 0, per_name[codes], vpp) if len(names) else vpp.copy()
+
+
+def _codes(column) -> tuple[np.ndarray, list]:
+    """Each row's index into the column's distinct values, and those values (hashing)."""
+    values = np.asarray(column)
+    codes, names = pd.factorize(values.ravel())
+    return codes.reshape(values.shape), names.tolist()
+
+
+def _distinct(column) -> list:
+    return _codes(column)[1]
+
+
+def _is_one_of(column, names) -> np.ndarray:
+    """Rows whose value is one of ``names`` (string columns: one hash pass, no sort)."""
+    codes, values = _codes(column)
+    return np.array([value in names for value in values], dtype=bool)[codes]
+
+
+def placeable(cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, split="auto"):
+    """Rows that can be placed: the cluster has the GPUs, ep divides dp·cp (the combinations
+    :func:`_cost_tables` leaves unpriced) and the layer split is legal."""
+    priced = (tp * cp * pp * dp <= cluster.num_gpus) & ((dp * cp) % ep == 0)
+    return priced & np.asarray(stage_layers(num_layers, pp, chunks, split)[3])
+
+
+def _group_costs(group, op: str, routing=None) -> tuple[np.ndarray, np.ndarray]:
+    """alpha, beta [algorithm] of ``op`` on one group placement (inf where unavailable);
+    ``routing``: node-limited routing of an EP all-to-all (:func:`ep_routing`), or None."""
+    alpha = np.full(NUM_ALGORITHMS, np.inf)
+    beta = np.zeros_like(alpha)
+    if op == "p2p":
+        levels = (group.neighbour_level,) if group.neighbour_level else ()
+    else:
+        levels = group.levels
+    costs = algorithm_costs(op, levels, group.group_size, routing)
+    if not costs:  # a group of one rank: nothing to send
+        alpha[0] = 0.0
+    for a, cost in enumerate(costs.values()):
+        alpha[a], beta[a] = cost.alpha_s, cost.beta_s_per_byte
+    return alpha, beta
+
+
+def _cheapest(alpha, beta, live: np.ndarray, num_bytes, shape) -> np.ndarray:
+    """The cheapest algorithm's time for one collective of ``num_bytes`` on the ``live`` rows
+    (flat indices; ``alpha``, ``beta`` [live row, algorithm]); 0 on the other rows."""
+    sent = np.broadcast_to(np.asarray(num_bytes, dtype=float), shape).ravel()[live]
+    time = np.zeros(int(np.prod(shape)))
+    time[live] = (alpha + beta * sent[:, None]).min(axis=-1)
+    return time.reshape(shape)
 
 
 def axis_times_vectorized(
@@ -121,14 +197,10 @@ def axis_times_vectorized(
     sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
     full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
     schedule = np.broadcast_to(np.asarray(schedule), rows)
-    chunks = vpp.copy()
-    for name, spec in SCHEDULES.items():  # zbv and dualpipev always run two chunks
-        if spec.fixed_vpp:
-            chunks = np.where(schedule == name, spec.fixed_vpp, chunks)
-    unknown = ~np.isin(schedule, list(SCHEDULES))
-    if unknown.any():
-        get_schedule(str(schedule[unknown].ravel()[0]))  # raises the one-line error
-    ep_overlap = np.isin(schedule, EP_OVERLAP_SCHEDULES)
+    for name in _distinct(schedule):
+        get_schedule(str(name))  # an unknown name raises its one-line error
+    chunks = chunks_column(schedule, vpp)
+    ep_overlap = _is_one_of(schedule, EP_OVERLAP_SCHEDULES)
     batch_ok = np.ones(rows, dtype=bool)
     if num_microbatches is not None:
         m = np.broadcast_to(np.asarray(num_microbatches, dtype=np.int64), rows)
@@ -146,13 +218,13 @@ def axis_times_vectorized(
         )
 
     combos = np.stack([tp, cp, ep, pp, dp], axis=-1).reshape(-1, 5)
-    radix = combos.max(axis=0) + 1  # one integer key per row: np.unique on ints is fast
+    radix = combos.max(axis=0, initial=0) + 1  # one integer key per row: np.unique on ints is fast
     keys = np.ravel_multi_index(tuple(combos.T), tuple(radix))
     unique_keys, inv = np.unique(keys, return_inverse=True)
     unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
     inv = inv.reshape(rows)
-    groups, alpha, beta = _cost_tables(cluster, unique, order, ep_routing(job.model))
-    v_shape = np.isin(schedule, list(V_SHAPE_SCHEDULES))
+    costs = _CostTables(_placements(cluster, unique, order), ep_routing(job.model))
+    v_shape = _is_one_of(schedule, V_SHAPE_SCHEDULES)
     terms = step_terms(
         job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, pipeline_layer_split, v_shape
     )
@@ -175,15 +247,15 @@ def axis_times_vectorized(
             count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
             if not count.any():
                 continue
-            g, o = groups.index(AXIS_GROUPS[term.axis]), _OPS.index(term.op)
-            usable = np.flatnonzero(np.isfinite(alpha[:, g, o]).any(axis=0))
-            a_rows, b_rows = alpha[:, g, o][:, usable][inv], beta[:, g, o][:, usable][inv]
+            alpha, beta = costs(AXIS_GROUPS[term.axis], term.op)
             message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
-            one = (a_rows + b_rows * message[..., None]).min(axis=-1)
+            # One collective's time, on the rows that run it (the others count 0 of them).
+            live = np.flatnonzero(count > 0)
+            priced = alpha[inv.ravel()[live]], beta[inv.ravel()[live]]
+            one = _cheapest(*priced, live, message, rows)
             bucket = one
             if np.any(term.bucket_bytes):
-                size = np.broadcast_to(np.asarray(term.bucket_bytes, dtype=float), rows)
-                bucket = (a_rows + b_rows * size[..., None]).min(axis=-1)
+                bucket = _cheapest(*priced, live, term.bucket_bytes, rows)
             raw = np.where(count > 0, count * one, 0.0)
             timed.append((term, count, message, one, bucket, raw))
         pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
@@ -197,9 +269,8 @@ def axis_times_vectorized(
             out[f"{term.axis}_bytes_per_step"] += count * message * volume_factor(term.op, n)
             out[f"{term.axis}_time_s"] += raw
             out[f"{term.axis}_exposed_time_s"] += np.where(count > 0, exposed, 0.0)
-    valid = np.isfinite(alpha[inv, 0, 0].min(axis=-1))
-    valid &= np.asarray(stage_layers(job.model.num_layers, pp, chunks, pipeline_layer_split)[3])
-    valid &= batch_ok
+    valid = placeable(cluster, job.model.num_layers, tp, cp, pp, dp, ep, chunks,
+                      pipeline_layer_split) & batch_ok  # fmt: skip
     for key, column in out.items():
         out[key] = np.where(valid, column, np.nan)
     out["total_time_s"] = sum(out[f"{axis}_time_s"] for axis in AXES)

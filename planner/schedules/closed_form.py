@@ -4,7 +4,9 @@ The search screens thousands of layouts with these and refines the best with the
 simulator (:mod:`planner.pipeline`). Every argument may be a numpy array (they broadcast).
 ``f``, ``b``, ``w`` are one micro-batch's forward, input-gradient and weight-gradient time
 through one rank's whole share of layers; a chunk takes ``1/vpp`` of them (DualPipe: a whole
-share). ``comm`` is one point-to-point hop; ``overlap_fb`` DualPipe's F&B overlap (0–1).
+share). ``comm`` is one point-to-point hop; ``overlap_fb`` DualPipe's F&B overlap (0–1). ``pp``,
+``num_microbatches`` and ``vpp`` may be arrays too (one row each, as the search passes
+them); :func:`activation_microbatches_at` gives in-flight micro-batches at given ranks.
 ``bubble = step time − busiest rank's busy time``, the simulator's definition.
 
 Each step time is the longest of a few critical paths of the generated order: every term
@@ -66,10 +68,10 @@ def _fill_drain(p, F, B, W, c, hops):
 
 def _zb_h1(p, m, F, B, W, c):
     """Three paths: F and B chains with the lagged W between, the B chain, the F chain."""
-    chain, lead = m + p - 1, max(m, p)
-    hops_fb = 2 * (p - 1) + 2 * min(max(m - 2, 0), p - 1)
-    hops_f = 3 * (p - 1) if m > p else max(2 * p - 5 + m, 0)
-    both = chain * (F + B) + max(1, m - p + 1) * W + hops_fb * c
+    chain, lead = m + p - 1, np.maximum(m, p)
+    hops_fb = 2 * (p - 1) + 2 * np.minimum(np.maximum(m - 2, 0), p - 1)
+    hops_f = np.where(m > p, 3 * (p - 1), np.maximum(2 * p - 5 + m, 0))
+    both = chain * (F + B) + np.maximum(1, m - p + 1) * W + hops_fb * c
     backward = lead * F + chain * B + m * W + 2 * (p - 1) * c
     forward = chain * F + lead * B + m * W + hops_f * c
     return np.maximum(np.maximum(both, backward), forward)
@@ -132,8 +134,14 @@ def _dualpipe_busy(half, per_phase, F, B, W, overlap):
     return 2 * per_phase * (F + full) - fewest_pairs * overlap * np.minimum(F, full)
 
 
-def _check(schedule: str, pp: int, num_microbatches: int, vpp: int | None, **options) -> int:
-    """Validate like the generator does (same one-line errors) and return the vpp."""
+def _check(schedule: str, pp, num_microbatches, vpp, **options):
+    """Validate like the generator does (same one-line errors) and return the vpp.
+
+    With array arguments the rules are checked on every row at once and the first row that
+    breaks one raises its scalar error.
+    """
+    if np.ndim(pp) or np.ndim(num_microbatches) or np.ndim(vpp):
+        return _check_rows(schedule, pp, num_microbatches, vpp, **options)
     spec = get_schedule(schedule)
     vpp = spec.resolve_vpp(vpp)
     if schedule == "interleaved-1f1b":
@@ -147,6 +155,32 @@ def _check(schedule: str, pp: int, num_microbatches: int, vpp: int | None, **opt
             f"dualpipev needs num_microbatches ≥ 2·pp = {2 * pp}, got {num_microbatches}"
         )
     return vpp
+
+
+def _check_rows(schedule: str, pp, num_microbatches, vpp, **options) -> np.ndarray:
+    """:func:`_check` on array rows: the vpp column (the default where ``vpp`` is None)."""
+    spec = get_schedule(schedule)
+    p, m = np.asarray(pp), np.asarray(num_microbatches)
+    v = np.asarray(spec.default_vpp if vpp is None else vpp)
+    p, m, v = np.broadcast_arrays(p, m, v)
+    bad = v != spec.fixed_vpp if spec.fixed_vpp is not None else v < spec.min_vpp
+    if schedule == "interleaved-1f1b" and options.get("microbatch_group_size") is None:
+        bad = bad | (m % p != 0)
+    elif schedule == "interleaved-1f1b":
+        bad = np.ones(p.shape, dtype=bool)  # a group size: check each row the scalar way
+    if schedule == "dualpipe":
+        bad = bad | (p % 2 != 0) | (m % 2 != 0) | (m < 2 * p)
+    if schedule == "dualpipev":
+        bad = bad | (m < 2 * p)
+    for row in np.flatnonzero(bad.ravel()):  # raises on the first broken row
+        index = np.unravel_index(row, p.shape)
+        _check(schedule, int(p[index]), int(m[index]), int(v[index]), **options)
+    return v
+
+
+def _chunks(schedule: str, vpp):
+    """:func:`chunks_per_rank` for a checked vpp (scalar or array)."""
+    return 1 if get_schedule(schedule).bidirectional else vpp
 
 
 def step_time(
@@ -163,7 +197,7 @@ def step_time(
 ) -> np.ndarray:
     """Makespan of one step of ``schedule`` (see the module table for exactness)."""
     vpp = _check(schedule, pp, num_microbatches, vpp, **options)
-    chunks = chunks_per_rank(schedule, vpp)
+    chunks = _chunks(schedule, vpp)
     F, B, W = (np.asarray(x, dtype=float) / chunks for x in (f, b, w))
     c = np.asarray(comm, dtype=float)
     p, m = pp, num_microbatches
@@ -171,24 +205,22 @@ def step_time(
     if schedule in ("gpipe", "1f1b"):
         return work + _fill_drain(p, F, B, W, c, 2 * (p - 1))
     if schedule == "interleaved-1f1b":
-        hops = 2 * (vpp * p - 1) if p > 1 else 0  # every stage boundary crosses ranks
+        hops = np.where(p > 1, 2 * (vpp * p - 1), 0)  # every stage boundary crosses ranks
         return work + _fill_drain(p, F, B, W, c, hops)
     if schedule == "zb-h1":
         return _zb_h1(p, m, F, B, W, c)
     # ZB-H2 and ZB-V are built for max(m, 2p−1) micro-batches and drop the missing ones;
     # with fewer than 2p−1 the full schedule's step time bounds theirs from above.
-    slots = max(m, 2 * p - 1)
+    slots = np.maximum(m, 2 * p - 1)
     if schedule == "zb-h2":
         return slots * (F + B + W) + _zb_h2(p, F, B, W, c)
-    if schedule == "zbv":
-        if p == 1:  # both chunks on one rank: no pipeline, no bubble
-            return work
-        return slots * chunks * (F + B + W) + _zbv(p, F, B, W, c)
+    if schedule == "zbv":  # at pp = 1 both chunks sit on one rank: no pipeline, no bubble
+        return np.where(p == 1, work, slots * chunks * (F + B + W) + _zbv(p, F, B, W, c))
     if schedule == "dualpipe":
         return _dualpipe_step(p // 2, m // 2, F, B, W, c, overlap_fb, 2 * (p - 1))
     if schedule == "dualpipev":
         # The V's bottom hop stays on rank 0: fewest hops on a critical path, at m = 2p.
-        hops = max(min(4 * (p - 1), 5 * p - 7), 0)
+        hops = np.maximum(np.minimum(4 * (p - 1), 5 * p - 7), 0)
         return _dualpipe_step(p, m, F, B, W, c, overlap_fb, hops)
     raise PlanError(f"no closed form for schedule '{schedule}'")
 
@@ -206,7 +238,7 @@ def busy_time(
 ) -> np.ndarray:
     """The busiest rank's compute time (the bubble-free step time)."""
     vpp = _check(schedule, pp, num_microbatches, vpp, **options)
-    chunks = chunks_per_rank(schedule, vpp)
+    chunks = _chunks(schedule, vpp)
     F, B, W = (np.asarray(x, dtype=float) / chunks for x in (f, b, w))
     if schedule == "dualpipe":
         return _dualpipe_busy(pp // 2, num_microbatches // 2, F, B, W, overlap_fb)
@@ -246,23 +278,33 @@ def peak_activation_microbatches(
     ``1 + (p−1)/(p·v)`` factor); ZB-V ``p``; DualPipe ``p+1`` and DualPipeV ``p + 1/2``
     (the README's PP+1 stages of ``1/(2p)`` of the model each).
     """
+    return activation_microbatches_at(schedule, pp, num_microbatches, vpp, np.arange(pp), **options)
+
+
+def activation_microbatches_at(
+    schedule: str, pp, num_microbatches, vpp, rank, **options: int
+) -> np.ndarray:
+    """:func:`peak_activation_microbatches` of the given ``rank`` s only (arrays broadcast)."""
     vpp = _check(schedule, pp, num_microbatches, vpp, **options)
     p, m = pp, num_microbatches
-    rank = np.arange(p)
+    shape = np.broadcast(p, m, vpp, rank).shape
     if schedule == "gpipe":
-        return np.full(p, float(m))
+        return np.broadcast_to(np.asarray(m, dtype=float), shape).copy()
     if schedule in ("1f1b", "zb-h1"):
         return np.minimum(p - rank, m).astype(float)
     if schedule == "zb-h2":
         return np.minimum(2 * (p - rank) - 1, m).astype(float)
     if schedule == "interleaved-1f1b":
-        group = check_group_size(p, m, options.get("microbatch_group_size"))
+        if np.ndim(p) or np.ndim(m):
+            group = options.get("microbatch_group_size") or p  # rows checked above
+        else:
+            group = check_group_size(p, m, options.get("microbatch_group_size"))
         warmup = 2 * (p - rank - 1) + (vpp - 1) * group
         return np.minimum(warmup + 1, vpp * m) / vpp
     if schedule == "zbv":
-        return np.full(p, float(min(p, m)))
+        return np.broadcast_to(np.minimum(p, m).astype(float), shape).copy()
     if schedule == "dualpipe":
-        return np.full(p, float(p + 1))
+        return np.broadcast_to(np.asarray(p + 1, dtype=float), shape).copy()
     if schedule == "dualpipev":
-        return np.full(p, p + 0.5)
+        return np.broadcast_to(np.asarray(p + 0.5, dtype=float), shape).copy()
     raise PlanError(f"no closed form for schedule '{schedule}'")

@@ -1,0 +1,193 @@
+"""Per-shape and per-structure tables for :func:`planner.evaluate.evaluate_columns`.
+
+Pieces of the columns model that depend on a few layout fields only are computed once per
+distinct value and broadcast to the rows by index (no Python loop per row):
+
+* **shapes** (tp, cp, ep, sequence parallelism, micro-batch size, recompute): one layer's
+  F, B, W, recompute and attention times (:func:`planner.stage_times.shape_times`, once per
+  shape without the recompute policy, which does not change them), its activation bytes and
+  the first / last stages' extra tensors (:mod:`planner.activations`);
+* **structures** (tp, ep, pp, vpp, schedule, layer split): what the examined pipeline ranks
+  ("slots") hold — layers, parameters, embedding and head — and their model-state terms
+  (:func:`planner.evaluate_states.slot_states`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from planner import activations as act
+from planner import finetune_costs as ft
+from planner.compute import GpuRates
+from planner.evaluate_states import slot_states
+from planner.job import Job
+from planner.layout import Layout
+from planner.memory import params_per_virtual_stage, rank_sums
+from planner.stage_times import rank_structure, shape_times
+
+NUM_SLOTS = 5
+#: Shape-table entries the memory model reads; the others are per-layer times.
+MEMORY_SHAPE_KEYS = (
+    *("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward", "logits"),
+)
+TIME_SHAPE_KEYS = (
+    *("fd", "bd", "wd", "rd", "ad", "fm", "bm", "wm", "rm", "am"),
+    *("f_emb", "b_emb", "w_emb", "f_head", "b_head", "w_head"),
+)
+
+
+def unique_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
+    """Distinct value tuples of the given columns and each row's index into them.
+
+    Each column is factorized to integer codes first, so strings cost no more than ints.
+    """
+    codes, values = [], []
+    for column in columns:
+        code, uniques = pd.factorize(np.asarray(column).reshape(-1))  # hashing: O(rows)
+        codes.append(code)
+        values.append(np.asarray(uniques))
+    key = np.ravel_multi_index(tuple(codes), tuple(len(v) for v in values))
+    unique_keys, inverse = np.unique(key, return_inverse=True)
+    parts = np.unravel_index(unique_keys, tuple(len(v) for v in values))
+    rows = list(zip(*(v[i].tolist() for v, i in zip(values, parts, strict=True)), strict=True))
+    return rows, inverse.reshape(-1)
+
+
+def rows_by_value(column: np.ndarray) -> list[tuple[object, np.ndarray]]:
+    """(value, indices of the rows holding it) for each distinct value of ``column``."""
+    codes, uniques = pd.factorize(np.asarray(column).reshape(-1))
+    if not len(uniques):
+        return []
+    order = np.argsort(codes, kind="stable")
+    bounds = np.cumsum(np.bincount(codes, minlength=len(uniques)))[:-1]
+    return list(zip(uniques.tolist(), np.split(order, bounds), strict=True))
+
+
+def one_value_or_column(column: np.ndarray):
+    """The value every row holds (string rules then run once, broadcast), else the column."""
+    values = pd.unique(np.asarray(column).reshape(-1))
+    return values[0] if len(values) == 1 else column
+
+
+def _with_mirror(per_rank: list[float], mirrored: int) -> np.ndarray:
+    """Per-rank values plus, for DualPipe, those of the rank's mirrored stage (pp − 1 − r)."""
+    values = np.asarray(per_rank, dtype=float)
+    return values + mirrored * values[::-1]
+
+
+def _slots(pp: int, layers: np.ndarray) -> np.ndarray:
+    """The ranks examined for peaks: 0, 1, the first with the most layers, pp−2, pp−1."""
+    candidates = [0, 1, int(np.argmax(layers)), pp - 2, pp - 1]
+    ranks = sorted({r for r in candidates if 0 <= r < pp})
+    return np.array((ranks + [ranks[-1]] * NUM_SLOTS)[:NUM_SLOTS])
+
+
+def shape_table(
+    job: Job, rates: GpuRates, tuned, tp, cp, ep, sp, mbs, recompute, bf16_rates=None
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per distinct layer shape: activation bytes and per-layer times; each row's shape.
+
+    ``bf16_rates``: under an FP8 recipe, the rates of the ops that stay in BF16."""
+    model, e = job.model, job.precision.activation_bytes
+    shapes, shape_inv = unique_rows(tp, cp, ep, sp, mbs, recompute)
+    shape_cols = {key: np.zeros(len(shapes)) for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}
+    timed = {}  # op times do not depend on the recompute policy: once per shape
+    for u, (t, c, x, s, b, r) in enumerate(shapes):
+        if (t, c, x, s, b) not in timed:
+            timed[t, c, x, s, b] = shape_times(
+                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned,
+                bf16_rates, job.active_memory_measures,
+            )  # fmt: skip
+        times = timed[t, c, x, s, b]
+        shape = act.ActivationShape(
+            seq_len=job.seq_len,
+            micro_batch_size=b,
+            tp=t,
+            cp=c,
+            sequence_parallel=s,
+            flash_attention=job.flash_attention,
+            recompute=r,
+            element_bytes=e,
+            measures=job.active_memory_measures,
+        )
+        moe_t = times.moe or times.dense
+        adapters = ft.adapter_layer_bytes(model, tuned, shape)
+        act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
+        values = {
+            "act_dense": act.activation_bytes_per_layer(model, shape, False) + adapters[False],
+            "act_moe": act_moe + adapters[True] if model.is_moe else 0.0,
+            "first_extra": sum(act.first_stage_tensors(model, shape).values()),
+            "last_extra": sum(act.last_stage_tensors(model, shape).values()),
+            "working": max(
+                act.recompute_working_bytes(model, shape, False),
+                act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
+            )
+            + sum(ft.adapter_working_max(model, tuned, shape).values()),
+            "backward": act.backward_working_bytes(model, shape),
+            "logits": act.logits_buffer_bytes(model, shape),
+            "fd": times.dense.forward_s,
+            "bd": times.dense.input_grad_s,
+            "wd": times.dense.weight_grad_s,
+            "rd": times.dense.recompute_s(r),
+            "ad": times.dense.attention_forward_s + times.dense.attention_backward_s,
+            "fm": moe_t.forward_s,
+            "bm": moe_t.input_grad_s,
+            "wm": moe_t.weight_grad_s,
+            "rm": moe_t.recompute_s(r),
+            "am": moe_t.attention_forward_s + moe_t.attention_backward_s,
+            "f_emb": times.embedding.forward_s,
+            "b_emb": times.embedding.input_grad_s,
+            "w_emb": 0.0,
+            "f_head": sum(op.forward_s for op in times.head),
+            "b_head": sum(op.input_grad_s for op in times.head),
+            "w_head": sum(op.weight_grad_s for op in times.head),
+        }
+        for key, value in values.items():
+            shape_cols[key][u] = value
+    return shape_cols, shape_inv
+
+
+def structure_table(
+    job: Job, tp, ep, pp, vpp, schedule, split
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per distinct pipeline structure, [structure, slot] arrays of what the examined ranks
+    hold (DualPipe's mirrored direction included); each row's structure."""
+    model = job.model
+    structs, struct_inv = unique_rows(tp, ep, pp, vpp, schedule, split)
+    fields = ("dense_layers", "moe_layers", "emb", "head", "dense_params", "expert_params", "slot")
+    table = {key: np.zeros((len(structs), NUM_SLOTS)) for key in fields}
+    layouts, rank_states = {}, {}  # rank structures ignore tp and ep; states repeat
+    for u, (t, x, p, v, sch, spl) in enumerate(structs):
+        if (p, v, sch, spl) not in layouts:
+            layouts[p, v, sch, spl] = rank_structure(model, p, v, sch, spl)
+        structure = layouts[p, v, sch, spl]
+        layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
+        dense_stage, expert_stage = params_per_virtual_stage(model, layout)
+        layers = np.asarray(structure.dense_layers) + np.asarray(structure.moe_layers)
+        slots = _slots(p, layers)
+        table["slot"][u] = slots
+        table["dense_layers"][u] = np.asarray(structure.dense_layers)[slots]
+        table["moe_layers"][u] = np.asarray(structure.moe_layers)[slots]
+        table["emb"][u] = np.asarray(structure.has_embedding, dtype=float)[slots]
+        table["head"][u] = np.asarray(structure.has_head, dtype=float)[slots]
+        table["dense_params"][u] = rank_sums(dense_stage, layout)[slots]
+        table["expert_params"][u] = rank_sums(expert_stage, layout)[slots]
+        # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
+        mirrored = 1 if sch == "dualpipe" else 0
+        for kind in ("dense_layers", "moe_layers"):  # per micro-batch: the two stages' mean
+            paced = _with_mirror(getattr(structure, kind), mirrored) / (1 + mirrored)
+            table.setdefault(f"paced_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = paced[slots]
+            mirror = np.asarray(getattr(structure, kind))[::-1][slots]  # stage pp − 1 − r
+            table.setdefault(f"mirror_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = mirror
+        states = slot_states(
+            job, t, x, table["dense_params"][u], table["expert_params"][u],
+            _with_mirror(structure.dense_layers, mirrored)[slots],
+            _with_mirror(structure.moe_layers, mirrored)[slots], rank_states,
+        )  # fmt: skip
+        for key, value in states.items():
+            table.setdefault(key, np.zeros((len(structs), NUM_SLOTS)))[u] = value
+        if sch == "dualpipe":  # the mirrored direction's embedding and head
+            table["emb"][u] = np.where(slots == p - 1, 1.0, table["emb"][u])
+            table["head"][u] = np.where(slots == 0, 1.0, table["head"][u])
+    return table, struct_inv

@@ -69,21 +69,23 @@ class GpuRates(BaseModel):
     matmul_flops_per_s: float
     hbm_bytes_per_s: float
     compute_units: int | None = None
-    #: Fused attention kernels (FlashAttention); None: at the matmul rate.
+    #: Attention in its own dtype (:func:`attention_dtype`): fused kernels (FlashAttention)
+    #: forward and backward, and unfused batched GEMMs; None: at the matmul rate.
     attention_forward_flops_per_s: float | None = None
     attention_backward_flops_per_s: float | None = None
+    attention_matmul_flops_per_s: float | None = None
 
     @classmethod
     def of(cls, accelerator: Accelerator, gemm_dtype: str) -> GpuRates:
-        forward, backward = accelerator.achievable_attention_flops_per_s(
-            attention_dtype(gemm_dtype)
-        )
+        dtype = attention_dtype(gemm_dtype)
+        forward, backward = accelerator.achievable_attention_flops_per_s(dtype)
         return cls(
             matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(gemm_dtype),
             hbm_bytes_per_s=accelerator.hbm_bytes_per_s * accelerator.hbm_bandwidth_efficiency,
             compute_units=accelerator.num_compute_units,
             attention_forward_flops_per_s=forward,
             attention_backward_flops_per_s=backward,
+            attention_matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(dtype),
         )
 
     def roofline_s(self, flops: float, num_bytes: float) -> float:
@@ -225,7 +227,8 @@ def attention_core_time(
 
     Fused (FlashAttention) kernels run at the accelerator's measured attention rates, and
     their backward does 2.5x the forward FLOPs (the scores are recomputed); without fusion
-    the two batched GEMMs run at the matmul rate and the backward does 2x. Backward
+    the two batched GEMMs run at the matmul rate of attention's dtype and the backward does
+    2x. Backward
     traffic is twice the forward's (read Q, K, V, O, dO; write dQ, dK, dV).
     """
     if flash_attention:
@@ -233,7 +236,9 @@ def attention_core_time(
         backward_rate = rates.attention_backward_flops_per_s or rates.matmul_flops_per_s
         backward_flops = FLASH_BACKWARD_FLOPS_RATIO * forward_flops
     else:
-        forward_rate = backward_rate = rates.matmul_flops_per_s
+        forward_rate = backward_rate = (
+            rates.attention_matmul_flops_per_s or rates.matmul_flops_per_s
+        )
         backward_flops = 2.0 * forward_flops
     memory_s = forward_bytes / rates.hbm_bytes_per_s
     return OpTime(
@@ -369,18 +374,18 @@ def adapter_op_times(
     return ops
 
 
-#: Operations DeepSeek-V3 keeps in BF16 under its FP8 recipe (arXiv 2412.19437 §3.3: "the
+#: GEMMs DeepSeek-V3 keeps in BF16 under its FP8 recipe (arXiv 2412.19437 §3.3: "the
 #: embedding module, the output head, MoE gating modules, normalization operators, and
-#: attention operators"); the norms and the embedding are memory-bound here already.
-KEPT_IN_BF16 = ("attention.core", "moe.router", "lm_head")
+#: attention operators"); attention's dtype is already :func:`attention_dtype`'s (in
+#: :class:`GpuRates`), and the norms and the embedding are memory-bound here.
+KEPT_IN_BF16 = ("moe.router", "lm_head")
 
 
 def keep_in_bf16(ops: list[OpTime], ops_at_bf16: list[OpTime]) -> list[OpTime]:
     """``ops`` (timed at the FP8 rate) with the :data:`KEPT_IN_BF16` ones from ``ops_at_bf16``
     (an MTP module's copies, ``mtp.``-prefixed, too)."""
     bf16 = {op.name: op for op in ops_at_bf16}
-    kept = [bf16[op.name] if op.name.removeprefix(MTP_PREFIX) in KEPT_IN_BF16 else op for op in ops]
-    return kept
+    return [bf16[op.name] if op.name.removeprefix(MTP_PREFIX) in KEPT_IN_BF16 else op for op in ops]
 
 
 MTP_PREFIX = "mtp."

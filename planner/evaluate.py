@@ -253,10 +253,9 @@ def _time_columns(
     B = on_slots("bd", "bm", "b_emb", "b_head")
     W = on_slots("wd", "wm", "w_emb", "w_head")
     Rc = on_slots("rd", "rm")
-    A = on_slots("ad", "am")
     busiest = np.argmax(F + B + W + Rc, axis=1)
     pick = np.arange(n), busiest
-    f, b, w, rc, attention = F[pick], B[pick], W[pick], Rc[pick], A[pick]
+    f, b, w, rc = F[pick], B[pick], W[pick], Rc[pick]
 
     # Pipeline step time by closed form: one call per schedule on its rows' columns.
     pipeline = np.zeros(n)
@@ -287,7 +286,6 @@ def _time_columns(
         order=order or ("tp", "cp", "ep", "pp", "dp"),
         forward_s=f,
         backward_s=b + rc + w,
-        attention_s=attention,
     )
 
     # Optimizer: the trainable parameters' update (and Muon's orthogonalization and gather).

@@ -4,7 +4,7 @@ Pieces of the columns model that depend on a few layout fields only are computed
 distinct value and broadcast to the rows by index (no Python loop per row):
 
 * **shapes** (tp, cp, ep, sequence parallelism, micro-batch size, recompute): one layer's
-  F, B, W, recompute and attention times (:func:`planner.stage_times.shape_times`, once per
+  F, B, W and recompute times (:func:`planner.stage_times.shape_times`, once per
   shape without the recompute policy, which does not change them), its activation bytes and
   the first / last stages' extra tensors (:mod:`planner.activations`);
 * **structures** (tp, ep, pp, vpp, schedule, layer split): what the examined pipeline ranks
@@ -32,7 +32,7 @@ MEMORY_SHAPE_KEYS = (
     *("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward", "logits"),
 )
 TIME_SHAPE_KEYS = (
-    *("fd", "bd", "wd", "rd", "ad", "fm", "bm", "wm", "rm", "am"),
+    *("fd", "bd", "wd", "rd", "fm", "bm", "wm", "rm"),
     *("f_emb", "b_emb", "w_emb", "f_head", "b_head", "w_head"),
 )
 
@@ -130,12 +130,10 @@ def shape_table(
             "bd": times.dense.input_grad_s,
             "wd": times.dense.weight_grad_s,
             "rd": times.dense.recompute_s(r),
-            "ad": times.dense.attention_forward_s + times.dense.attention_backward_s,
             "fm": moe_t.forward_s,
             "bm": moe_t.input_grad_s,
             "wm": moe_t.weight_grad_s,
             "rm": moe_t.recompute_s(r),
-            "am": moe_t.attention_forward_s + moe_t.attention_backward_s,
             "f_emb": times.embedding.forward_s,
             "b_emb": times.embedding.input_grad_s,
             "w_emb": 0.0,

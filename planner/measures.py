@@ -10,7 +10,8 @@ tensor by tensor, is :func:`planner.activations.apply_memory_measures`.
 Measures that cost no GPU memory in this model need no switch: the EMA of the parameters
 lives in CPU memory (§3.2.3), and the planner keeps no EMA on the GPU to begin with; the
 MTP module shares the embedding and output head with the main model on the same pipeline
-rank (§3.2.3), which :mod:`planner.mtp` counts that way for every model with MTP modules.
+rank (§3.2.3), which :func:`planner.memory.mtp_params_per_rank` counts that way for every
+model with MTP modules.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class MemoryMeasures(BaseModel):
         return (
             self.recompute_norms_and_mla_up_proj
             or self.fp8_linear_inputs
-            or (self.swiglu_input_cached)
+            or self.swiglu_input_cached
         )
 
     def for_gemm_dtype(self, gemm_dtype: str) -> MemoryMeasures:

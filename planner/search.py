@@ -297,26 +297,15 @@ RANKING_KEYS = {  # objective: (columns, ascending), ties broken by the later co
     "memory": (("memory_per_gpu_bytes", "step_time_s"), (True, True)),
     "mfu": (("mfu", "memory_per_gpu_bytes"), (False, True)),
 }
-
-
-RANKING_COLUMNS = ("step_time_s", "memory_per_gpu_bytes", "mfu")
+#: Every column an objective reads.
+RANKING_COLUMNS = tuple(dict.fromkeys(name for names, _ in RANKING_KEYS.values() for name in names))
 
 
 def _ranking(columns: dict[str, np.ndarray], objective: str) -> np.ndarray:
-    """Row order by the objective: a stable sort, as :func:`rank_table` sorts a table."""
+    """Row order by the objective: a stable sort (equal rows keep their order)."""
     names, ascending = RANKING_KEYS[objective]
     keys = [columns[n] if up else -columns[n] for n, up in zip(names, ascending, strict=True)]
     return np.lexsort(keys[::-1])
-
-
-def rank_table(table: pd.DataFrame, objective: str) -> pd.DataFrame:
-    """Sort by the objective (ties broken by step time, then memory)."""
-    if table.empty:
-        return table.reset_index(drop=True)
-    names, ascending = RANKING_KEYS[objective]
-    return table.sort_values(list(names), ascending=list(ascending), kind="stable").reset_index(
-        drop=True
-    )
 
 
 def _plain(value):

@@ -39,7 +39,6 @@ class LayerTimes(BaseModel):
     input_grad_s: float
     weight_grad_s: float
     attention_forward_s: float
-    attention_backward_s: float
     ops: list[OpTime]
     #: Forward work the job's memory measures rerun in the backward (planner.measures).
     measures_recompute_s: float = 0.0
@@ -53,7 +52,6 @@ class LayerTimes(BaseModel):
             input_grad_s=sum(op.input_grad_s for op in ops),
             weight_grad_s=sum(op.weight_grad_s for op in ops),
             attention_forward_s=sum(op.forward_s for op in core),
-            attention_backward_s=sum(op.input_grad_s for op in core),
             ops=ops,
         )
 
@@ -144,11 +142,11 @@ def shape_times(
     head = head_op_times(*head_args, rates, element_bytes)
     if bf16_rates is not None:  # the output head stays BF16
         head = keep_in_bf16(head, head_op_times(*head_args, bf16_rates, element_bytes))
-    for _ in range(model.num_mtp_modules):  # MTP sits with the head (DeepSeek-V3 §3.2.3)
+    if model.num_mtp_modules:  # MTP sits with the head (DeepSeek-V3 §3.2.3)
         mtp = mtp_op_times(*args, rates, element_bytes)
         if bf16_rates is not None:
             mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes))
-        head = head + mtp
+        head = head + mtp * model.num_mtp_modules
     if tuned:
         embedding = embedding.model_copy(update={"input_grad_s": 0.0})
         head = [frozen(op) for op in head]
@@ -185,7 +183,6 @@ class RankTimes(BaseModel):
     input_grad_s: list[float]
     weight_grad_s: list[float]
     recompute_s: list[float]
-    attention_s: list[float]
 
 
 def rank_times(shape: ShapeTimes, structure: RankStructure, recompute: str) -> RankTimes:
@@ -205,12 +202,9 @@ def rank_times(shape: ShapeTimes, structure: RankStructure, recompute: str) -> R
         return layer + extra
 
     recompute_s = dense * shape.dense.recompute_s(recompute) + moe * moe_t.recompute_s(recompute)
-    attention = dense * (shape.dense.attention_forward_s + shape.dense.attention_backward_s)
-    attention = attention + moe * (moe_t.attention_forward_s + moe_t.attention_backward_s)
     return RankTimes(
         forward_s=per_rank("forward_s").tolist(),
         input_grad_s=per_rank("input_grad_s").tolist(),
         weight_grad_s=per_rank("weight_grad_s").tolist(),
         recompute_s=recompute_s.tolist(),
-        attention_s=attention.tolist(),
     )

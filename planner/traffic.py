@@ -36,7 +36,6 @@ class ComputeTimes(BaseModel):
 
     forward_s: float = Field(ge=0)
     backward_s: float = Field(ge=0, description="input + weight gradients")
-    attention_s: float | None = Field(None, ge=0, description="attention core, fwd + bwd")
 
 
 class CollectiveTerm(BaseModel):
@@ -111,9 +110,7 @@ def axis_traffic(
         layout.pipeline_layer_split,
         layout.schedule in V_SHAPE_SCHEDULES,
     )
-    times = (
-        None if compute is None else (compute.forward_s, compute.backward_s, compute.attention_s)
-    )
+    times = None if compute is None else (compute.forward_s, compute.backward_s)
     by_axis: dict[str, list[CollectiveTerm]] = {}
     timed = []
     for term in terms:

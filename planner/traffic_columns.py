@@ -115,7 +115,7 @@ def _is_one_of(column, names) -> np.ndarray:
 
 def placeable(cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, split="auto"):
     """Rows that can be placed: the cluster has the GPUs, ep divides dp·cp (the combinations
-    :func:`_cost_tables` leaves unpriced) and the layer split is legal."""
+    :class:`_CostTables` leaves unpriced) and the layer split is legal."""
     priced = (tp * cp * pp * dp <= cluster.num_gpus) & ((dp * cp) % ep == 0)
     return priced & np.asarray(stage_layers(num_layers, pp, chunks, split)[3])
 
@@ -166,7 +166,6 @@ def axis_times_vectorized(
     order=DEFAULT_MESH_ORDER,
     forward_s=None,
     backward_s=None,
-    attention_s=None,
     tp_comm_overlap=False,
 ) -> dict[str, np.ndarray]:
     """Per-axis bytes and times per step for rows of layouts (numpy columns, scalars broadcast).
@@ -175,7 +174,7 @@ def axis_times_vectorized(
     global batch / (dp · micro_batch_size), as Layout resolves it), ``zero_stage``; boolean
     ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "full"),
     ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``.
-    Optional float columns ``forward_s``, ``backward_s`` (and ``attention_s``) give compute
+    Optional float columns ``forward_s``, ``backward_s`` give compute
     per micro-batch on the busiest rank for the overlap rules; without them exposed = raw.
 
     Returns ``{axis}_bytes_per_step``, ``{axis}_time_s``, ``{axis}_exposed_time_s`` for each
@@ -214,7 +213,6 @@ def axis_times_vectorized(
         compute = (
             np.asarray(forward_s, dtype=float),
             np.asarray(backward_s, dtype=float),
-            None if attention_s is None else np.asarray(attention_s, dtype=float),
         )
 
     combos = np.stack([tp, cp, ep, pp, dp], axis=-1).reshape(-1, 5)

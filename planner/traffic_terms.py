@@ -371,7 +371,7 @@ def exposed_time(
     """Exposed seconds of a term under its overlap rule.
 
     ``raw``: count × ``one`` (one collective); ``bucket``: time of the first/last bucket;
-    ``compute``: (forward, backward, attention) seconds per micro-batch, or None (then the
+    ``compute``: (forward, backward) seconds per micro-batch, or None (then the
     term is fully exposed); ``pooled``: the raw seconds of every term sharing this term's
     window (the EP all-to-alls share DualPipe's m·(F+B)), default
     ``raw``; ``sm_share``: the SMs the overlapped EP collectives take from compute
@@ -379,7 +379,7 @@ def exposed_time(
     """
     if compute is None:
         return raw
-    forward, backward, _attention = compute
+    forward, backward = compute
     busy = m * (forward + backward)
     if rule == "exposed":
         return np.where(tp_overlap, np.maximum(0.0, raw - busy), raw)

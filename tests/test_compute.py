@@ -94,3 +94,9 @@ def test_attention_efficiency_must_be_a_fraction_of_a_listed_peak():
     spec["sources"]["attention_forward_efficiency.fp4"] = "test"
     with pytest.raises(ValueError, match="fp4_tflops is not"):
         Accelerator.model_validate(spec)
+
+
+def test_unfused_attention_stays_in_bf16_under_fp8_gemms():
+    fp8 = GpuRates.of(load_accelerator("h100-sxm"), "fp8")
+    op = attention_core_time(1e15, 1e6, flash_attention=False, rates=fp8)
+    assert op.forward_s == pytest.approx(1e15 / H100.matmul_flops_per_s)

@@ -22,11 +22,11 @@ from planner.schedules import SCHEDULES
 from planner.schedules import closed_form as cf
 from planner.search import (
     RANKING_COLUMNS,
+    RANKING_KEYS,
     SearchSpace,
     _ranking,
     _schedule_options,
     expand_rows,
-    rank_table,
     rejection_masks,
     screening_grid,
 )
@@ -161,7 +161,8 @@ def test_numpy_ranking_equals_the_stable_table_sort(objective):
         }
     )
     order = _ranking({k: table[k].to_numpy() for k in RANKING_COLUMNS}, objective)
-    expected = rank_table(table, objective)
+    names, ascending = RANKING_KEYS[objective]
+    expected = table.sort_values(list(names), ascending=list(ascending), kind="stable")
     np.testing.assert_array_equal(table["row"].to_numpy()[order], expected["row"].to_numpy())
 
 

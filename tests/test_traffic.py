@@ -124,7 +124,7 @@ def test_without_compute_times_everything_is_exposed():
 
 def test_overlap_rules_with_compute_times():
     job = job_for("mixtral-8x7b", seq_len=4096, tokens=4096 * 64)
-    compute = ComputeTimes(forward_s=1.0, backward_s=2.0, attention_s=1.0)
+    compute = ComputeTimes(forward_s=1.0, backward_s=2.0)
     layout = Layout(tp=2, cp=2, pp=2, dp=4, ep=4, vpp=2, schedule="dualpipev")
     report = axis_traffic(job, layout, "dgx-h100", compute=compute)
     assert axis(report, "tp").exposed_time_s == axis(report, "tp").time_s  # TP is exposed
@@ -189,18 +189,17 @@ def test_vectorized_equals_the_explained_report_for_random_layouts(model_name, c
     job, layouts = random_layouts(model_name, 25, seed=len(model_name))
     rng = np.random.default_rng(7)
     forward = rng.uniform(0.01, 0.5, len(layouts))
-    backward, attention = 2 * forward, forward / 3
+    backward = 2 * forward
     columns = {
         name: np.array([getattr(layout, name) for layout in layouts])
         for name in ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "zero_stage",
                      "sequence_parallel", "recompute", "schedule")
     }  # fmt: skip
     out = axis_times_vectorized(job, cluster, **columns, forward_s=forward,
-                                backward_s=backward, attention_s=attention)  # fmt: skip
+                                backward_s=backward)  # fmt: skip
     assert out["valid"].all()
     for row, layout in enumerate(layouts):
-        compute = ComputeTimes(forward_s=forward[row], backward_s=backward[row],
-                               attention_s=attention[row])  # fmt: skip
+        compute = ComputeTimes(forward_s=forward[row], backward_s=backward[row])
         report = axis_traffic(job, layout, cluster, compute=compute)
         found = {a.axis: a for a in report.axes}
         for name in AXES:

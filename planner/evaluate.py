@@ -154,12 +154,22 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
     model, precision = job.model, job.precision
     n = len(c["tp"])
     tp, cp, pp, dp, ep, zero = (c[k] for k in ("tp", "cp", "pp", "dp", "ep", "zero"))
-    inflight = np.zeros((n, NUM_SLOTS))
+    layer_bytes = R["dense_layers"] * S["act_dense"][:, None] + _held(
+        R, "moe_layers", S["act_moe"][:, None]
+    )
+    weight_bytes = R["dense_layers"] * S["wpass_dense"][:, None] + _held(
+        R, "moe_layers", S["wpass_moe"][:, None]
+    )
+    weight_ratio = np.divide(
+        weight_bytes, layer_bytes, out=np.zeros_like(layer_bytes), where=layer_bytes > 0
+    )
+    inflight = np.zeros((n, NUM_SLOTS))  # micro-batches between F and B (the ends' tensors)
+    units = np.zeros((n, NUM_SLOTS))  # … and those waiting for W, at M_W / M_B
     for sch, rows in rows_by_value(c["schedule"]):
-        per_row = (c[k][rows, None] for k in ("pp", "m", "vpp"))  # against the slots' ranks
-        inflight[rows] = closed_form.activation_microbatches_at(
-            sch, *per_row, R["slot"][rows].astype(np.int64)
-        )
+        per_row = [c[k][rows, None] for k in ("pp", "m", "vpp")]  # against the slots' ranks
+        slots = R["slot"][rows].astype(np.int64)
+        inflight[rows] = closed_form.activation_microbatches_at(sch, *per_row, slots)
+        units[rows] = closed_form.peak_activation_units(sch, *per_row, slots, weight_ratio[rows])
     states_per_param = optimizer_states_per_param(precision.optimizer, model)
     whole = unsharded_bytes_per_param(precision, states_per_param)
     zero_group = dp * cp
@@ -182,9 +192,7 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
             :, None
         ] + _held(R, "expert_params", shard(per_param, first_stage, expert_group)[:, None])
     act_layers = R["dense_layers"] + _held(R, "moe_layers", 1.0)
-    activations = (
-        R["dense_layers"] * S["act_dense"][:, None] + _held(R, "moe_layers", S["act_moe"][:, None])
-    ) * inflight
+    activations = layer_bytes * units
     working = S["working"][:, None] + act.backward_working_beside_logits(
         S["backward"][:, None], S["logits"][:, None], R["head"]
     )

@@ -25,11 +25,13 @@ from planner.job import Job
 from planner.layout import Layout
 from planner.memory import params_per_virtual_stage, rank_sums
 from planner.stage_times import rank_structure, shape_times
+from planner.weight_pass import weight_pass_bytes_per_layer
 
 NUM_SLOTS = 5
 #: Shape-table entries the memory model reads; the others are per-layer times.
 MEMORY_SHAPE_KEYS = (
     *("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward", "logits"),
+    *("wpass_dense", "wpass_moe"),
 )
 TIME_SHAPE_KEYS = (
     *("fd", "bd", "wd", "rd", "fm", "bm", "wm", "rm"),
@@ -125,6 +127,10 @@ def shape_table(
             )
             + sum(ft.adapter_working_max(model, tuned, shape).values()),
             "backward": act.backward_working_bytes(model, shape),
+            "wpass_dense": weight_pass_bytes_per_layer(model, shape, False, job.weight_pass_memory),
+            "wpass_moe": weight_pass_bytes_per_layer(model, shape, True, job.weight_pass_memory)
+            if model.is_moe
+            else 0.0,
             "logits": act.logits_buffer_bytes(model, shape),
             "fd": times.dense.forward_s,
             "bd": times.dense.input_grad_s,

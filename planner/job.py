@@ -8,6 +8,7 @@ from planner.finetune import FinetuneSpec, check_targets
 from planner.measures import MemoryMeasures
 from planner.model import ModelSpec
 from planner.precision import PrecisionSpec
+from planner.weight_pass import WeightPassMemory
 
 
 class Job(BaseModel):
@@ -18,6 +19,9 @@ class Job(BaseModel):
     matrix (Dao et al. 2022); set it off to reproduce Korthikanti et al.'s accounting.
     ``finetune`` trains adapters on a frozen (for QLoRA: NF4) base; None is full training.
     ``memory_measures``: DeepSeek-V3's activation-memory measures taken (none by default).
+    ``weight_pass_memory``: what zero-bubble schedules keep between B and W — the weight
+    GEMMs' inputs and output gradients (``inputs``, the zero-bubble paper's M_W) or the
+    whole saved graph plus those gradients (``graph``, torch.distributed.pipelining).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -29,6 +33,7 @@ class Job(BaseModel):
     flash_attention: bool = True
     finetune: FinetuneSpec | None = None
     memory_measures: MemoryMeasures = MemoryMeasures()
+    weight_pass_memory: WeightPassMemory = "inputs"
     runtime_overhead_bytes: int = Field(
         1 << 30,
         ge=0,

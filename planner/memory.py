@@ -36,7 +36,12 @@ from planner.precision import (
     sharded_bytes_per_param,
     zero_shard_factors,
 )
-from planner.schedules.closed_form import parameter_copies, peak_activation_microbatches
+from planner.schedules.closed_form import (
+    parameter_copies,
+    peak_activation_microbatches,
+    peak_activation_units,
+)
+from planner.weight_pass import weight_pass_bytes_per_layer
 
 MEMORY_PARTS = (
     "weights",
@@ -262,7 +267,19 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
     working = working + act.backward_working_beside_logits(
         act.backward_working_bytes(model, shape), logits_bytes, holds_head
     )
-    activations = per_layer * inflight + working * (act_layers > 0)
+    # Zero-bubble schedules: a micro-batch waiting only for W still holds M_W per layer.
+    per_layer_w = (act_layers - act_moe_layers) * weight_pass_bytes_per_layer(
+        model, shape, False, job.weight_pass_memory
+    ) + act_moe_layers * (
+        weight_pass_bytes_per_layer(model, shape, True, job.weight_pass_memory)
+        if model.is_moe
+        else 0.0
+    )
+    weight_ratio = np.divide(per_layer_w, per_layer, out=np.zeros(layout.pp), where=per_layer > 0)
+    units = peak_activation_units(
+        layout.schedule, layout.pp, m, layout.vpp, np.arange(layout.pp), weight_ratio
+    )
+    activations = per_layer * units + working * (act_layers > 0)
     adapter_acts = (act_layers - act_moe_layers) * adapter_layer[False] * inflight
     adapter_acts += act_moe_layers * adapter_layer[True] * inflight
     activations[first_rank] += first_extra * inflight[first_rank]
@@ -314,7 +331,7 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
                 num_layers=round(layers[rank]),
                 num_params=round(dense[rank] + expert[rank]),
                 num_expert_params=round(expert[rank]),
-                inflight_microbatches=float(inflight[rank]),
+                inflight_microbatches=float(units[rank]),
                 total_bytes=math.fsum(parts.values()),
                 **{k: float(v) for k, v in parts.items()},
             )
@@ -404,7 +421,8 @@ def _explain(model, layout, job, peak, bpp, per_dense_layer, m, copies) -> list[
         ),
         ExplainTerm(
             term="activations",
-            formula="layers on rank × bytes per layer × micro-batches in flight (+ embedding/head tensors)",
+            formula="layers on rank × bytes per layer × micro-batches in flight, those waiting only "
+            "for W at M_W/M_B (+ embedding/head tensors)",
             values=f"{peak.num_layers} × {per_dense_layer / gib:.4g} GiB × {peak.inflight_microbatches:g} "
             f"(schedule {layout.schedule}, rank {rank}, m {m}, recompute {layout.recompute})",
             bytes=peak.activations,

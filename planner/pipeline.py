@@ -117,6 +117,7 @@ class PipelineSimulation(BaseModel):
     parameter_copies: int
 
     _timeline: Timeline = PrivateAttr()
+    _share: list[float] = PrivateAttr()
 
     @property
     def timeline(self) -> Timeline:
@@ -126,6 +127,22 @@ class PipelineSimulation(BaseModel):
     def pipelined_bubble_time(self) -> float:
         """Bubble under the zero-bubble paper's measure: longest rank span − max busy."""
         return self.pipelined_step_time - max(self.busy_time)
+
+    def peak_activation_units(self, weight_ratio: float) -> list[float]:
+        """Per rank, the most activations held at once when a micro-batch past B that waits
+        for W holds ``weight_ratio`` of its F-to-B activations (M_W / M_B): the running sum
+        of +share at F, −share at B's (or BW's) end, +ratio·share at B's end, −ratio·share
+        at W's end (releases first at equal times)."""
+        t = self._timeline
+        share = np.asarray(self._share)[t.stage_index]
+        is_f, is_b, is_w, is_bw = (t.kind == kind for kind in (_F, _B, _W, _BW))
+        rank = np.concatenate([t.rank[is_f], t.rank[is_b | is_bw], t.rank[is_b], t.rank[is_w]])
+        time = np.concatenate([t.start[is_f], t.end[is_b | is_bw], t.end[is_b], t.end[is_w]])
+        delta = np.concatenate([
+            share[is_f], -share[is_b | is_bw], weight_ratio * share[is_b],
+            -weight_ratio * share[is_w],
+        ])  # fmt: skip
+        return _peak_per_rank(rank, time, delta, self.num_ranks)
 
 
 def _per_stage(
@@ -383,6 +400,7 @@ def _measure(
         parameter_copies=parameter_copies,
     )
     simulation._timeline = timeline
+    simulation._share = np.asarray(share, dtype=float).tolist()
     return simulation
 
 

@@ -218,3 +218,18 @@ def test_closed_forms_check_the_schedule_rules():
         cf.step_time("interleaved-1f1b", 4, 10, 2)
     with pytest.raises(PlanError, match="vpp = 2"):
         cf.peak_activation_microbatches("dualpipev", 4, 8, 3)
+
+
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h2", "zbv", "dualpipev", "1f1b", "interleaved-1f1b"])
+@pytest.mark.parametrize("weight_ratio", [0.0, 0.5, 0.94, 1.0, 1.9, 3.0])
+def test_activations_with_weight_pending_microbatches_match_the_simulator(name, weight_ratio):
+    """a·M_B + b·M_W at its peak (zero-bubble paper's M_W; ratio M_W/M_B): exact from
+    2p − 1 micro-batches, an upper bound below."""
+    for pp, m, vpp in legal_cases(name, max_pp=6):
+        sim = simulated(name, pp, m, vpp, 1.0, 1.0, 1.0)
+        simulated_peak = np.asarray(sim.peak_activation_units(weight_ratio))
+        closed = cf.peak_activation_units(name, pp, m, vpp, np.arange(pp), weight_ratio)
+        if m >= 2 * pp - 1:
+            assert closed == pytest.approx(simulated_peak), (pp, m, vpp)
+        else:
+            assert (closed >= simulated_peak - 1e-9).all(), (pp, m, vpp)

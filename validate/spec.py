@@ -147,7 +147,9 @@ class RunSpec(BaseModel):
         return self.layout.dp * self.layout.micro_batch_size * self.num_microbatches
 
     def job(self) -> Job:
-        """The planner's job for this run: FP32 AdamW, flash-style attention, no CUDA overhead."""
+        """The planner's job for this run: FP32 AdamW, flash-style attention, no CUDA overhead;
+        zero-bubble schedules keep the whole graph until W, as torch.distributed.pipelining's
+        split backward does (``retain_graph=True``)."""
         return Job(
             model=self.workload.model_spec(),
             seq_len=self.workload.seq_len,
@@ -155,6 +157,7 @@ class RunSpec(BaseModel):
             precision=PrecisionSpec(recipe="fp32", optimizer="adamw"),
             flash_attention=True,
             runtime_overhead_bytes=0,
+            weight_pass_memory="graph",
         )
 
     def planner_layout(self) -> Layout:

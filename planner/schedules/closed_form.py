@@ -308,3 +308,45 @@ def activation_microbatches_at(
     if schedule == "dualpipev":
         return np.broadcast_to(np.asarray(p + 0.5, dtype=float), shape).copy()
     raise PlanError(f"no closed form for schedule '{schedule}'")
+
+
+def peak_activation_units(
+    schedule: str, pp, num_microbatches, vpp, rank, weight_ratio, **options: int
+) -> np.ndarray:
+    """Most activations a rank holds at once, in micro-batches' worth (F-to-B units), when a
+    micro-batch past ``B`` that still waits for ``W`` holds ``weight_ratio`` of what it held
+    between ``F`` and ``B`` (the zero-bubble paper's ``M_W / M_B``, Qi et al. 2023 §2).
+
+    A rank's memory is ``a·M_B + b·M_W`` with ``a`` micro-batches between F and B and ``b``
+    past B; its peak over the step is the largest ``a + ρ·b`` (ρ = ``weight_ratio``) over
+    the ``(a, b)`` pairs the rank passes through, which at F = B = W are (rank ``r``, ``p``
+    ranks, chunks of 1/2 for the V shapes; checked against the simulator):
+
+    * ZB-H1: ``(p−r, r)``, ``(p−r−1, r+1)``; ZB-H2: ``(2(p−r)−1, 2r)``, ``(2(p−r)−2, 2r+1)``;
+    * ZB-V: ``(p, 0)``, ``(p − 1/2, 1/2)`` and the line ``a + b = (p+r)/2`` for
+      ``b`` from 1 to ``r + 1/2``; DualPipeV: ``(p + 1/2, 0)``, ``(p − 1/2, 1/2)`` and
+      ``a + b = p/2`` for ``b`` from 1 to ``(r+1)/2``.
+
+    Schedules without a separate W (and DualPipe, whose two directions hold different
+    stages: :func:`planner.memory.dualpipe_activations`) return
+    :func:`activation_microbatches_at`. Exact for ``m ≥ 2p − 1``; with fewer micro-batches
+    (capped at ``m·max(1, ρ)``) an upper bound.
+    """
+    base = activation_microbatches_at(schedule, pp, num_microbatches, vpp, rank, **options)
+    rho = np.asarray(weight_ratio, dtype=float)
+    p, r = np.asarray(pp, dtype=float), np.asarray(rank, dtype=float)
+    if schedule == "zb-h1":
+        peak = np.maximum(p - r + rho * r, p - r - 1 + rho * (r + 1))
+    elif schedule == "zb-h2":
+        peak = np.maximum(2 * (p - r) - 1 + rho * 2 * r, 2 * (p - r) - 2 + rho * (2 * r + 1))
+    elif schedule in ("zbv", "dualpipev"):
+        line, last = ((p + r) / 2, r + 0.5) if schedule == "zbv" else (p / 2, (r + 1) / 2)
+        on_line = np.where((rho > 1) & (last >= 1), line + (rho - 1) * last, 0.0)
+        top = np.where(schedule == "zbv", p, p + 0.5)  # nothing waits for W
+        # (p − 1/2, 1/2); a one-rank DualPipeV runs its W only after both chunks' B: (0, 1/2).
+        second = np.where((schedule == "dualpipev") & (p == 1), 0.0, p - 0.5)
+        peak = np.maximum(np.maximum(top, second + 0.5 * rho), on_line)
+    else:
+        return base
+    # At most m micro-batches are in flight: a + ρ·b ≤ m·max(1, ρ) (binds only below 2p−1).
+    return np.minimum(peak, np.asarray(num_microbatches) * np.maximum(1.0, rho))

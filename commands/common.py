@@ -43,6 +43,20 @@ PrecisionFlag = Annotated[
     Precision | None,
     typer.Option(help="precision recipe (default: the model's training recipe, else bf16-mixed)"),
 ]
+
+
+class WeightPass(str, Enum):
+    inputs = "inputs"
+    graph = "graph"
+
+
+WeightPassFlag = Annotated[
+    WeightPass,
+    typer.Option(
+        help="what zero-bubble schedules keep from B to W: the weight GEMMs' inputs and output "
+        "gradients (inputs: zero-bubble paper, Megatron) or the whole graph (graph: torchtitan)"
+    ),
+]
 MemoryMeasuresFlag = Annotated[
     MeasureSet | None,
     typer.Option(

@@ -16,6 +16,8 @@ from commands.common import (
     Precision,
     PrecisionFlag,
     Recompute,
+    WeightPass,
+    WeightPassFlag,
     app,
     emit_json,
     gib,
@@ -184,6 +186,7 @@ def memory(
     ] = "1f1b",
     precision: PrecisionFlag = None,
     memory_measures: MemoryMeasuresFlag = None,
+    weight_pass_memory: WeightPassFlag = WeightPass.inputs,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
     flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention")] = True,
@@ -233,6 +236,7 @@ def memory(
         flash_attention=flash_attention,
         finetune=finetune,
         memory_measures=option_value(memory_measures),
+        weight_pass_memory=option_value(weight_pass_memory),
     )
     layout = api.build_layout(
         tp=tp,

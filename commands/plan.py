@@ -15,6 +15,8 @@ from commands.common import (
     Optimizer,
     PrecisionFlag,
     Recompute,
+    WeightPass,
+    WeightPassFlag,
     app,
     emit_json,
     int_list,
@@ -45,6 +47,7 @@ def _plan_job(
     grad_dtype,
     finetune=None,
     memory_measures=None,
+    weight_pass_memory=None,
 ):
     from planner import api
 
@@ -60,6 +63,7 @@ def _plan_job(
         grad_dtype=option_value(grad_dtype),
         finetune=finetune,
         memory_measures=option_value(memory_measures),
+        weight_pass_memory=option_value(weight_pass_memory),
     )
 
 
@@ -99,6 +103,7 @@ def plan(
     allow_cross_node_tp: Annotated[bool, typer.Option("--allow-cross-node-tp")] = False,
     precision: PrecisionFlag = None,
     memory_measures: MemoryMeasuresFlag = None,
+    weight_pass_memory: WeightPassFlag = WeightPass.inputs,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
     recipe: RecipeFlag = Recipe.full,
@@ -144,6 +149,7 @@ def plan(
             grad_dtype,
             finetune,
             memory_measures,
+            weight_pass_memory,
         )
         pins = {
             "tp": int_list(tp, "tp"),
@@ -331,6 +337,7 @@ def estimate(
     ] = True,
     precision: PrecisionFlag = None,
     memory_measures: MemoryMeasuresFlag = None,
+    weight_pass_memory: WeightPassFlag = WeightPass.inputs,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
     recipe: RecipeFlag = Recipe.full,
@@ -358,6 +365,7 @@ def estimate(
         grad_dtype,
         finetune,
         memory_measures,
+        weight_pass_memory,
     )
     layout = api.build_layout(
         tp=tp,

@@ -233,12 +233,15 @@ def build_job(
     flash_attention: bool = True,
     finetune=None,
     memory_measures: str | None = None,
+    weight_pass_memory: str | None = None,
 ):
     """A Job from CLI-style values (batch as tokens or as sequences, not both).
 
     ``finetune``: a FinetuneSpec (:func:`build_finetune`), or None for full training.
     ``precision`` and ``memory_measures`` default to the model's published training
     recipe (``training_precision``, ``training_memory_measures``), else bf16-mixed and none.
+    ``weight_pass_memory``: what zero-bubble schedules keep from B to W
+    (:mod:`planner.weight_pass`).
     """
     from planner.job import Job
     from planner.measures import memory_measures as measures_named
@@ -265,6 +268,7 @@ def build_job(
         flash_attention=flash_attention,
         finetune=finetune,
         memory_measures=measures_named(memory_measures),
+        weight_pass_memory=weight_pass_memory or "inputs",
     )
 
 

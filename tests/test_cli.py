@@ -246,3 +246,13 @@ def test_schedule_compare_writes_one_html_page(capsys, tmp_path):
 )
 def test_schedule_bad_input_is_one_line_exit_2(capsys, argv, fragments):
     assert_one_line_error(*run(capsys, *argv), *fragments)
+
+
+def test_weight_pass_memory_flag_counts_torchs_retained_graph(capsys):
+    args = ("memory", "--model", "llama3-8b", "--seq-len", "4096", "--tp", "1", "--pp", "4",
+            "--dp", "8", "--schedule", "zb-h1")  # fmt: skip
+    inputs = run_json(capsys, *args)
+    graph = run_json(capsys, *args, "--weight-pass-memory", "graph")
+    assert graph["total_bytes"] > inputs["total_bytes"]
+    code, _, err = run(capsys, *args, "--weight-pass-memory", "all")
+    assert code == 2 and "weight-pass-memory" in err

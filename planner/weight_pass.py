@@ -14,9 +14,15 @@ input ``X`` and the output gradient ``dY`` of every weight GEMM — the zero-bub
   plus the output gradients W reads: ``M_W = M_B + dY``.
 
 Under recomputation the weight GEMMs' inputs are recomputed in B and then kept for W, so
-both forms count the layer's tensors without recomputation. Inputs are counted at their
-stored width before DeepSeek-V3's FP8 caching (an upper bound under those measures).
-Routed experts see ``k`` copies of each token (balanced routing), as everywhere else here.
+both forms count the layer's tensors without recomputation. Under DeepSeek-V3's FP8 recipe
+(``fp8_linear_inputs``) the weight-gradient GEMM reads FP8 operands — the cached input and
+the output gradient quantized to FP8 (arXiv 2412.19437 §3.3.1, Figure 6) — so ``M_W`` is
+counted at one byte per element. Routed experts see ``k`` copies of each token (balanced
+routing), as everywhere else here.
+
+DualPipe (bidirectional) is not covered by :func:`planner.schedules.closed_form.
+peak_activation_units`: at F = B = W the simulator shows its per-rank peak stays at
+``p + 1`` stages' worth while ``M_W ≤ 2·M_B``, which holds under DeepSeek-V3's recipe.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Literal
 
 from planner.activations import ActivationShape, layer_activation_tensors
 from planner.linears import layer_linears
-from planner.measures import MemoryMeasures
+from planner.measures import FP8_BYTES, MemoryMeasures
 from planner.model import ModelSpec
 
 WeightPassMemory = Literal["inputs", "graph"]
@@ -76,4 +82,7 @@ def weight_pass_bytes_per_layer(
     if kept == "graph":
         whole = shape.model_copy(update={"recompute": "none"})
         return sum(layer_activation_tensors(model, whole, moe_layer).values()) + grads
-    return weight_input_bytes(model, shape, moe_layer) + grads
+    held = weight_input_bytes(model, shape, moe_layer) + grads
+    if shape.measures.fp8_linear_inputs:  # Wgrad's FP8 operands (DeepSeek-V3 Figure 6)
+        held *= FP8_BYTES / shape.element_bytes
+    return held

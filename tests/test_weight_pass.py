@@ -63,3 +63,32 @@ def test_zb_h1_ranks_past_the_first_hold_weight_pending_microbatches():
         expected = max(4 - rank + ratio * rank, 3 - rank + ratio * (rank + 1))
         assert zb.inflight_microbatches == pytest.approx(expected)
         assert zb.activations >= base.activations
+
+
+def test_dualpipe_peak_is_unchanged_while_m_w_is_at_most_twice_m_b():
+    """The reason DualPipe is left out of the closed form (module docstring)."""
+    from planner.pipeline import simulate
+    from planner.schedules import generate_schedule
+
+    for pp, m in ((2, 4), (4, 8), (4, 16), (8, 16), (8, 24)):
+        sim = simulate(generate_schedule("dualpipe", pp, m))
+        assert sim.peak_activation_units(2.0) == pytest.approx(sim.peak_activations)
+        if pp >= 4:  # beyond 2·M_B the first rank's (p − 1, 1) point overtakes p + 1
+            assert max(sim.peak_activation_units(2.5)) > max(sim.peak_activations)
+
+
+def test_deepseek_v3_recipe_keeps_m_w_in_fp8_below_twice_m_b():
+    from planner import api
+
+    job = api.build_job("deepseek-v3", 4096, global_batch_size=15360)
+    shape = ActivationShape(
+        seq_len=4096,
+        micro_batch_size=1,
+        measures=job.active_memory_measures,
+        element_bytes=job.precision.activation_bytes,
+    )
+    bf16 = shape.model_copy(update={"measures": shape.measures.for_gemm_dtype("bf16")})
+    for moe_layer in (False, True):
+        fp8 = weight_pass_bytes_per_layer(job.model, shape, moe_layer)
+        assert fp8 < 2 * activation_bytes_per_layer(job.model, shape, moe_layer)
+        assert fp8 == pytest.approx(weight_pass_bytes_per_layer(job.model, bf16, moe_layer) / 2)

@@ -138,6 +138,8 @@ def _bus(level: Level, algorithm: str, bidirectional: bool = False) -> float:
 def _per_link(levels: tuple[Level, ...], busy, at_once: bool) -> tuple[tuple[str, float], ...]:
     """Seconds per byte each physical link is busy, from each level's ``busy`` (s/B): levels
     of one link add (phases in turn) or, ``at_once``, the largest counts (nested bytes)."""
+    if len(levels) == 1:
+        return ((link_key(levels[0]), busy[0]),)
     links: dict[str, float] = {}
     for level, seconds in zip(levels, busy, strict=True):
         key = link_key(level)
@@ -147,7 +149,8 @@ def _per_link(levels: tuple[Level, ...], busy, at_once: bool) -> tuple[tuple[str
 
 def _ring(op: str, levels: tuple[Level, ...], n: int) -> Cost:
     rounds = 2 if op == "all-reduce" else 1
-    busy = [volume_factor(op, n) / _bus(level, "ring") for level in levels]
+    factor = volume_factor(op, n)
+    busy = [factor / _bus(level, "ring") for level in levels]
     return Cost(
         rounds * sum(level.steps * level.latency_s for level in levels),
         max(busy),
@@ -159,7 +162,8 @@ def _tree(levels: tuple[Level, ...], n: int) -> Cost:
     *lower, top = levels
     alpha = sum((level.participants - 1) * level.latency_s for level in lower)
     alpha += math.ceil(math.log2(top.participants)) * top.latency_s
-    busy = [volume_factor("all-reduce", n) / _bus(level, "tree") for level in levels]
+    factor = volume_factor("all-reduce", n)
+    busy = [factor / _bus(level, "tree") for level in levels]
     return Cost(2 * alpha, max(busy), _per_link(levels, busy, at_once=True))
 
 

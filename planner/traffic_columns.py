@@ -59,18 +59,25 @@ def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) ->
     return placements
 
 
+#: Costs of each distinct (group levels, op, routing), shared by every call: the levels come
+#: from :mod:`planner.topology`'s caches, and each entry keeps its group alive, so the ids in
+#: the key stay its own.
+_GROUP_COSTS: dict[tuple, tuple] = {}
+_GROUP_COSTS_SIZE = 16384
+
+
 class _CostTables:
     """alpha, beta [combination, algorithm] of one (placement group, op), priced on first
     use: every algorithm costs ``alpha + beta · bytes`` (:func:`planner.comm.algorithm_costs`),
     inf alpha where an algorithm is unavailable or the combination cannot be placed; and
     {link: seconds busy per byte [combination, algorithm]}. Each distinct group (placements
-    share one levels tuple per group shape) is priced once."""
+    share one levels tuple per group shape) is priced once (:data:`_GROUP_COSTS`)."""
 
     def __init__(self, placements: list, routing=None):
         self.placements = placements
         self.routing = routing  # the EP all-to-all's node-limited routing (ep_routing)
         self.tables: dict[tuple[str, str], tuple] = {}
-        self.groups: dict[tuple, tuple] = {}
+        self.groups = _GROUP_COSTS
 
     def __call__(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray, dict]:
         if (group_name, op) not in self.tables:
@@ -78,22 +85,31 @@ class _CostTables:
         return self.tables[group_name, op]
 
     def _price(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray, dict]:
-        alpha = np.full((len(self.placements), NUM_ALGORITHMS), np.inf)
-        beta = np.zeros_like(alpha)
-        links: dict[str, np.ndarray] = {}
+        routing = self.routing if group_name == "ep" else None
+        entries: dict[tuple, int] = {}  # group cost → its row in the stacked tables (1 + …)
+        where = np.zeros(len(self.placements), dtype=np.int64)  # row 0: cannot be placed
         for u, placement in enumerate(self.placements):
             if placement is None:
                 continue
             group = placement.groups[group_name]
             # Level holds a dict (not hashable): the identity of the shared levels is the
             # key, and the entry keeps the group (and so its levels) alive.
-            routing = self.routing if group_name == "ep" else None
             key = (id(group.levels), id(group.neighbour_level), group.group_size, op, routing)
             if key not in self.groups:
+                if len(self.groups) >= _GROUP_COSTS_SIZE:
+                    self.groups.clear()
                 self.groups[key] = (*_group_costs(group, op, routing), group)
-            alpha[u], beta[u], busy = self.groups[key][:3]
-            for link, per_algorithm in busy.items():
-                links.setdefault(link, np.zeros_like(beta))[u] = per_algorithm
+            where[u] = entries.setdefault(key, len(entries) + 1)
+        costs = [(np.full(NUM_ALGORITHMS, np.inf), np.zeros(NUM_ALGORITHMS), {})]
+        costs += [self.groups[key][:3] for key in entries]
+        alpha = np.stack([cost[0] for cost in costs])[where]
+        beta = np.stack([cost[1] for cost in costs])[where]
+        busy_links = dict.fromkeys(link for cost in costs for link in cost[2])
+        zero = np.zeros(NUM_ALGORITHMS)
+        links = {
+            link: np.stack([cost[2].get(link, zero) for cost in costs])[where]
+            for link in busy_links
+        }
         usable = np.flatnonzero(np.isfinite(alpha).any(axis=0))
         return alpha[:, usable], beta[:, usable], {k: v[:, usable] for k, v in links.items()}
 

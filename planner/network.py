@@ -128,7 +128,8 @@ class Level:
 def link_key(level: Level) -> str:
     """The physical link a level's traffic leaves a rank through: the link id (a GPU's NVLink
     ports serve every scale-up tier, its NIC every scale-out tier of that link), or for a
-    torus the axis ("ici-x"), whose links are its own."""
+    torus the axis ("ici-x"), whose links are its own. Torus traffic that follows no single
+    axis (a snake ring, a point-to-point hop) is keyed by the tier ("ici")."""
     return level.tier if level.is_torus else level.link
 
 

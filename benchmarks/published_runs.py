@@ -16,7 +16,11 @@ Run: ``python benchmarks/published_runs.py`` (about a minute on 2 cores).
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
 from hwspecs.catalog import load_accelerator, load_cluster
 from planner import api

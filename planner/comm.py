@@ -40,6 +40,15 @@ then to 1.0 where a link has none). Latency per ring step is the link's ``latenc
 * ``direct`` — p2p over the slowest level between the two ranks.
 
 Without an ``algorithm`` the cheapest available one is used, as NCCL's tuner does.
+
+Each cost also says how long every physical link of a rank is busy per byte of S
+(``link_busy_s_per_byte``, keyed by :func:`planner.network.link_key`): the bytes that cross a
+level divided by that level's achieved rate, i.e. the terms of ``beta`` before they are
+combined. Levels of one link (a GPU's NIC serves every scale-out tier) add up where the
+algorithm runs them as phases one after another (hierarchical, nvls, torus) and take the
+largest where they run at once and the outer level's bytes are a subset of the inner one's
+(ring, tree, pairwise, node-limited). :mod:`planner.contention` prices links shared by axes
+from these.
 """
 
 from __future__ import annotations
@@ -53,7 +62,14 @@ from pydantic import BaseModel
 
 from hwspecs.schema import Cluster
 from planner.errors import PlanError
-from planner.network import SCALE_OUT_KINDS, Level, cluster_view, group_levels, pair_level
+from planner.network import (
+    SCALE_OUT_KINDS,
+    Level,
+    cluster_view,
+    group_levels,
+    link_key,
+    pair_level,
+)
 
 OPS: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
 ALGORITHMS: tuple[str, ...] = (
@@ -81,10 +97,12 @@ EFFICIENCY_KEY = {
 
 @dataclass(frozen=True)
 class Cost:
-    """``time_s = alpha_s + beta_s_per_byte · num_bytes``."""
+    """``time_s = alpha_s + beta_s_per_byte · num_bytes``; ``link_busy_s_per_byte``: seconds
+    each physical link of a rank is busy per byte of S, as (link key, s/B) pairs."""
 
     alpha_s: float
     beta_s_per_byte: float
+    link_busy_s_per_byte: tuple[tuple[str, float], ...] = ()
 
     def time_s(self, num_bytes: float) -> float:
         return self.alpha_s + self.beta_s_per_byte * num_bytes
@@ -117,12 +135,26 @@ def _bus(level: Level, algorithm: str, bidirectional: bool = False) -> float:
     return level.members_below * level.bytes_per_s_per_rank * efficiency(level, algorithm) * double
 
 
+def _per_link(levels: tuple[Level, ...], busy, at_once: bool) -> tuple[tuple[str, float], ...]:
+    """Seconds per byte each physical link is busy, from each level's ``busy`` (s/B): levels
+    of one link add (phases in turn) or, ``at_once``, the largest counts (nested bytes)."""
+    if len(levels) == 1:
+        return ((link_key(levels[0]), busy[0]),)
+    links: dict[str, float] = {}
+    for level, seconds in zip(levels, busy, strict=True):
+        key = link_key(level)
+        links[key] = max(links.get(key, 0.0), seconds) if at_once else links.get(key, 0.0) + seconds
+    return tuple(links.items())
+
+
 def _ring(op: str, levels: tuple[Level, ...], n: int) -> Cost:
     rounds = 2 if op == "all-reduce" else 1
-    slowest = min(_bus(level, "ring") for level in levels)
+    factor = volume_factor(op, n)
+    busy = [factor / _bus(level, "ring") for level in levels]
     return Cost(
         rounds * sum(level.steps * level.latency_s for level in levels),
-        volume_factor(op, n) / slowest,
+        max(busy),
+        _per_link(levels, busy, at_once=True),
     )
 
 
@@ -130,40 +162,44 @@ def _tree(levels: tuple[Level, ...], n: int) -> Cost:
     *lower, top = levels
     alpha = sum((level.participants - 1) * level.latency_s for level in lower)
     alpha += math.ceil(math.log2(top.participants)) * top.latency_s
-    return Cost(2 * alpha, volume_factor("all-reduce", n) / min(_bus(lv, "tree") for lv in levels))
+    factor = volume_factor("all-reduce", n)
+    busy = [factor / _bus(level, "tree") for level in levels]
+    return Cost(2 * alpha, max(busy), _per_link(levels, busy, at_once=True))
 
 
 def _hierarchical(op: str, levels: tuple[Level, ...], mode: str) -> Cost:
     """Phases level by level; ``mode`` picks per-level algorithm (hierarchical/nvls/torus)."""
     rounds = 2 if op == "all-reduce" else 1
-    alpha = beta = 0.0
+    alpha, busy = 0.0, []
     for level in levels:
         fraction = rounds * (level.participants - 1) / level.participants
         if mode == "nvls" and level.in_network_reduction and "nvls" in level.busbw_efficiency:
             alpha += 2 * level.latency_s
-            beta += fraction / _bus(level, "nvls")
+            busy.append(fraction / _bus(level, "nvls"))
         elif mode == "torus" and level.is_torus:
             alpha += rounds * (level.participants - 1) * level.latency_s
-            beta += fraction / _bus(level, "torus", bidirectional=True)
+            busy.append(fraction / _bus(level, "torus", bidirectional=True))
         else:
             alpha += rounds * (level.participants - 1) * level.latency_s
-            beta += fraction / _bus(level, "ring")
-    return Cost(alpha, beta)
+            busy.append(fraction / _bus(level, "ring"))
+    return Cost(alpha, sum(busy), _per_link(levels, busy, at_once=False))
 
 
 def _pairwise(levels: tuple[Level, ...], n: int) -> Cost:
-    beta = 0.0
+    busy = []
     for level in levels:
         rate = level.bytes_per_s_per_rank * efficiency(level, "pairwise")
         if level.is_torus:
             per_link = (level.participants - 1) / (8 if level.bidirectional else 4)
-            beta = max(beta, per_link / rate)
+            busy.append(per_link / rate)
         elif level.kind in ("scale-out", "dcn"):
-            beta = max(beta, (n - level.members_below) / n / rate)
+            busy.append((n - level.members_below) / n / rate)
         else:
             inside = level.members_below * (level.participants - 1)
-            beta = max(beta, inside / n / rate)
-    return Cost(sum(level.latency_s for level in levels), beta)
+            busy.append(inside / n / rate)
+    return Cost(
+        sum(level.latency_s for level in levels), max(busy), _per_link(levels, busy, at_once=True)
+    )
 
 
 def _node_limited(levels: tuple[Level, ...], n: int, top_k: int, max_nodes: int) -> Cost:
@@ -175,14 +211,16 @@ def _node_limited(levels: tuple[Level, ...], n: int, top_k: int, max_nodes: int)
     scale_out = [level.kind in SCALE_OUT_KINDS for level in levels]
     nodes = n // levels[scale_out.index(True)].members_below
     node_share = min(top_k, max_nodes, nodes) / top_k
-    beta = 0.0
+    busy = []
     for level, crosses_nodes in zip(levels, scale_out, strict=True):
         rate = level.bytes_per_s_per_rank * efficiency(level, "node-limited")
         if crosses_nodes:
-            beta = max(beta, node_share * (n - level.members_below) / n / rate)
+            busy.append(node_share * (n - level.members_below) / n / rate)
         else:
-            beta = max(beta, (level.participants - 1) / level.participants / rate)
-    return Cost(sum(level.latency_s for level in levels), beta)
+            busy.append((level.participants - 1) / level.participants / rate)
+    return Cost(
+        sum(level.latency_s for level in levels), max(busy), _per_link(levels, busy, at_once=True)
+    )
 
 
 def algorithm_costs(
@@ -198,11 +236,8 @@ def algorithm_costs(
         return {}
     if op == "p2p":
         (level,) = levels
-        return {
-            "direct": Cost(
-                level.latency_s, 1 / (level.bytes_per_s_per_rank * efficiency(level, "direct"))
-            )
-        }
+        busy = 1 / (level.bytes_per_s_per_rank * efficiency(level, "direct"))
+        return {"direct": Cost(level.latency_s, busy, ((link_key(level), busy),))}
     if op == "all-to-all":
         spans_nodes = any(level.kind in SCALE_OUT_KINDS for level in levels)
         if routing is not None and spans_nodes and not any(lv.is_torus for lv in levels):

@@ -9,6 +9,9 @@ over the dense peak of ``mfu_dtype``; ``mfu_causal`` counts only the causal half
 attention products, as DeepSeek reports; HFU adds recomputation. Under a fine-tuning recipe
 the model FLOPs are the recipe's (frozen base: no weight gradients; adapters added), and the
 optimizer term updates only the adapters; Muon's gather shows as ``optimizer_comm``.
+``link_contention`` is the time lost where several axes' traffic shares one link
+(:mod:`planner.contention`); ``busiest_link_s`` is how long the busiest link of a GPU
+carries traffic per step.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ TIME_PARTS = (
     *(f"{a}_exposed" for a in AXES),
     "optimizer",
     "optimizer_comm",
+    "link_contention",
 )
 
 
@@ -58,6 +62,7 @@ class Estimate(BaseModel):
     comm_bytes_per_step: dict[str, float]
     comm_time_s: dict[str, float]
     exposed_comm_s: float
+    busiest_link_s: float
     memory_per_gpu_bytes: float
     memory_breakdown_bytes: dict[str, float]
     per_stage_memory: list[StageMemory]
@@ -108,6 +113,7 @@ def estimate(
     }
     if job.precision.optimizer == "muon":  # Muon's gather of whole matrices, reported apart
         breakdown["optimizer_comm"] = float(value["optimizer_comm_s"])
+    breakdown["link_contention"] = float(value["link_contention_s"])
     usable = accelerator.hbm_bytes * (1 - mem_headroom)
     return Estimate(
         model=job.model.name,
@@ -135,6 +141,7 @@ def estimate(
         comm_bytes_per_step={axis: float(value[f"{axis}_bytes_per_step"]) for axis in AXES},
         comm_time_s={axis: float(value[f"{axis}_time_s"]) for axis in AXES},
         exposed_comm_s=float(value["exposed_comm_s"]),
+        busiest_link_s=float(value["busiest_link_s"]),
         memory_per_gpu_bytes=memory.total_bytes,
         memory_breakdown_bytes={part: memory.breakdown_bytes[part] for part in MEMORY_PARTS},
         per_stage_memory=memory.per_stage,

@@ -9,8 +9,8 @@ arithmetic over the rows. No Python loop runs per row.
 
 Per row: the busiest pipeline rank's F, B (+ recomputation) and W per micro-batch feed the
 schedule's closed-form step time (:mod:`planner.schedules.closed_form`); the exposed
-communication per axis (:mod:`planner.traffic_columns`) and the optimizer step are added
-after it. Ranks are examined at a few slots — the first two, the last two and the first
+communication per axis (:mod:`planner.traffic_columns`), the optimizer step and the time lost
+where axes share a link (:mod:`planner.contention`) are added after it. Ranks are examined at a few slots — the first two, the last two and the first
 rank with the most layers — which hold the compute and memory peaks of every schedule
 here (in-flight counts fall along the pipeline or are flat; the ends hold the embedding
 and the head); a test checks the slots against every rank.
@@ -25,6 +25,7 @@ from hwspecs.schema import Accelerator, Cluster
 from planner import activations as act
 from planner import finetune_costs as ft
 from planner.compute import GpuRates
+from planner.contention import occupancy_excess
 from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns
 from planner.evaluate_tables import (
     MEMORY_SHAPE_KEYS,
@@ -309,6 +310,8 @@ def _time_columns(
 
     exposed = sum(comm[f"{axis}_exposed_time_s"] for axis in AXES)
     step = pipeline + exposed + optimizer_s + optimizer_comm_s
+    contention = _link_contention(comm, step)
+    step = step + contention
     num_gpus = tp * cp * pp * dp
     tokens = job.global_batch_tokens if job.global_batch_tokens else dp * m * mbs * job.seq_len
     tokens_per_s_per_gpu = tokens / step / num_gpus
@@ -327,6 +330,7 @@ def _time_columns(
         "pipeline_bubble_s": pipeline - busy,
         "optimizer_s": optimizer_s,
         "optimizer_comm_s": optimizer_comm_s,
+        "link_contention_s": contention,
         "forward_s": f,
         "input_grad_s": b,
         "weight_grad_s": w,
@@ -338,6 +342,7 @@ def _time_columns(
         "mfu_causal": tokens_per_s_per_gpu * flops_token_causal / peak,
         "hfu": tokens_per_s_per_gpu * (flops_token + extra) / peak,
         "exposed_comm_s": exposed,
+        "busiest_link_s": _busiest_link(comm["link_busy_s"], n),
         "valid": comm["valid"],
     }
     out["bubble_fraction"] = out["pipeline_bubble_s"] / step
@@ -346,6 +351,27 @@ def _time_columns(
         out[f"{axis}_time_s"] = comm[f"{axis}_time_s"]
         out[f"{axis}_bytes_per_step"] = comm[f"{axis}_bytes_per_step"]
     return out
+
+
+# ----- links shared by axes (planner.contention) -----------------------------------------
+
+
+def _link_contention(comm: dict, step_s: np.ndarray) -> np.ndarray:
+    """Seconds lost where axes share a link: the larger of the sharing delay and the excess
+    of the busiest link's occupancy over the step (:mod:`planner.contention`)."""
+    links = list(comm["link_busy_s"])
+    if not links:  # no traffic leaves the GPU
+        return comm["link_contention_s"]
+    busy, busiest_axis = (
+        np.stack([comm[key][link] for link in links], axis=-1)
+        for key in ("link_busy_s", "link_busiest_axis_s")
+    )
+    return np.maximum(comm["link_contention_s"], occupancy_excess(busy, busiest_axis, step_s))
+
+
+def _busiest_link(link_busy_s: dict, n: int) -> np.ndarray:
+    """Seconds per step the rank's busiest link carries traffic (all axes)."""
+    return np.max([*link_busy_s.values(), np.zeros(n)], axis=0)
 
 
 def _codes(recompute: np.ndarray) -> np.ndarray:

@@ -71,6 +71,12 @@ def explain_estimate(result, job) -> list[str]:
                 f"{axis}: {result.comm_bytes_per_step[axis] / 1e9:,.2f} GB per GPU per step, raw {raw:.3f} s, "
                 f"exposed {result.time_breakdown_s[axis + '_exposed']:.3f} s"
             )
+    lines.append(
+        f"link contention: {result.time_breakdown_s['link_contention']:.3f} s = Σ_links Σ_b "
+        f"exposed[b] · min(1, hidden traffic of the other axes on that link / compute window "
+        f"m·(F+B)), or the busiest link's excess over the step ({result.busiest_link_s:.3f} s "
+        f"busy per step; 0 when each link carries one axis)"
+    )
     flops = model_flops_per_token(job.model, job.seq_len, causal=False)
     lines.append(
         f"MFU = {result.tokens_per_s_per_gpu:,.0f} tokens/s × {flops / 1e9:,.1f} GFLOP/token "

@@ -125,6 +125,14 @@ class Level:
         return self.members_below * self.bytes_per_s_per_rank * (2 if self.bidirectional else 1)
 
 
+def link_key(level: Level) -> str:
+    """The physical link a level's traffic leaves a rank through: the link id (a GPU's NVLink
+    ports serve every scale-up tier, its NIC every scale-out tier of that link), or for a
+    torus the axis ("ici-x"), whose links are its own. Torus traffic that follows no single
+    axis (a snake ring, a point-to-point hop) is keyed by the tier ("ici")."""
+    return level.tier if level.is_torus else level.link
+
+
 def _distinct_per_row(values: np.ndarray) -> np.ndarray:
     """Number of distinct values in each row of an integer array."""
     ordered = np.sort(values, axis=1)

@@ -182,7 +182,8 @@ def axis_traffic(
     notes = [
         "bytes_per_step: bytes one GPU sends per optimizer step, on the busiest pipeline rank",
         f"{m} micro-batches of {layout.micro_batch_size} sequences of {job.seq_len} tokens",
-        "axes run one after another in time_s totals; concurrent axes do not share links here",
+        "axes run one after another in time_s totals; time lost where axes share a link is "
+        "the estimate's link_contention term (planner.contention)",
     ]
     if compute is None:
         notes.append(NO_COMPUTE_RULE + " (pass compute times for the overlap rules)")

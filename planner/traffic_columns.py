@@ -7,6 +7,11 @@ collective times come from cost tables built once per distinct (tp, cp, ep, pp, 
 algorithm costs ``alpha + beta · bytes`` (:mod:`planner.comm`), so a row's time is
 ``min over algorithms of alpha[combo] + beta[combo] · message_bytes``. Placements are cached
 by :func:`planner.topology.placement_for_view`, so repeated calls are cheap.
+
+The same tables say how long each physical link of a rank is busy per byte
+(:class:`planner.comm.Cost`), so each row also gets, per link, the seconds each axis keeps
+it busy, exposed and hidden; :mod:`planner.contention` turns those into the time lost where
+axes share a link (``link_contention_s``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import pandas as pd
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
 from planner.comm import ALGORITHMS, algorithm_costs, volume_factor
+from planner.contention import sharing_delay
 from planner.job import Job
 from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES
 from planner.network import as_cluster, cluster_view
@@ -53,39 +59,59 @@ def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) ->
     return placements
 
 
+#: Costs of each distinct (group levels, op, routing), shared by every call: the levels come
+#: from :mod:`planner.topology`'s caches, and each entry keeps its group alive, so the ids in
+#: the key stay its own.
+_GROUP_COSTS: dict[tuple, tuple] = {}
+_GROUP_COSTS_SIZE = 16384
+
+
 class _CostTables:
     """alpha, beta [combination, algorithm] of one (placement group, op), priced on first
     use: every algorithm costs ``alpha + beta · bytes`` (:func:`planner.comm.algorithm_costs`),
-    inf alpha where an algorithm is unavailable or the combination cannot be placed. Each
-    distinct group (placements share one levels tuple per group shape) is priced once."""
+    inf alpha where an algorithm is unavailable or the combination cannot be placed; and
+    {link: seconds busy per byte [combination, algorithm]}. Each distinct group (placements
+    share one levels tuple per group shape) is priced once (:data:`_GROUP_COSTS`)."""
 
     def __init__(self, placements: list, routing=None):
         self.placements = placements
         self.routing = routing  # the EP all-to-all's node-limited routing (ep_routing)
-        self.tables: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
-        self.groups: dict[tuple, tuple] = {}
+        self.tables: dict[tuple[str, str], tuple] = {}
+        self.groups = _GROUP_COSTS
 
-    def __call__(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray, dict]:
         if (group_name, op) not in self.tables:
             self.tables[group_name, op] = self._price(group_name, op)
         return self.tables[group_name, op]
 
-    def _price(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray]:
-        alpha = np.full((len(self.placements), NUM_ALGORITHMS), np.inf)
-        beta = np.zeros_like(alpha)
+    def _price(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray, dict]:
+        routing = self.routing if group_name == "ep" else None
+        entries: dict[tuple, int] = {}  # group cost → its row in the stacked tables (1 + …)
+        where = np.zeros(len(self.placements), dtype=np.int64)  # row 0: cannot be placed
         for u, placement in enumerate(self.placements):
             if placement is None:
                 continue
             group = placement.groups[group_name]
             # Level holds a dict (not hashable): the identity of the shared levels is the
             # key, and the entry keeps the group (and so its levels) alive.
-            routing = self.routing if group_name == "ep" else None
             key = (id(group.levels), id(group.neighbour_level), group.group_size, op, routing)
             if key not in self.groups:
+                if len(self.groups) >= _GROUP_COSTS_SIZE:
+                    self.groups.clear()
                 self.groups[key] = (*_group_costs(group, op, routing), group)
-            alpha[u], beta[u] = self.groups[key][:2]
+            where[u] = entries.setdefault(key, len(entries) + 1)
+        costs = [(np.full(NUM_ALGORITHMS, np.inf), np.zeros(NUM_ALGORITHMS), {})]
+        costs += [self.groups[key][:3] for key in entries]
+        alpha = np.stack([cost[0] for cost in costs])[where]
+        beta = np.stack([cost[1] for cost in costs])[where]
+        busy_links = dict.fromkeys(link for cost in costs for link in cost[2])
+        zero = np.zeros(NUM_ALGORITHMS)
+        links = {
+            link: np.stack([cost[2].get(link, zero) for cost in costs])[where]
+            for link in busy_links
+        }
         usable = np.flatnonzero(np.isfinite(alpha).any(axis=0))
-        return alpha[:, usable], beta[:, usable]
+        return alpha[:, usable], beta[:, usable], {k: v[:, usable] for k, v in links.items()}
 
 
 def chunks_column(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
@@ -120,11 +146,13 @@ def placeable(cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, spl
     return priced & np.asarray(stage_layers(num_layers, pp, chunks, split)[3])
 
 
-def _group_costs(group, op: str, routing=None) -> tuple[np.ndarray, np.ndarray]:
-    """alpha, beta [algorithm] of ``op`` on one group placement (inf where unavailable);
-    ``routing``: node-limited routing of an EP all-to-all (:func:`ep_routing`), or None."""
+def _group_costs(group, op: str, routing=None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """alpha, beta [algorithm] of ``op`` on one group placement (inf where unavailable) and
+    {link: seconds busy per byte [algorithm]}; ``routing``: node-limited routing of an EP
+    all-to-all (:func:`ep_routing`), or None."""
     alpha = np.full(NUM_ALGORITHMS, np.inf)
     beta = np.zeros_like(alpha)
+    busy: dict[str, np.ndarray] = {}
     if op == "p2p":
         levels = (group.neighbour_level,) if group.neighbour_level else ()
     else:
@@ -134,16 +162,32 @@ def _group_costs(group, op: str, routing=None) -> tuple[np.ndarray, np.ndarray]:
         alpha[0] = 0.0
     for a, cost in enumerate(costs.values()):
         alpha[a], beta[a] = cost.alpha_s, cost.beta_s_per_byte
-    return alpha, beta
+        for link, seconds_per_byte in cost.link_busy_s_per_byte:
+            busy.setdefault(link, np.zeros(NUM_ALGORITHMS))[a] = seconds_per_byte
+    return alpha, beta, busy
 
 
-def _cheapest(alpha, beta, live: np.ndarray, num_bytes, shape) -> np.ndarray:
+def _cheapest(alpha, beta, live: np.ndarray, num_bytes, shape) -> tuple[np.ndarray, np.ndarray]:
     """The cheapest algorithm's time for one collective of ``num_bytes`` on the ``live`` rows
-    (flat indices; ``alpha``, ``beta`` [live row, algorithm]); 0 on the other rows."""
+    (flat indices; ``alpha``, ``beta`` [live row, algorithm]), 0 on the other rows; and the
+    index of that algorithm on each live row."""
     sent = np.broadcast_to(np.asarray(num_bytes, dtype=float), shape).ravel()[live]
+    each = alpha + beta * sent[:, None]
+    choice = each.argmin(axis=-1)
     time = np.zeros(int(np.prod(shape)))
-    time[live] = (alpha + beta * sent[:, None]).min(axis=-1)
-    return time.reshape(shape)
+    time[live] = each[np.arange(len(live)), choice]
+    return time.reshape(shape), choice
+
+
+def _link_busy(per_byte: dict, at: np.ndarray, choice, live, sent, shape) -> dict:
+    """{link: seconds the link is busy} of ``sent`` bytes per row on the chosen algorithm
+    (``per_byte`` tables [combination, algorithm] read at combination ``at`` of each live row)."""
+    busy = {}
+    for link, table in per_byte.items():
+        flat = np.zeros(int(np.prod(shape)))
+        flat[live] = sent.ravel()[live] * table[at, choice]
+        busy[link] = flat.reshape(shape)
+    return busy
 
 
 def axis_times_vectorized(
@@ -179,7 +223,10 @@ def axis_times_vectorized(
 
     Returns ``{axis}_bytes_per_step``, ``{axis}_time_s``, ``{axis}_exposed_time_s`` for each
     axis in :data:`AXES` (tp, cp, ep, pp, dp, edp), ``total_time_s``,
-    ``total_exposed_time_s``, ``num_microbatches`` and ``valid``. Rows that cannot be placed
+    ``total_exposed_time_s``, ``link_contention_s`` (:func:`planner.contention.sharing_delay`
+    summed over links; 0 without compute times), ``num_microbatches`` and ``valid``; and two
+    dicts {link: column}: ``link_busy_s`` (seconds the rank's link is busy per step, all
+    axes) and ``link_busiest_axis_s`` (the axis that keeps it busiest, alone). Rows that cannot be placed
     (more GPUs than the cluster, ep not dividing dp·cp, an illegal layer split, a batch that
     dp · micro_batch_size does not divide) are NaN and
     ``valid`` False; layout rules about the model (heads by tp, …) are the search's filter.
@@ -239,26 +286,30 @@ def axis_times_vectorized(
         out[f"{axis}_bytes_per_step"] = np.zeros(rows)
         out[f"{axis}_time_s"] = np.zeros(rows)
         out[f"{axis}_exposed_time_s"] = np.zeros(rows)
+    link_exposed: dict[str, dict[str, np.ndarray]] = {}  # link → axis → busy seconds
+    link_hidden: dict[str, dict[str, np.ndarray]] = {}
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
         timed = []
         for term in terms:
             count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
             if not count.any():
                 continue
-            alpha, beta = costs(AXIS_GROUPS[term.axis], term.op)
+            alpha, beta, per_byte = costs(AXIS_GROUPS[term.axis], term.op)
             message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
             # One collective's time, on the rows that run it (the others count 0 of them).
             live = np.flatnonzero(count > 0)
-            priced = alpha[inv.ravel()[live]], beta[inv.ravel()[live]]
-            one = _cheapest(*priced, live, message, rows)
+            at = inv.ravel()[live]
+            priced = alpha[at], beta[at]
+            one, choice = _cheapest(*priced, live, message, rows)
             bucket = one
             if np.any(term.bucket_bytes):
-                bucket = _cheapest(*priced, live, term.bucket_bytes, rows)
+                bucket = _cheapest(*priced, live, term.bucket_bytes, rows)[0]
             raw = np.where(count > 0, count * one, 0.0)
-            timed.append((term, count, message, one, bucket, raw))
-        pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
+            busy = _link_busy(per_byte, at, choice, live, count * message, rows)
+            timed.append((term, count, message, one, bucket, raw, busy))
+        pooled = sum(raw for term, *_, raw, _ in timed if term.rule == "ep")  # one DualPipe window
         sm_share = ep_overlap_sm_share(load_accelerator(cluster.accelerator).num_compute_units)
-        for term, count, message, one, bucket, raw in timed:
+        for term, count, message, one, bucket, raw, busy in timed:
             n = sizes["pp"] if term.op == "p2p" else sizes[AXIS_GROUPS[term.axis]]
             exposed = exposed_time(term.rule, raw, one, bucket, m, pp, chunks, compute,
                                    tp_comm_overlap, ep_overlap,
@@ -267,12 +318,32 @@ def axis_times_vectorized(
             out[f"{term.axis}_bytes_per_step"] += count * message * volume_factor(term.op, n)
             out[f"{term.axis}_time_s"] += raw
             out[f"{term.axis}_exposed_time_s"] += np.where(count > 0, exposed, 0.0)
+            # Each link's busy time splits as the term's time does: exposed and hidden.
+            exposed_share = np.where(raw > 0, np.minimum(exposed / np.where(raw > 0, raw, 1), 1), 1)
+            for link, seconds in busy.items():
+                for split, share in (
+                    (link_exposed, exposed_share),
+                    (link_hidden, 1 - exposed_share),
+                ):
+                    axes = split.setdefault(link, {})
+                    axes[term.axis] = axes.get(term.axis, 0.0) + seconds * share
     valid = placeable(cluster, job.model.num_layers, tp, cp, pp, dp, ep, chunks,
                       pipeline_layer_split) & batch_ok  # fmt: skip
     for key, column in out.items():
         out[key] = np.where(valid, column, np.nan)
     out["total_time_s"] = sum(out[f"{axis}_time_s"] for axis in AXES)
     out["total_exposed_time_s"] = sum(out[f"{axis}_exposed_time_s"] for axis in AXES)
+    window = m * (compute[0] + compute[1]) if compute is not None else np.zeros(rows)
+    contention = sum(
+        (sharing_delay(link_exposed[link], link_hidden[link], window) for link in link_exposed),
+        np.zeros(rows),
+    )
+    out["link_contention_s"] = np.where(valid, contention, np.nan)
     out["num_microbatches"] = np.broadcast_to(m, rows)
     out["valid"] = valid
+    out["link_busy_s"], out["link_busiest_axis_s"] = {}, {}
+    for link in link_exposed:
+        per_axis = [link_exposed[link][a] + link_hidden[link][a] for a in link_exposed[link]]
+        out["link_busy_s"][link] = np.where(valid, sum(per_axis), np.nan)
+        out["link_busiest_axis_s"][link] = np.where(valid, np.maximum.reduce(per_axis), np.nan)
     return out

@@ -53,6 +53,8 @@ def calibrate(
     for dtype, flops in best.items():
         console.print(f"  GEMM {dtype}: {flops / 1e9:,.1f} GFLOP/s per rank (one thread)")
     console.print(f"  memory bandwidth: {result.memory_bytes_per_s / 1e9:,.2f} GB/s")
+    for ranks, seconds in result.op_overhead_s.items():
+        console.print(f"  per-operation overhead on {ranks} ranks: {seconds * 1e6:,.1f} us")
     for fit in result.collectives:
         console.print(
             f"  {fit.collective} over {fit.world_size} ranks: alpha {fit.alpha_s * 1e3:.3f} ms, "

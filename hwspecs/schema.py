@@ -132,6 +132,13 @@ class Accelerator(SourcedSpec):
     hbm_bandwidth_efficiency: float = Field(
         0.8, gt=0, le=1, description="achievable fraction of peak HBM bandwidth"
     )
+    op_overhead_s: float | None = Field(
+        None,
+        ge=0,
+        description="fixed host seconds per dispatched operation (eager framework dispatch, "
+        "autograd, launch), added per pass by planner.op_counts; unset: 0, i.e. hidden "
+        "behind device time (GPUs launching asynchronously)",
+    )
     notes: str = ""
 
     @model_validator(mode="after")

@@ -38,7 +38,7 @@ class OpTime(BaseModel):
     input_grad_s: float
     weight_grad_s: float
     forward_flops: float
-    bound: str  # "compute" or "memory" (of the forward)
+    bound: str  # "compute" or "memory" (of the forward); "overhead": dispatch_time
 
     @property
     def total_s(self) -> float:
@@ -74,6 +74,8 @@ class GpuRates(BaseModel):
     attention_forward_flops_per_s: float | None = None
     attention_backward_flops_per_s: float | None = None
     attention_matmul_flops_per_s: float | None = None
+    #: Fixed seconds per dispatched operation (:attr:`Accelerator.op_overhead_s`; 0 unset).
+    op_overhead_s: float = 0.0
 
     @classmethod
     def of(cls, accelerator: Accelerator, gemm_dtype: str) -> GpuRates:
@@ -86,6 +88,7 @@ class GpuRates(BaseModel):
             attention_forward_flops_per_s=forward,
             attention_backward_flops_per_s=backward,
             attention_matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(dtype),
+            op_overhead_s=accelerator.op_overhead_s or 0.0,
         )
 
     def roofline_s(self, flops: float, num_bytes: float) -> float:
@@ -141,6 +144,21 @@ def gemm_time(
         weight_grad_s=rates.gemm_s(k, n, tokens, element_bytes, count),
         forward_flops=flops,
         bound=bound,
+    )
+
+
+def dispatch_time(name: str, ops, rates: GpuRates) -> OpTime:
+    """The fixed host cost of dispatching ``ops`` (a :class:`planner.op_counts.PassOps`):
+    ``operations × op_overhead_s`` per pass, on top of the roofline times (an eager
+    framework runs each operation after its dispatch, so the two add)."""
+    forward, input_grad, weight_grad = (count * rates.op_overhead_s for count in ops)
+    return OpTime(
+        name=name,
+        forward_s=forward,
+        input_grad_s=input_grad,
+        weight_grad_s=weight_grad,
+        forward_flops=0.0,
+        bound="overhead",
     )
 
 

@@ -24,6 +24,7 @@ import pandas as pd
 from hwspecs.schema import Accelerator, Cluster
 from planner import activations as act
 from planner import finetune_costs as ft
+from planner import op_counts
 from planner.compute import GpuRates
 from planner.contention import occupancy_excess
 from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns
@@ -49,7 +50,8 @@ MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "dense_params
                       "expert_params", "slot", "mirror_dense_layers",
                       "mirror_moe_layers")  # fmt: skip
 TIME_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head", "optimizer_bytes",
-                    "newton_schulz_flops", "newton_schulz_bytes", "muon_params")  # fmt: skip
+                    "newton_schulz_flops", "newton_schulz_bytes", "muon_params",
+                    "param_tensors")  # fmt: skip
 #: Outputs of the memory model; every other output is timed.
 MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
@@ -303,9 +305,14 @@ def _time_columns(
         dp_rate = np.where(
             comm["dp_time_s"] > 0, comm["dp_bytes_per_step"] / comm["dp_time_s"], np.inf
         )
+    dispatch_s = 0.0  # per tensor, its step's operations (sharded tensors step too)
+    if rates.op_overhead_s:
+        per_tensor = op_counts.optimizer_ops_per_tensor(job.precision.optimizer)
+        dispatch_s = R["param_tensors"] * per_tensor * rates.op_overhead_s
     optimizer_s, optimizer_comm_s = optimizer_columns(
         R, zero, zero_group, rates.hbm_bytes_per_s,
         accelerator.achievable_matmul_flops_per_s("bf16"), np.nan_to_num(dp_rate, nan=np.inf),
+        dispatch_s=dispatch_s,
     )  # fmt: skip
 
     exposed = sum(comm[f"{axis}_exposed_time_s"] for axis in AXES)

@@ -156,11 +156,13 @@ def optimizer_columns(
     matmul_flops_per_s: float,
     comm_bytes_per_s: np.ndarray,
     muon_scheme: str = "gather",
+    dispatch_s: np.ndarray | float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(update seconds, Muon gather seconds) per row, for the slot whose step is longest.
 
     Under ZeRO ≥ 1 a rank updates its ``1/(dp·cp)`` slice; Muon's Newton–Schulz share and
     gathered bytes follow :func:`planner.optimizers.muon_distribution` over the same group.
+    ``dispatch_s`` (per slot): the step's fixed per-operation cost, whatever the shard.
     """
     share = np.where(zero >= 1, 1.0 / zero_group, 1.0)
     comm_factor, ns_share = np.zeros(len(zero)), np.ones(len(zero))
@@ -176,6 +178,6 @@ def optimizer_columns(
     gathered = comm_factor[:, None] * slots["muon_params"] * MUON_GATHER_BYTES
     with np.errstate(divide="ignore", invalid="ignore"):
         comm = np.where(gathered > 0, gathered / comm_bytes_per_s[:, None], 0.0)
-    update = elementwise + newton_schulz
+    update = elementwise + newton_schulz + dispatch_s
     pick = np.arange(len(zero)), np.argmax(update + comm, axis=1)
     return update[pick], comm[pick]

@@ -19,6 +19,7 @@ import pandas as pd
 
 from planner import activations as act
 from planner import finetune_costs as ft
+from planner import op_counts
 from planner.compute import GpuRates
 from planner.evaluate_states import slot_states
 from planner.job import Job
@@ -194,4 +195,12 @@ def structure_table(
         if sch == "dualpipe":  # the mirrored direction's embedding and head
             table["emb"][u] = np.where(slots == p - 1, 1.0, table["emb"][u])
             table["head"][u] = np.where(slots == 0, 1.0, table["head"][u])
+        # Tensors the optimizer steps (both directions' for DualPipe): its dispatch count.
+        table.setdefault("param_tensors", np.zeros((len(structs), NUM_SLOTS)))[u] = (
+            op_counts.rank_param_tensors(
+                model, job.finetune, _with_mirror(structure.dense_layers, mirrored)[slots],
+                _with_mirror(structure.moe_layers, mirrored)[slots], table["emb"][u],
+                table["head"][u],
+            )
+        )  # fmt: skip
     return table, struct_inv

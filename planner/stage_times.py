@@ -13,10 +13,12 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from planner import op_counts
 from planner.compute import (
     GpuRates,
     OpTime,
     adapter_op_times,
+    dispatch_time,
     elementwise_time,
     frozen,
     head_op_times,
@@ -126,6 +128,9 @@ def shape_times(
             rerun = measures_recompute_s(
                 model, measures, ops, norm_tokens, moe_layer, rates, element_bytes
             )
+        if rates.op_overhead_s:
+            layer_ops = op_counts.layer_pass_ops(model, moe_layer)
+            ops = [*ops, dispatch_time("dispatch.layer", layer_ops, rates)]
         if tuned:
             ops = [frozen(op) for op in ops] + adapter_op_times(
                 model, finetune, seq_len, micro_batch_size, tp, cp, ep, moe_layer, rates,
@@ -147,10 +152,31 @@ def shape_times(
         if bf16_rates is not None:
             mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes))
         head = head + mtp * model.num_mtp_modules
+    if rates.op_overhead_s:
+        embedding, head = _with_dispatch(model, embedding, head, rates)
     if tuned:
         embedding = embedding.model_copy(update={"input_grad_s": 0.0})
         head = [frozen(op) for op in head]
     return ShapeTimes(dense=dense, moe=moe, embedding=embedding, head=head)
+
+
+def _with_dispatch(
+    model: ModelSpec, embedding: OpTime, head: list[OpTime], rates: GpuRates
+) -> tuple[OpTime, list[OpTime]]:
+    """The embedding and the head (+ MTP modules: a projection, a layer, a head each) with
+    their operations' dispatch cost (:mod:`planner.op_counts`)."""
+    first = dispatch_time("dispatch", op_counts.embedding_pass_ops(model), rates)
+    mtp = op_counts.LINEAR_OPS + op_counts.layer_pass_ops(model, model.is_moe)
+    last = op_counts.head_pass_ops(model) + (mtp + op_counts.head_pass_ops(model)) * (
+        model.num_mtp_modules
+    )
+    embedding = embedding.model_copy(
+        update={
+            "forward_s": embedding.forward_s + first.forward_s,
+            "input_grad_s": embedding.input_grad_s + first.input_grad_s + first.weight_grad_s,
+        }
+    )
+    return embedding, [*head, dispatch_time("dispatch.head", last, rates)]
 
 
 class RankStructure(BaseModel):

@@ -337,6 +337,9 @@ def synthetic_calibration(tmp_path_factory):
         accelerator=accelerator_spec(gemms, 5e9, 4, method),
         link=link_spec(fits, 4, method),
         cluster=cluster_spec("x", "y", 4, method),
+        accelerators={
+            str(n): accelerator_spec(gemms, 5e9, n, method, op_overhead_s=n * 1e-5) for n in (2, 4)
+        },
     )
     return write_specs(calibration, tmp_path_factory.mktemp("cluster") / "local.toml")
 
@@ -350,6 +353,29 @@ def test_written_specs_load_through_the_catalog(synthetic_calibration):
     assert link.bytes_per_s_per_direction == pytest.approx(1e9)
     # ring all-reduce on 4: factor 1.5 / (rate 1e9 × beta 1e-9)
     assert link.busbw_efficiency["ring"] == pytest.approx(1.5)
+
+
+def test_each_world_size_is_predicted_on_the_cluster_calibrated_under_it(synthetic_calibration):
+    from hwspecs.catalog import load_accelerator, load_cluster
+    from validate.compare import cluster_for_world_size
+
+    path = synthetic_calibration.paths["cluster"]
+    for n in (2, 4):
+        sized = cluster_for_world_size(path, n)
+        assert sized == synthetic_calibration.paths[f"cluster_n{n}"] != path
+        accelerator = load_accelerator(load_cluster(sized).accelerator)
+        assert accelerator.op_overhead_s == pytest.approx(n * 1e-5)
+        assert "op_overhead_s" in accelerator.sources
+        assert cluster_for_world_size(synthetic_calibration, n) == sized
+    assert cluster_for_world_size(path, 8) == path  # not calibrated: the main file
+
+
+def test_op_mix_overhead_is_a_positive_time_per_counted_operation():
+    from validate.calibrate import count_dispatched_ops, measure_op_overhead, op_mix
+
+    step, _ = op_mix()
+    assert count_dispatched_ops(step) > 100  # forward, backward and AdamW of 5 tensors
+    assert 0 < measure_op_overhead() < 1e-2
 
 
 def test_report_on_a_cluster_predicts_comm_bytes_per_axis(quick, synthetic_calibration):

@@ -5,12 +5,21 @@ What is measured, one thread per rank as the validation runs use:
 * **GEMM FLOP/s** at the shapes of the validation workloads (Q/K/V/O, SwiGLU, LM head for one
   micro-batch), FP32 and BF16, ``torch.mm``, median of several repetitions;
 * **memory bandwidth**: ``copy_`` of a 64 MiB tensor, read + write bytes over time;
+* **per-operation overhead**: forward, backward and AdamW step of a tiny op mix
+  (:class:`OpMix`: linears, a norm, SwiGLU, attention, cross-entropy at negligible FLOPs,
+  not one of the validated workloads) over the ATen operations it dispatches, counted with a
+  ``TorchDispatchMode``: the fixed host cost :mod:`planner.op_counts` multiplies;
 * **collectives over gloo** for each world size: all-reduce, all-gather, reduce-scatter and
   all-to-all over message sizes (nccl-tests' sizes: the all-reduce buffer, the all-gather
   output, the reduce-scatter input, the all-to-all send buffer), and point-to-point
   ping-pong on 2 ranks. Each (collective, world size) gets its own fit ``t = α + β·S``
   (least squares on relative error); no ring factor is assumed, since gloo on loopback does
   not follow them (its reduce-scatter is an all-reduce plus a copy).
+
+Compute figures are measured in the ranks of each world size at once (``n`` processes
+sharing the machine's cores, as the validation runs do), as throughput over a time window,
+so time-sharing shows; each world size gets its own accelerator and cluster file
+(``<stem>-n<ranks>.toml``, which :func:`validate.compare.compare` picks per run).
 
 The spec: an accelerator ``local-cpu`` (one core = one rank), a link tier ``local-gloo`` and
 a cluster ``local-cpu`` with one loopback tier over all ranks; the two spec files are
@@ -80,6 +89,9 @@ class ClusterCalibration(BaseModel):
     accelerator: Accelerator
     link: LinkTier
     cluster: Cluster
+    #: Per world size (as a string key): the accelerator measured under that many ranks.
+    accelerators: dict[str, Accelerator] = {}
+    op_overhead_s: dict[str, float] = {}
     paths: dict[str, str] = {}
 
     def fit(self, collective: str, world_size: int) -> CollectiveFit | None:
@@ -109,31 +121,32 @@ def calibrate(
     from validate.run import SMALL, TINY
 
     workloads = workloads or (TINY, SMALL)
-    # BF16 GEMMs are slow on CPUs without AMX; the smallest workload's shapes suffice.
-    gemms = [
-        point
-        for i, w in enumerate(workloads)
-        for point in measure_gemms(w, ("fp32", "bf16") if i == 0 else ("fp32",))
-    ]
-    bandwidth = measure_memory_bandwidth()
-    fits = []
+    fits, computes = [], {}
     for world_size in sorted(set(ranks) | {2}):
-        fits.extend(measure_collectives(world_size, timeout_s))
+        world_fits, computes[world_size] = measure_world(world_size, workloads, timeout_s)
+        fits.extend(world_fits)
     host, date = socket.gethostname(), datetime.date.today().isoformat()
     method = f"llmplan calibrate on {host} {date}"
-    accelerator = accelerator_spec(gemms, bandwidth, max(ranks), method)
+    accelerators = {
+        str(n): accelerator_spec(c.gemms, c.memory_bytes_per_s, n, method, c.op_overhead_s)
+        for n, c in computes.items()
+        if n in ranks
+    }
+    largest = computes[max(ranks)]
     link = link_spec(fits, max(ranks), method)
     calibration = ClusterCalibration(
         hostname=host,
         date=date,
         torch_version=torch.__version__,
         ranks=list(ranks),
-        gemms=gemms,
-        memory_bytes_per_s=bandwidth,
+        gemms=largest.gemms,
+        memory_bytes_per_s=largest.memory_bytes_per_s,
         collectives=fits,
-        accelerator=accelerator,
+        accelerator=accelerators[str(max(ranks))],
         link=link,
         cluster=cluster_spec("local-cpu-accelerator", "local-gloo", max(ranks), method),
+        accelerators=accelerators,
+        op_overhead_s={str(n): c.op_overhead_s for n, c in computes.items()},
     )
     if out_path is None:
         out_path = Path(tempfile.mkdtemp(prefix="llmplan-cluster-")) / "local-cpu.toml"
@@ -158,18 +171,29 @@ def workload_gemm_shapes(
     ]
 
 
-def _median_seconds(fn, repetitions: int = REPETITIONS) -> float:
+#: Seconds each throughput sample runs for: long against the scheduler's time slices, so
+#: ranks sharing a core show their share (a single short call would not).
+WINDOW_S = 0.03
+
+
+def _throughput_seconds(fn, window_s: float = WINDOW_S, repetitions: int = 3) -> float:
+    """Seconds per call of ``fn``: calls over a window of ``window_s``, median of samples."""
     fn()
-    times = []
+    samples = []
     for _ in range(repetitions):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= window_s:
+                break
+        samples.append(elapsed / calls)
+    return statistics.median(samples)
 
 
 def measure_gemms(workload: Workload, dtypes=("fp32", "bf16")) -> list[GemmPoint]:
-    """FLOP/s of each workload GEMM on one thread, per dtype."""
+    """FLOP/s of each workload GEMM on one thread, per dtype (throughput over a window)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -180,7 +204,7 @@ def measure_gemms(workload: Workload, dtypes=("fp32", "bf16")) -> list[GemmPoint
             for dtype in dtypes:
                 torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
                 a, b = torch.randn(m, k, dtype=torch_dtype), torch.randn(k, n, dtype=torch_dtype)
-                seconds = _median_seconds(lambda a=a, b=b: torch.mm(a, b))
+                seconds = _throughput_seconds(lambda a=a, b=b: torch.mm(a, b))
                 points.append(
                     GemmPoint(what=f"{workload.name}.{what}", m=m, k=k, n=n, dtype=dtype,
                               seconds=seconds, flops_per_s=2 * m * k * n / seconds)
@@ -199,13 +223,129 @@ def measure_memory_bandwidth(num_bytes: int = 64 * 2**20) -> float:
     try:
         src = torch.ones(num_bytes // 4)
         dst = torch.empty_like(src)
-        return 2 * num_bytes / _median_seconds(lambda: dst.copy_(src))
+        return 2 * num_bytes / _throughput_seconds(lambda: dst.copy_(src))
     finally:
         torch.set_num_threads(threads)
 
 
-def measure_collectives(world_size: int, timeout_s: float = 180.0) -> list[CollectiveFit]:
-    """Spawn ``world_size`` gloo ranks, time every collective (and p2p on 2), fit each."""
+def op_mix():
+    """A tiny training step of common operations at negligible FLOPs: (step, model).
+
+    RMSNorm, a SwiGLU MLP, causal attention, a residual, an output linear with
+    cross-entropy, backward, and AdamW (``foreach=False``) with ``zero_grad(set_to_none=
+    False)`` — the operation kinds the workloads dispatch, on (2, 4, 8) tensors.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class OpMix(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.gate = nn.Linear(d, 2 * d, bias=False)
+            self.up = nn.Linear(d, 2 * d, bias=False)
+            self.down = nn.Linear(2 * d, d, bias=False)
+            self.norm = nn.Parameter(torch.ones(d))
+            self.out = nn.Linear(d, 16, bias=False)
+
+        def forward(self, x, labels):
+            normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.norm
+            h = x + self.down(F.silu(self.gate(normed)) * self.up(normed))
+            q = h.view(2, 4, 2, 4).transpose(1, 2)
+            attended = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            h = h + attended.transpose(1, 2).reshape(2, 4, 8)
+            return F.cross_entropy(self.out(h).flatten(0, 1), labels.flatten())
+
+    generator = torch.Generator().manual_seed(0)
+    model = OpMix()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    x = torch.randn(2, 4, 8, generator=generator)
+    labels = torch.randint(16, (2, 4), generator=generator)
+
+    def step() -> None:
+        model(x, labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    return step, model
+
+
+def count_dispatched_ops(fn) -> int:
+    """ATen operations ``fn`` dispatches (every call a ``TorchDispatchMode`` sees)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counter.count += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counter():
+        fn()
+    return Counter.count
+
+
+def measure_op_overhead() -> float:
+    """Seconds per dispatched operation: the op mix's step time over its operation count."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        step, _ = op_mix()
+        for _ in range(3):
+            step()
+        ops = count_dispatched_ops(step)
+        return _throughput_seconds(step, window_s=0.1) / ops
+    finally:
+        torch.set_num_threads(threads)
+
+
+class ComputeMeasurement(BaseModel):
+    """One world size's compute figures, from its slowest rank."""
+
+    world_size: int
+    gemms: list[GemmPoint]
+    memory_bytes_per_s: float
+    op_overhead_s: float
+
+
+def measure_compute(workloads: tuple[Workload, ...]) -> dict:
+    """This process's GEMMs (BF16 on the first workload only: slow without AMX), copy
+    bandwidth and per-operation overhead, as JSON-ready data."""
+    gemms = [
+        point
+        for i, w in enumerate(workloads)
+        for point in measure_gemms(w, ("fp32", "bf16") if i == 0 else ("fp32",))
+    ]
+    return {
+        "gemms": [g.model_dump() for g in gemms],
+        "memory_bytes_per_s": measure_memory_bandwidth(),
+        "op_overhead_s": measure_op_overhead(),
+    }
+
+
+def slowest_rank(world_size: int, per_rank: list[dict]) -> ComputeMeasurement:
+    """The figures a step waits for: each GEMM's and the bandwidth's slowest rank, the
+    largest per-operation overhead."""
+    gemms = [
+        min((GemmPoint(**rank["gemms"][i]) for rank in per_rank), key=lambda g: g.flops_per_s)
+        for i in range(len(per_rank[0]["gemms"]))
+    ]
+    return ComputeMeasurement(
+        world_size=world_size,
+        gemms=gemms,
+        memory_bytes_per_s=min(rank["memory_bytes_per_s"] for rank in per_rank),
+        op_overhead_s=max(rank["op_overhead_s"] for rank in per_rank),
+    )
+
+
+def measure_world(
+    world_size: int, workloads: tuple[Workload, ...], timeout_s: float = 180.0
+) -> tuple[list[CollectiveFit], ComputeMeasurement]:
+    """Spawn ``world_size`` gloo ranks; all measure compute at once, then time every
+    collective (and p2p on 2). Returns the collective fits and the compute figures."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -213,7 +353,13 @@ def measure_collectives(world_size: int, timeout_s: float = 180.0) -> list[Colle
     with tempfile.TemporaryDirectory(prefix="llmplan-calibrate-") as tmp:
         context = mp.start_processes(
             _collective_rank,
-            args=(world_size, os.path.join(tmp, "rendezvous"), reports, timeout_s),
+            args=(
+                world_size,
+                os.path.join(tmp, "rendezvous"),
+                reports,
+                timeout_s,
+                [w.model_dump_json() for w in workloads],
+            ),
             nprocs=world_size,
             join=False,
             start_method="spawn",
@@ -236,6 +382,7 @@ def measure_collectives(world_size: int, timeout_s: float = 180.0) -> list[Colle
                 process.join(timeout=10)
     if len(per_rank) < world_size:
         raise RuntimeError(f"calibration on {world_size} ranks did not finish in {timeout_s:.0f} s")
+    compute = slowest_rank(world_size, [per_rank[r].pop("compute") for r in sorted(per_rank)])
     fits = []
     names = sorted({key.rsplit("@", 1)[0] for key in per_rank[0]})
     for name in names:
@@ -249,10 +396,12 @@ def measure_collectives(world_size: int, timeout_s: float = 180.0) -> list[Colle
             CollectiveFit(collective=name, world_size=world_size, message_bytes=sizes,
                           seconds=seconds, alpha_s=alpha, beta_s_per_byte=beta)
         )  # fmt: skip
-    return fits
+    return fits, compute
 
 
-def _collective_rank(rank: int, world_size: int, init_file: str, reports, timeout_s: float):
+def _collective_rank(
+    rank: int, world_size: int, init_file: str, reports, timeout_s: float, workloads_json=()
+):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import traceback
     import warnings
@@ -270,7 +419,10 @@ def _collective_rank(rank: int, world_size: int, init_file: str, reports, timeou
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        times: dict[str, list[float]] = {}
+        dist.barrier()  # every rank measures compute at the same time
+        workloads = tuple(Workload.model_validate_json(w) for w in workloads_json)
+        compute = measure_compute(workloads) if workloads else None
+        times: dict[str, object] = {}
         for size in MESSAGE_BYTES:
             elements = size // 4
             full = torch.ones(elements)
@@ -299,7 +451,7 @@ def _collective_rank(rank: int, world_size: int, init_file: str, reports, timeou
                     samples = [t / 2 for t in samples]  # one way of a round trip
                 times[f"{name}@{size}"] = samples
         dist.barrier()
-        reports.put(("ok", rank, json.dumps(times)))
+        reports.put(("ok", rank, json.dumps({**times, "compute": compute})))
         dist.destroy_process_group()
     except BaseException:
         reports.put(("error", rank, traceback.format_exc()))

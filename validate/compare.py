@@ -249,10 +249,30 @@ def _pipeline_order_checks(result: RunResult) -> dict[str, Any]:
     return {"order_matches_torch": torch_match, "order_matches_planner": planner_match}
 
 
+def cluster_for_world_size(cluster, world_size: int):
+    """The cluster calibrated under ``world_size`` concurrent ranks, when the calibration
+    wrote one (``<stem>-n<ranks>.toml`` beside the cluster file), else ``cluster`` itself."""
+    from validate.local_specs import world_size_path
+
+    if hasattr(cluster, "cluster") and hasattr(cluster, "paths"):  # ClusterCalibration
+        return cluster.paths.get(f"cluster_n{world_size}", cluster)
+    if isinstance(cluster, str) and cluster.endswith(".toml"):
+        sized = world_size_path(cluster, world_size)
+        return str(sized) if sized.exists() else cluster
+    return cluster
+
+
 def compare(results: list[RunResult], cluster=None) -> ValidationReport:
-    """Predicted vs measured for every run; ``cluster``: a calibration, a Cluster or a name/path."""
-    planner_cluster, accelerator, label = _resolve_cluster(cluster)
-    runs = [compare_run(result, planner_cluster, accelerator) for result in results]
+    """Predicted vs measured for every run; ``cluster``: a calibration, a Cluster or a name/path.
+
+    Each run is predicted on the cluster calibrated under its own number of ranks, where
+    there is one (:func:`cluster_for_world_size`)."""
+    label = _resolve_cluster(cluster)[2]
+    runs = []
+    for result in results:
+        sized = cluster_for_world_size(cluster, result.spec.world_size)
+        planner_cluster, accelerator, _ = _resolve_cluster(sized)
+        runs.append(compare_run(result, planner_cluster, accelerator))
     return ValidationReport(cluster=label, runs=runs, summary=summarize(runs))
 
 

@@ -44,6 +44,7 @@ FACTORS = {
     "p2p": lambda n: 1.0,
 }
 MAX_EFFICIENCY = 1.5  # LinkTier accepts (0, 1.5]
+WINDOW_MS = 30  # validate.calibrate.WINDOW_S
 
 
 def _cpu_field(name: str, default: str) -> str:
@@ -56,7 +57,9 @@ def _cpu_field(name: str, default: str) -> str:
     return default
 
 
-def accelerator_spec(gemms, memory_bytes_per_s: float, ranks: int, method: str) -> Accelerator:
+def accelerator_spec(
+    gemms, memory_bytes_per_s: float, ranks: int, method: str, op_overhead_s: float | None = None
+) -> Accelerator:
     by_dtype = {}
     for dtype in ("fp32", "bf16"):
         rates = [p.flops_per_s for p in gemms if p.dtype == dtype]
@@ -65,7 +68,18 @@ def accelerator_spec(gemms, memory_bytes_per_s: float, ranks: int, method: str) 
         by_dtype[dtype] = (best, min(typical / best, 1.0))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     shapes = ", ".join(sorted({f"{p.m}x{p.k}x{p.n}" for p in gemms}))
-    gemm_source = f"measured: {method}, torch.mm at 1 thread, median of 5, shapes {shapes}"
+    gemm_source = (
+        f"measured: {method}, torch.mm at 1 thread on each of {ranks} concurrent ranks, "
+        f"slowest rank, calls per {WINDOW_MS} ms window, median of 3, shapes {shapes}"
+    )
+    overhead = {}
+    if op_overhead_s is not None:
+        overhead = {
+            "op_overhead_s": f"measured: {method}, validate.calibrate.op_mix (forward, backward "
+            f"and AdamW step at negligible FLOPs) on each of {ranks} concurrent ranks, 1 "
+            "thread: seconds per step over its ATen operations (TorchDispatchMode count), "
+            "slowest rank, 100 ms windows, median of 3"
+        }
     return Accelerator(
         id="local-cpu",
         name=f"{_cpu_field('model name', platform_name())}, one core per rank",
@@ -84,6 +98,7 @@ def accelerator_spec(gemms, memory_bytes_per_s: float, ranks: int, method: str) 
             "bf16": by_dtype["bf16"][1],
         },
         hbm_bandwidth_efficiency=1.0,
+        op_overhead_s=op_overhead_s,
         notes=(
             "A CPU core acting as one rank (gloo, one thread). tf32 = fp32: the planner costs "
             "FP32-recipe GEMMs at the tf32 peak; a CPU runs them in FP32. Peaks are the best "
@@ -97,11 +112,12 @@ def accelerator_spec(gemms, memory_bytes_per_s: float, ranks: int, method: str) 
             "bf16_tflops": gemm_source + " (best bf16 shape)",
             "matmul_efficiency": gemm_source + " (geometric mean / best)",
             "hbm_bytes": f"measured: {method}, physical RAM (sysconf) / {ranks} ranks",
-            "hbm_bytes_per_s": f"measured: {method}, torch copy_ of 64 MiB at 1 thread, "
-            "read + write bytes, median of 5",
+            "hbm_bytes_per_s": f"measured: {method}, torch copy_ of 64 MiB at 1 thread on "
+            f"each of {ranks} concurrent ranks, read + write bytes, slowest rank",
             "hbm_bandwidth_efficiency": "default: the bandwidth above is itself measured",
             "scale_up_domain_size": f"measured: {method}, all {ranks} ranks share one host",
             "nics_per_gpu": "default: loopback, no NIC",
+            **overhead,
         },
     )
 
@@ -205,7 +221,20 @@ def write_specs(calibration, out_path: Path):
     link_path.write_text(header + to_toml(calibration.link.model_dump()))
     out_path.write_text(header + to_toml(cluster.model_dump()))
     paths = {"cluster": str(out_path), "accelerator": str(accelerator_path), "link": str(link_path)}
+    for ranks, accelerator in calibration.accelerators.items():
+        sized = world_size_path(out_path, int(ranks))
+        sized_accelerator = sized.with_name(f"{sized.stem}-accelerator.toml")
+        sized_accelerator.write_text(header + to_toml(accelerator.model_dump()))
+        sized_cluster = cluster.model_copy(update={"accelerator": str(sized_accelerator)})
+        sized.write_text(header + to_toml(sized_cluster.model_dump()))
+        paths[f"cluster_n{ranks}"] = str(sized)
     return calibration.model_copy(update={"cluster": cluster, "paths": paths})
+
+
+def world_size_path(cluster_path: str | Path, world_size: int) -> Path:
+    """The cluster file calibrated under ``world_size`` concurrent ranks, beside the main one."""
+    path = Path(cluster_path)
+    return path.with_name(f"{path.stem}-n{world_size}{path.suffix}")
 
 
 def _value(value) -> str:

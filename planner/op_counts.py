@@ -1,0 +1,168 @@
+"""Operations dispatched per pass: what a fixed per-operation host cost multiplies.
+
+An eager framework pays a fixed host cost for every operation it dispatches (Python, the
+dispatcher, autograd bookkeeping, a kernel launch), whatever the operation's size. Where
+the accelerator records one (:attr:`hwspecs.schema.Accelerator.op_overhead_s`, measured by
+``llmplan calibrate`` on a CPU), each pass's time gains ``operations × op_overhead_s``
+(:func:`planner.compute.dispatch_time`).
+
+The counts are ATen operations as PyTorch 2.13's dispatcher sees them (a
+``TorchDispatchMode`` counts every call, views included) for the reference implementation,
+``validate/workloads/model.py`` in eager mode, one micro-batch (``tests/test_op_counts.py``
+counts them again). Reference pieces:
+
+* a Llama layer (fused RMSNorm twice, GQA attention with RoPE through
+  ``scaled_dot_product_attention``, fused SwiGLU, 7 linears): 72 forward, 85 input-gradient
+  and 38 weight-gradient operations;
+* its MoE layer (router, top-k, capacity dispatch, the experts as one batched SwiGLU, combine):
+  116, 110, 37;
+* the ends: the embedding (and the RoPE tables' slices) 3, 0, 2; the final norm, LM head
+  and cross-entropy 15, 16, 8.
+
+Other model kinds are counted by the difference of their pieces from the reference
+(:data:`LINEAR_OPS` per linear more or fewer; LayerNorm, GELU, learned positions, biases
+by their own counts, standalone). Shapes do not change counts, so TP, CP and EP splits do
+not either; the parallel forms' own operations (collectives, DTensor redistribution,
+FSDP's copies) are not counted.
+
+The optimizer runs ``OPTIMIZER_OPS_PER_TENSOR`` operations per parameter tensor
+(torch.optim's single-tensor loop, ``foreach=False``) plus one ``zero_`` when the gradient
+is kept between steps (``zero_grad(set_to_none=False)``, as the reference does).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from planner.model import ModelSpec
+
+
+class PassOps(NamedTuple):
+    """Operations of one piece for one micro-batch: forward, input gradient, weight gradient."""
+
+    forward: float
+    input_grad: float
+    weight_grad: float
+
+    def __add__(self, other: PassOps) -> PassOps:  # type: ignore[override]
+        return PassOps(*(a + b for a, b in zip(self, other, strict=True)))
+
+    def __mul__(self, factor: float) -> PassOps:  # type: ignore[override]
+        return PassOps(*(a * factor for a in self))
+
+    __rmul__ = __mul__
+
+
+NO_OPS = PassOps(0, 0, 0)
+#: The reference Llama layer (7 linears) and MoE layer (4 attention linears, a router and
+#: three stacked expert weights), counted in the whole model (see the module docstring).
+DENSE_LAYER_OPS = PassOps(72, 85, 38)
+MOE_LAYER_OPS = PassOps(116, 110, 37)
+#: ``nn.Linear`` on a (b, s, h) input: t, view, mm, _unsafe_view; dX: t, view, mm, view;
+#: dW: t, mm, t, view, detach, add_ (accumulate). A bias adds sum, add_, detach to dW.
+LINEAR_OPS = PassOps(4, 4, 6)
+LINEAR_BIAS_OPS = PassOps(0, 0, 3)
+#: Per norm, LayerNorm (native_layer_norm; its backward, detach; two accumulations) minus
+#: the reference's fused RMSNorm (pow, mean, add, rsqrt, mul, mul; 9 dX; 2 dW).
+LAYERNORM_MINUS_RMSNORM = PassOps(1 - 6, 2 - 9, 2 - 2)
+#: GELU MLP activation (gelu; gelu_backward, detach) minus the fused SwiGLU (2; 9).
+GELU_MINUS_SWIGLU = PassOps(1 - 2, 2 - 9, 0)
+#: RoPE on one tensor (slice ×2, neg, cat, unsqueeze ×2, mul ×2, add; 10 in backward).
+ROPE_OPS = PassOps(9, 10, 0)
+#: Learned position embedding: a lookup and an add; its backward a scatter-add and add_.
+LEARNED_POSITIONS_OPS = PassOps(2, 0, 2)
+#: Embedding lookup and the RoPE tables' two slices; W: embedding_dense_backward, add_.
+EMBEDDING_OPS = PassOps(3, 0, 2)
+#: Final norm, LM head linear and cross-entropy (view ×2, log_softmax, nll_loss, detach).
+HEAD_OPS = PassOps(15, 16, 8)
+
+#: torch.optim single-tensor step, operations per parameter tensor (counted in torch 2.13;
+#: Lion is not in torch.optim: lucidrains/lion-pytorch's ``update_fn``, 8 in-place ops).
+OPTIMIZER_OPS_PER_TENSOR = {
+    "adamw": 10,
+    "sgd": 1,
+    "sgd-momentum": 3,
+    "lion": 8,
+    "adafactor": 22,
+    "muon": 28,
+}
+#: ``zero_grad(set_to_none=False)``: one ``zero_`` per tensor.
+ZERO_GRAD_OPS_PER_TENSOR = 1
+
+
+def _reference_linears(moe_layer: bool) -> int:
+    return 8 if moe_layer else 7  # 4 attention + (router + 3 stacked experts | 3 MLP)
+
+
+def layer_pass_ops(model: ModelSpec, moe_layer: bool) -> PassOps:
+    """Operations of one layer for one micro-batch: the reference layer plus the
+    differences of ``model``'s pieces (module docstring)."""
+    from planner.linears import layer_linears
+
+    ops = MOE_LAYER_OPS if moe_layer else DENSE_LAYER_OPS
+    linears = layer_linears(model, moe_layer)
+    ops = ops + LINEAR_OPS * (len(linears) - _reference_linears(moe_layer))
+    if model.norm_kind == "layernorm":
+        ops = ops + LAYERNORM_MINUS_RMSNORM * 2
+    if model.mlp_kind == "gelu":
+        ops = ops + GELU_MINUS_SWIGLU * (1 + (moe_layer and model.num_shared_experts > 0))
+    if model.position_embedding != "rope":
+        ops = ops + ROPE_OPS * -2
+    if model.linear_bias:
+        ops = ops + LINEAR_BIAS_OPS * len(linears)
+    elif model.qkv_bias:
+        ops = ops + LINEAR_BIAS_OPS * 3
+    return ops
+
+
+def embedding_pass_ops(model: ModelSpec) -> PassOps:
+    """The first stage's embedding (and learned positions) for one micro-batch."""
+    learned = model.position_embedding == "learned"
+    return EMBEDDING_OPS + (LEARNED_POSITIONS_OPS if learned else NO_OPS)
+
+
+def head_pass_ops(model: ModelSpec) -> PassOps:
+    """The last stage's final norm, LM head and loss for one micro-batch."""
+    ops = HEAD_OPS + (LAYERNORM_MINUS_RMSNORM if model.norm_kind == "layernorm" else NO_OPS)
+    return ops + (LINEAR_BIAS_OPS if model.linear_bias else NO_OPS)
+
+
+def layer_param_tensors(model: ModelSpec, moe_layer: bool) -> int:
+    """Parameter tensors of one layer: two norms (with biases for LayerNorm), one per linear
+    module (experts stored stacked, one tensor per module name) and its biases."""
+    from planner.linears import layer_linears
+
+    linears = len(layer_linears(model, moe_layer))
+    norms = 2 * (2 if model.norm_kind == "layernorm" else 1)
+    biases = linears if model.linear_bias else 3 * model.qkv_bias
+    return norms + linears + biases + (moe_layer and model.router_bias)
+
+
+def ends_param_tensors(model: ModelSpec) -> tuple[int, int]:
+    """(first stage's, last stage's) extra tensors: embeddings; final norm and LM head."""
+    first = 1 + (model.position_embedding == "learned")
+    last = (2 if model.norm_kind == "layernorm" else 1) + (not model.tied_embeddings)
+    return first, last
+
+
+def rank_param_tensors(model: ModelSpec, finetune, dense_layers, moe_layers, first, last):
+    """Trainable tensors a rank's optimizer steps (arrays over ranks work too): its layers'
+    (:func:`layer_param_tensors`) and its ends', or, under an adapter recipe, each targeted
+    linear's two adapter matrices (A and B)."""
+    if finetune is not None and finetune.trains_adapters:
+        from planner.finetune import targeted_linears
+
+        def per_layer(moe_layer: bool) -> int:
+            return 2 * len(targeted_linears(model, finetune, moe_layer))
+
+        dense, moe = per_layer(False), per_layer(True) if model.is_moe else 0
+        return dense_layers * dense + moe_layers * moe
+    dense = layer_param_tensors(model, False)
+    moe = layer_param_tensors(model, True) if model.is_moe else 0
+    embedding, head = ends_param_tensors(model)
+    return dense_layers * dense + moe_layers * moe + first * embedding + last * head
+
+
+def optimizer_ops_per_tensor(optimizer: str) -> int:
+    """Operations of one optimizer step and gradient reset per parameter tensor."""
+    return OPTIMIZER_OPS_PER_TENSOR[optimizer] + ZERO_GRAD_OPS_PER_TENSOR

@@ -1,0 +1,172 @@
+"""Operations per pass (planner.op_counts) and the per-operation cost they carry.
+
+The closed form is checked against what PyTorch really dispatches for the reference
+workloads; the cost term against its definition (0 when the accelerator records none, so
+every catalog result is unchanged; ``operations × op_overhead_s`` per pass when it does),
+and the search's columns against the per-rank sums with the term on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hwspecs.catalog import load_accelerator, load_cluster
+from planner import op_counts
+from planner.compute import GpuRates
+from planner.estimate import estimate, layout_columns
+from planner.evaluate import evaluate_columns
+from planner.job import Job
+from planner.layout import Layout
+from planner.model import load_model
+from planner.precision import PrecisionSpec
+from planner.stage_times import rank_structure, rank_times, shape_times
+
+DGX = load_cluster("dgx-h100")
+H100 = load_accelerator("h100-sxm")
+OVERHEAD_S = 2e-5
+H100_EAGER = H100.model_copy(
+    update={
+        "op_overhead_s": OVERHEAD_S,
+        "sources": {**H100.sources, "op_overhead_s": "test: a made-up figure"},
+    }
+)
+
+
+def _tiny_job(workload) -> Job:
+    """The workload's job in BF16 (the H100 entry records BF16 and FP8 efficiencies)."""
+    return Job(
+        model=workload.model_spec(),
+        seq_len=workload.seq_len,
+        global_batch_tokens=workload.seq_len,
+        precision=PrecisionSpec(recipe="bf16-mixed", optimizer="adamw"),
+        flash_attention=True,
+        runtime_overhead_bytes=0,
+    )
+
+
+# ----- the closed form against the reference implementation --------------------------------
+
+
+@pytest.mark.parametrize("name", ["TINY", "TINY_MOE"])
+def test_closed_form_counts_what_torch_dispatches_for_the_reference_model(name):
+    torch = pytest.importorskip("torch")
+    import validate.run as runs
+    from validate.calibrate import count_dispatched_ops
+    from validate.workloads.data_parallel import adamw
+    from validate.workloads.model import build_model, cross_entropy, synthetic_batch
+
+    workload = getattr(runs, name)
+    model_spec = workload.model_spec()
+    torch.set_num_threads(1)
+    model = build_model(workload)
+    optimizer = adamw(model.parameters())
+    tokens, labels = synthetic_batch(workload, 1, 0)
+    for _ in range(2):  # gradients and optimizer states exist, as in a timed step
+        cross_entropy(model(tokens), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+    losses = []
+    forward = count_dispatched_ops(lambda: losses.append(cross_entropy(model(tokens), labels)))
+    backward = count_dispatched_ops(lambda: losses[0].backward())
+    step = count_dispatched_ops(optimizer.step)
+    reset = count_dispatched_ops(lambda: optimizer.zero_grad(set_to_none=False))
+
+    layers = [workload.is_moe_layer(i) for i in range(workload.num_layers)]
+    total = sum((op_counts.layer_pass_ops(model_spec, moe) for moe in layers), op_counts.NO_OPS)
+    total = total + op_counts.embedding_pass_ops(model_spec) + op_counts.head_pass_ops(model_spec)
+    assert forward == total.forward
+    assert backward == total.input_grad + total.weight_grad
+    tensors = op_counts.rank_param_tensors(
+        model_spec, None, layers.count(False), layers.count(True), 1, 1
+    )
+    assert tensors == len(list(model.parameters()))
+    # Two record_function calls per step and per zero_grad (torch.optim's profiler markers).
+    per_tensor = op_counts.optimizer_ops_per_tensor("adamw")
+    assert step + reset - 4 == tensors * per_tensor
+
+
+def test_model_kinds_change_the_count_by_their_pieces():
+    llama = load_model("llama3-8b")
+    gelu = llama.model_copy(update={"mlp_kind": "gelu"})
+    difference = np.subtract(
+        op_counts.layer_pass_ops(llama, False), op_counts.layer_pass_ops(gelu, False)
+    )
+    # One linear fewer (gate_proj) and GELU's 1 + 2 operations for SwiGLU's 2 + 9.
+    assert difference.tolist() == [4 + 1, 4 + 7, 6]
+    assert op_counts.layer_param_tensors(llama, False) == 9
+    assert op_counts.layer_param_tensors(gelu, False) == 8
+
+
+# ----- the overhead term --------------------------------------------------------------------
+
+
+def test_unset_overhead_is_zero_and_adds_no_operation():
+    assert H100.op_overhead_s is None
+    rates = GpuRates.of(H100, "bf16")
+    assert rates.op_overhead_s == 0.0
+    shape = shape_times(load_model("llama3-8b"), 4096, 1, 8, 1, 1, True, True, rates, 2.0)
+    assert not [op for op in shape.dense.ops + shape.head if op.bound == "overhead"]
+
+
+def test_overhead_adds_operations_times_the_cost_to_each_pass_and_the_optimizer(tmp_path):
+    from validate.local_specs import to_toml
+    from validate.run import TINY
+
+    job = _tiny_job(TINY)
+    layout = Layout(zero_stage=0)
+    accelerator = load_accelerator("h100-sxm")
+    path = tmp_path / "eager.toml"
+    path.write_text(to_toml(H100_EAGER.model_dump()))
+    eager_cluster = DGX.model_copy(update={"accelerator": str(path)})
+    plain = estimate(job, layout, DGX)
+    eager = estimate(job, layout, eager_cluster)
+    assert accelerator.op_overhead_s is None
+
+    model = job.model
+    ops = op_counts.layer_pass_ops(model, False) * model.num_layers
+    ops = ops + op_counts.embedding_pass_ops(model) + op_counts.head_pass_ops(model)
+    forward = eager.stage_times_s["forward"] - plain.stage_times_s["forward"]
+    backward = (
+        eager.stage_times_s["input_grad"]
+        + eager.stage_times_s["weight_grad"]
+        - plain.stage_times_s["input_grad"]
+        - plain.stage_times_s["weight_grad"]
+    )
+    assert forward == pytest.approx(ops.forward * OVERHEAD_S, rel=1e-9)
+    assert backward == pytest.approx((ops.input_grad + ops.weight_grad) * OVERHEAD_S, rel=1e-9)
+    tensors = op_counts.rank_param_tensors(model, None, model.num_layers, 0, 1, 1)
+    optimizer = eager.time_breakdown_s["optimizer"] - plain.time_breakdown_s["optimizer"]
+    assert optimizer == pytest.approx(tensors * 11 * OVERHEAD_S, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(tp=2, pp=4, dp=8, schedule="1f1b", zero_stage=1),
+        Layout(tp=1, pp=4, dp=16, schedule="zbv", vpp=2, recompute="full"),
+        Layout(tp=4, pp=2, dp=8, schedule="dualpipev", vpp=2, zero_stage=1),
+    ],
+)
+def test_columns_with_overhead_equal_the_per_rank_sums(layout):
+    job = Job(model=load_model("llama3-8b"), seq_len=4096, global_batch_tokens=4096 * 256)
+    rates = GpuRates.of(H100_EAGER, "bf16")
+    shape = shape_times(
+        job.model, 4096, layout.micro_batch_size, layout.tp, 1, 1, layout.tp > 1, True, rates, 2.0
+    )
+    structure = rank_structure(job.model, layout.pp, layout.vpp, layout.schedule, "auto")
+    times = rank_times(shape, structure, layout.recompute)
+    m = layout.resolved_num_microbatches(job.global_batch_size)
+    row = evaluate_columns(job, DGX, H100_EAGER, layout_columns(layout, m))
+    busiest = sum(
+        row[key][0]
+        for key in ("forward_s", "input_grad_s", "weight_grad_s", "recompute_per_microbatch_s")
+    )
+    totals = np.add.reduce(
+        [times.forward_s, times.input_grad_s, times.weight_grad_s, times.recompute_s]
+    )
+    if layout.schedule != "dualpipev":  # DualPipe paces by the mean of its two directions
+        assert busiest == pytest.approx(totals.max())
+    plain = evaluate_columns(job, DGX, H100, layout_columns(layout, m))
+    assert row["step_time_s"][0] > plain["step_time_s"][0]
+    assert row["optimizer_s"][0] > plain["optimizer_s"][0]

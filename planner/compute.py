@@ -25,6 +25,7 @@ from planner.finetune import (
     targeted_linears,
 )
 from planner.flops import attention_core_ops
+from planner.linears import layer_linears
 from planner.model import ModelSpec
 
 
@@ -467,3 +468,47 @@ def measures_recompute_s(
     if measures.swiglu_input_cached and moe_layer:
         seconds += by_name["elementwise.mlp_activation"].forward_s
     return seconds
+
+
+#: Bytes moved per element to quantize a 16-bit operand to FP8 with per-tile scales: read
+#: 2, write 1 (DeepSeek-V3 §3.3.2; the scales, one FP32 per 128 elements, are negligible).
+QUANTIZE_BYTES = 3.0
+#: Re-tiling an FP8 operand for the transposed GEMM (1×128 tiles → 128×1): read 1, write 1.
+REQUANTIZE_BYTES = 2.0
+
+
+def fp8_quantization_time(
+    model: ModelSpec, tokens: float, tp: int, ep: int, moe_layer: bool, rates: GpuRates
+) -> OpTime:
+    """The online FP8 quantization around one layer's FP8 GEMMs, for one micro-batch.
+
+    DeepSeek-V3 §3.3.2 (fine-grained quantization, Figure 6): each FP8 GEMM reads operands
+    quantized on the fly, per 1×128 activation tile. Forward quantizes the input ``X``;
+    the input gradient quantizes ``dY``; the weight gradient needs both transposed: ``dY``
+    quantized again along the other axis and the cached FP8 ``X`` re-tiled. Memory-bound at
+    HBM rate: ``3·|X|``, ``3·|dY|`` and ``3·|dY| + 2·|X|`` bytes. Weights are quantized
+    once per step (left out), the router and the output head stay BF16
+    (:data:`KEPT_IN_BF16`). Elements per module: the rank's rows (tokens × token share ×
+    copies, routed experts balanced over EP) × its local in / out features; modules that
+    read one tensor (Q/K/V, MLA's two down projections, gate and up) quantize it once.
+    """
+    inputs: dict[tuple, float] = {}  # modules reading one tensor (Q/K/V, gate/up) share it
+    dy_elements = 0.0
+    for linear in layer_linears(model, moe_layer, tp):
+        if linear.name in KEPT_IN_BF16 or linear.block == "router":
+            continue
+        width_in, width_out = linear.local_shape(tp)
+        rows = tokens * linear.token_share * linear.count
+        shared = (linear.block, linear.prefix, linear.in_features)  # column-parallel siblings
+        inputs[linear.path if linear.tp_split == "row" else shared] = rows * width_in
+        dy_elements += rows * width_out
+    x_elements = sum(inputs.values())
+    hbm = rates.hbm_bytes_per_s
+    return OpTime(
+        name="fp8.quantize",
+        forward_s=QUANTIZE_BYTES * x_elements / hbm,
+        input_grad_s=QUANTIZE_BYTES * dy_elements / hbm,
+        weight_grad_s=(QUANTIZE_BYTES * dy_elements + REQUANTIZE_BYTES * x_elements) / hbm,
+        forward_flops=0.0,
+        bound="memory",
+    )

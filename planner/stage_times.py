@@ -20,6 +20,7 @@ from planner.compute import (
     adapter_op_times,
     dispatch_time,
     elementwise_time,
+    fp8_quantization_time,
     frozen,
     head_op_times,
     keep_in_bf16,
@@ -100,7 +101,8 @@ def shape_times(
     embedding's backward (a scatter-add into the frozen table) goes, and each layer gains
     its adapters' GEMMs and QLoRA's dequantization (:func:`planner.compute.adapter_op_times`).
     ``bf16_rates`` (under FP8 GEMMs): the rates of the operations DeepSeek-V3 keeps in BF16
-    (:data:`planner.compute.KEPT_IN_BF16`); ``measures``: the job's memory measures, whose
+    (:data:`planner.compute.KEPT_IN_BF16`), and each layer pays the online quantization of
+    its FP8 GEMMs' operands (:func:`planner.compute.fp8_quantization_time`); ``measures``: the job's memory measures, whose
     recomputation each layer pays (:func:`planner.compute.measures_recompute_s`).
     """
     tuned = finetune is not None and finetune.trains_adapters
@@ -122,6 +124,8 @@ def shape_times(
                 *args, moe_layer=moe_layer, rates=bf16_rates, element_bytes=element_bytes
             )
             ops = keep_in_bf16(ops, at_bf16)
+            tokens = seq_len * micro_batch_size / cp
+            ops = [*ops, fp8_quantization_time(model, tokens, tp, ep, moe_layer, rates)]
         rerun = 0.0
         if measures is not None and measures.any:
             norm_tokens = seq_len * micro_batch_size / cp / (tp if sequence_parallel else 1)

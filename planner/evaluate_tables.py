@@ -95,14 +95,9 @@ def shape_table(
     model, e = job.model, job.precision.activation_bytes
     shapes, shape_inv = unique_rows(tp, cp, ep, sp, mbs, recompute)
     shape_cols = {key: np.zeros(len(shapes)) for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}
-    timed = {}  # op times do not depend on the recompute policy: once per shape
+    measures = job.active_memory_measures
+    timed, weight_pass = {}, {}  # neither depends on the recompute policy: once per shape
     for u, (t, c, x, s, b, r) in enumerate(shapes):
-        if (t, c, x, s, b) not in timed:
-            timed[t, c, x, s, b] = shape_times(
-                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned,
-                bf16_rates, job.active_memory_measures,
-            )  # fmt: skip
-        times = timed[t, c, x, s, b]
         shape = act.ActivationShape(
             seq_len=job.seq_len,
             micro_batch_size=b,
@@ -112,8 +107,19 @@ def shape_table(
             flash_attention=job.flash_attention,
             recompute=r,
             element_bytes=e,
-            measures=job.active_memory_measures,
+            measures=measures,
         )
+        if (t, c, x, s, b) not in timed:
+            timed[t, c, x, s, b] = shape_times(
+                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned,
+                bf16_rates, measures,
+            )  # fmt: skip
+            kept = job.weight_pass_memory
+            weight_pass[t, c, x, s, b] = (
+                weight_pass_bytes_per_layer(model, shape, False, kept),
+                weight_pass_bytes_per_layer(model, shape, True, kept) if model.is_moe else 0.0,
+            )
+        times = timed[t, c, x, s, b]
         moe_t = times.moe or times.dense
         adapters = ft.adapter_layer_bytes(model, tuned, shape)
         act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
@@ -128,10 +134,8 @@ def shape_table(
             )
             + sum(ft.adapter_working_max(model, tuned, shape).values()),
             "backward": act.backward_working_bytes(model, shape),
-            "wpass_dense": weight_pass_bytes_per_layer(model, shape, False, job.weight_pass_memory),
-            "wpass_moe": weight_pass_bytes_per_layer(model, shape, True, job.weight_pass_memory)
-            if model.is_moe
-            else 0.0,
+            "wpass_dense": weight_pass[t, c, x, s, b][0],
+            "wpass_moe": weight_pass[t, c, x, s, b][1],
             "logits": act.logits_buffer_bytes(model, shape),
             "fd": times.dense.forward_s,
             "bd": times.dense.input_grad_s,

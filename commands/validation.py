@@ -57,7 +57,8 @@ def calibrate(
         console.print(f"  per-operation overhead on {ranks} ranks: {seconds * 1e6:,.1f} us")
     for fit in result.collectives:
         console.print(
-            f"  {fit.collective} over {fit.world_size} ranks: alpha {fit.alpha_s * 1e3:.3f} ms, "
+            f"  {fit.collective} over {fit.ranks} of {fit.world_size} ranks: "
+            f"alpha {fit.alpha_s * 1e3:.3f} ms, "
             f"{fit.algbw_bytes_per_s / 1e9:,.2f} GB/s"
         )
     for kind, path in result.paths.items():

@@ -193,6 +193,22 @@ class Accelerator(SourcedSpec):
         )
 
 
+class CollectiveFit(SpecModel):
+    """A measured ``t = alpha_s + S / bytes_per_s`` for one collective on one group size.
+
+    ``S`` is nccl-tests' message size (the all-reduce buffer, the all-gather output, the
+    reduce-scatter input, the all-to-all send buffer, the p2p message), so ``bytes_per_s``
+    is its algorithm bandwidth. Where a link lists the fit for an op and group size, the
+    planner uses it instead of the ring / pairwise formulas (:func:`planner.comm.
+    algorithm_costs`): a measured runtime (gloo on loopback) that follows no ring factor.
+    """
+
+    op: Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p"]
+    group_size: int = Field(ge=2)
+    alpha_s: float = Field(ge=0)
+    bytes_per_s: float = Field(gt=0, description="algorithm bandwidth S / (t - alpha_s)")
+
+
 class LinkTier(SourcedSpec):
     """One kind of link: NVLink generation, an InfiniBand/RoCE NIC, PCIe, TPU ICI, DCN.
 
@@ -214,7 +230,19 @@ class LinkTier(SourcedSpec):
     in_network_reduction: bool = Field(
         False, description="switch-side reduction (NVLink SHARP / NVLS, IB SHARP)"
     )
+    collective_fits: list[CollectiveFit] = Field(
+        default_factory=list,
+        description="measured per-(op, group size) fits used instead of the algorithm formulas "
+        "on a group that stays on this link (llmplan calibrate writes them; catalog links have "
+        "none)",
+    )
     notes: str = ""
+
+    def collective_fit(self, op: str, group_size: int) -> CollectiveFit | None:
+        """The measured fit of ``op`` on ``group_size`` ranks, if the link lists one."""
+        return next(
+            (f for f in self.collective_fits if (f.op, f.group_size) == (op, group_size)), None
+        )
 
     @model_validator(mode="after")
     def _efficiencies_positive(self) -> LinkTier:

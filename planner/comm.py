@@ -38,6 +38,9 @@ then to 1.0 where a link has none). Latency per ring step is the link's ``latenc
   forwarded over the scale-up level to each expert's GPU there, so scale-out levels carry
   ``min(k, M, nodes)/k`` of pairwise's bytes and the scale-up level ``(p−1)/p`` of S.
 * ``direct`` — p2p over the slowest level between the two ranks.
+* ``measured`` — a fit ``t = alpha + S / bytes_per_s`` the link lists for exactly this op and
+  group size (:attr:`hwspecs.schema.LinkTier.collective_fits`, written by ``llmplan
+  calibrate`` for gloo on loopback); it replaces the formulas above (catalog links list none).
 
 Without an ``algorithm`` the cheapest available one is used, as NCCL's tuner does.
 
@@ -81,6 +84,7 @@ ALGORITHMS: tuple[str, ...] = (
     "pairwise",
     "node-limited",
     "direct",
+    "measured",
 )
 #: busbw_efficiency key each algorithm reads (ring's figure is the fallback).
 EFFICIENCY_KEY = {
@@ -92,6 +96,7 @@ EFFICIENCY_KEY = {
     "pairwise": "alltoall",
     "node-limited": "alltoall",
     "direct": "p2p",
+    "measured": "p2p",
 }
 
 
@@ -223,6 +228,24 @@ def _node_limited(levels: tuple[Level, ...], n: int, top_k: int, max_nodes: int)
     )
 
 
+def measured_cost(op: str, levels: tuple[Level, ...], n: int) -> Cost | None:
+    """The link's measured fit for ``op`` on ``n`` ranks (:attr:`LinkTier.collective_fits`),
+    when the group stays on one level of a link that lists one; else None.
+
+    A fit is what the runtime really takes for that op and group size (gloo over loopback
+    follows no ring factor: its reduce-scatter is an all-reduce plus a copy), so it replaces
+    every formula. The link is busy for the whole transfer term (``1/bytes_per_s`` per byte).
+    """
+    if len(levels) != 1:
+        return None
+    (level,) = levels
+    fit = next((f for f in level.collective_fits if (f.op, f.group_size) == (op, n)), None)
+    if fit is None:
+        return None
+    beta = 1.0 / fit.bytes_per_s
+    return Cost(fit.alpha_s, beta, ((link_key(level), beta),))
+
+
 def algorithm_costs(
     op: str, levels: tuple[Level, ...], n: int, routing: tuple[int, int] | None = None
 ) -> dict[str, Cost]:
@@ -234,6 +257,9 @@ def algorithm_costs(
     check_op(op)
     if n <= 1 or not levels:
         return {}
+    measured = measured_cost(op, levels, n)
+    if measured is not None:
+        return {"measured": measured}
     if op == "p2p":
         (level,) = levels
         busy = 1 / (level.bytes_per_s_per_rank * efficiency(level, "direct"))

@@ -114,6 +114,8 @@ class Level:
     crossing_ranks: int  # ranks in the busiest instance below whose group leaves it
     concurrent_groups: int  # groups of the axis sharing that instance's uplinks
     stride: int = 1  # torus: hops between neighbouring members along the axis
+    #: Measured (op, group size) fits of the link (:attr:`LinkTier.collective_fits`).
+    collective_fits: tuple = ()
 
     @property
     def is_torus(self) -> bool:
@@ -332,6 +334,7 @@ def _tier_level(
         share=share,
         crossing_ranks=worst_crossing,
         concurrent_groups=int(concurrent.max()),
+        collective_fits=tuple(link.collective_fits),
     )
 
 
@@ -426,6 +429,7 @@ def pair_level(view: ClusterView, sources: np.ndarray, targets: np.ndarray) -> L
             "in_network_reduction": False,
             "bidirectional": False,
             "oversubscription": tier.oversubscription,
+            "collective_fits": tuple(link.collective_fits),
         }
         if view.is_torus_tier(index):
             hops = _torus_hops(

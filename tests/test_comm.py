@@ -220,3 +220,84 @@ def test_sizes_parse_like_the_cli_takes_them():
     assert parse_num_bytes("4096") == 4096
     with pytest.raises(PlanError, match="not a size"):
         parse_num_bytes("lots")
+
+
+# ----- measured per-(op, group size) fits (LinkTier.collective_fits) ------------------------
+
+
+@pytest.fixture(scope="module")
+def fitted_cluster(tmp_path_factory):
+    """dgx-h100 whose NVLink lists a measured all-reduce fit on 8 ranks and one on 2."""
+    from hwspecs.catalog import load_cluster
+    from hwspecs.schema import CollectiveFit
+    from validate.local_specs import to_toml
+
+    folder = tmp_path_factory.mktemp("fits")
+    link = load_link("nvlink4")
+    fits = [
+        CollectiveFit(op="all-reduce", group_size=8, alpha_s=1e-3, bytes_per_s=1e9),
+        CollectiveFit(op="all-gather", group_size=2, alpha_s=2e-3, bytes_per_s=5e8),
+    ]
+    sources = {**link.sources, "collective_fits": "test: made-up fits"}
+    fitted = link.model_copy(update={"collective_fits": fits, "sources": sources})
+    (folder / "link.toml").write_text(to_toml(fitted.model_dump()))
+    dgx = load_cluster("dgx-h100")
+    tiers = [dgx.tiers[0].model_copy(update={"link": str(folder / "link.toml")}), *dgx.tiers[1:]]
+    return dgx.model_copy(update={"tiers": tiers})
+
+
+def test_a_listed_fit_replaces_the_formulas_for_its_op_and_group_size(fitted_cluster):
+    result = collective_time("all-reduce", 2**20, 8, fitted_cluster)
+    assert result.algorithm == "measured"
+    assert result.time_s == pytest.approx(1e-3 + 2**20 / 1e9)
+    assert result.alternatives == {"measured": pytest.approx(1e-3 + 2**20 / 1e9)}
+    gather = collective_time("all-gather", 2**20, 2, fitted_cluster)
+    assert gather.time_s == pytest.approx(2e-3 + 2**20 / 5e8)
+
+
+def test_ops_and_group_sizes_without_a_fit_keep_the_formulas(fitted_cluster):
+    for op, ranks in (("all-reduce", 4), ("all-gather", 8), ("reduce-scatter", 8)):
+        fitted = collective_time(op, 2**20, ranks, fitted_cluster)
+        plain = collective_time(op, 2**20, ranks, "dgx-h100")
+        assert fitted.algorithm == plain.algorithm != "measured"
+        assert fitted.time_s == pytest.approx(plain.time_s)
+
+
+def test_a_group_crossing_two_levels_ignores_the_one_level_fit(fitted_cluster):
+    # 16 ranks cross NVLink and InfiniBand: no single link's measurement describes them.
+    fitted = collective_time("all-reduce", 2**20, 16, fitted_cluster)
+    assert fitted.algorithm != "measured"
+    assert fitted.time_s == pytest.approx(
+        collective_time("all-reduce", 2**20, 16, "dgx-h100").time_s
+    )
+
+
+def test_catalog_links_list_no_fits():
+    assert all(not load_link(name).collective_fits for name in catalog_names("link"))
+
+
+def test_search_row_equals_the_estimate_on_a_link_with_fits(fitted_cluster):
+    from hwspecs.catalog import load_accelerator, load_cluster
+    from planner.estimate import estimate
+    from planner.job import Job
+    from planner.layout import Layout
+    from planner.model import load_model
+    from planner.search import SearchSpace, search
+
+    small = load_model("llama3-8b").model_copy(update={"num_layers": 4})
+    job = Job(model=small, seq_len=4096, global_batch_tokens=4096 * 64)
+    # Data parallelism over the 8 GPUs of one NVLink domain: gradients all-reduced on 8.
+    space = SearchSpace(tp=[1], cp=[1], pp=[1], dp=[8], ep=[1], zero_stage=[0],
+                        micro_batch_size=[1], recompute=["full"])  # fmt: skip
+    found = search(job, fitted_cluster, load_accelerator("h100-sxm"), 8, space)
+    row = found.table.iloc[0]
+    keys = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "schedule", "zero_stage",
+            "recompute", "sequence_parallel")  # fmt: skip
+    layout = Layout(
+        **{k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in keys},
+        num_microbatches=int(row["num_microbatches"]),
+    )
+    fitted = estimate(job, layout, fitted_cluster)
+    assert fitted.step_time_s == pytest.approx(row["step_time_s"])
+    plain = estimate(job, layout, load_cluster("dgx-h100"))
+    assert fitted.step_time_s != pytest.approx(plain.step_time_s)

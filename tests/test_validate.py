@@ -319,9 +319,10 @@ def synthetic_calibration(tmp_path_factory):
     ]
     sizes = [2**12, 2**16, 2**20]
     fits = [
-        CollectiveFit(collective=c, world_size=n, message_bytes=sizes,
-                      seconds=[1e-4 + s * 1e-9 for s in sizes], alpha_s=1e-4, beta_s_per_byte=1e-9)
-        for n in (2, 4)
+        CollectiveFit(collective=c, world_size=n, group_size=g, message_bytes=sizes,
+                      seconds=[1e-4 * n + s * 1e-9 for s in sizes], alpha_s=1e-4 * n,
+                      beta_s_per_byte=1e-9)
+        for n, g in ((2, None), (4, None), (4, 2))
         for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
         if c != "p2p" or n == 2
     ]  # fmt: skip
@@ -340,6 +341,7 @@ def synthetic_calibration(tmp_path_factory):
         accelerators={
             str(n): accelerator_spec(gemms, 5e9, n, method, op_overhead_s=n * 1e-5) for n in (2, 4)
         },
+        links={str(n): link_spec(fits, n, method) for n in (2, 4)},
     )
     return write_specs(calibration, tmp_path_factory.mktemp("cluster") / "local.toml")
 
@@ -368,6 +370,38 @@ def test_each_world_size_is_predicted_on_the_cluster_calibrated_under_it(synthet
         assert "op_overhead_s" in accelerator.sources
         assert cluster_for_world_size(synthetic_calibration, n) == sized
     assert cluster_for_world_size(path, 8) == path  # not calibrated: the main file
+
+
+def test_each_world_size_links_the_collective_fits_measured_under_it(synthetic_calibration):
+    from hwspecs.catalog import load_cluster, load_link
+    from planner.comm import collective_time
+
+    for n in (2, 4):
+        cluster = load_cluster(synthetic_calibration.paths[f"cluster_n{n}"])
+        link = load_link(cluster.tiers[0].link)
+        measured = {(f.op, f.group_size): f.alpha_s for f in link.collective_fits}
+        # Whole-world fits, and on 4 ranks also the groups of 2 (a 2-D layout's TP or FSDP).
+        expected = {(op, n): 1e-4 * n for op in ("all-reduce", "all-gather", "reduce-scatter",
+                                                  "all-to-all")}  # fmt: skip
+        if n == 2:
+            expected[("p2p", 2)] = 2e-4
+        else:
+            expected.update({(op, 2): 4e-4 for op, _ in list(expected)})
+        assert measured == pytest.approx(expected)
+        one = collective_time("all-reduce", 2**20, 2, cluster)
+        assert one.algorithm == "measured"
+        assert one.time_s == pytest.approx(2e-4 * (n // 2) + 2**20 * 1e-9)
+
+
+def test_compute_figures_are_measured_by_all_ranks_at_once():
+    from validate.calibrate import measure_compute, workload_gemm_shapes
+    from validate.run import TINY
+
+    syncs = []
+    figures = measure_compute((TINY,), sync=lambda: syncs.append(1))
+    # A barrier before every GEMM shape and dtype, the bandwidth and the op-mix overhead.
+    assert len(syncs) == 2 * len(workload_gemm_shapes(TINY)) + 2
+    assert len(figures["gemms"]) == 2 * len(workload_gemm_shapes(TINY))
 
 
 def test_op_mix_overhead_is_a_positive_time_per_counted_operation():

@@ -62,10 +62,12 @@ class GemmPoint(BaseModel):
 
 
 class CollectiveFit(BaseModel):
-    """``seconds ≈ alpha_s + beta_s_per_byte · bytes`` for one collective on ``world_size`` ranks."""
+    """``seconds ≈ alpha_s + beta_s_per_byte · bytes`` for one collective on groups of
+    ``group_size`` ranks (all such groups at once) while ``world_size`` ranks run."""
 
     collective: str
     world_size: int
+    group_size: int | None = None  # None: the whole world
     message_bytes: list[int]
     seconds: list[float]
     alpha_s: float
@@ -74,6 +76,11 @@ class CollectiveFit(BaseModel):
     @property
     def algbw_bytes_per_s(self) -> float:
         return 1.0 / self.beta_s_per_byte
+
+    @property
+    def ranks(self) -> int:
+        """Ranks in one group."""
+        return self.group_size or self.world_size
 
 
 class ClusterCalibration(BaseModel):
@@ -91,6 +98,8 @@ class ClusterCalibration(BaseModel):
     cluster: Cluster
     #: Per world size (as a string key): the accelerator measured under that many ranks.
     accelerators: dict[str, Accelerator] = {}
+    #: Per world size: the link with the collectives measured under that many ranks.
+    links: dict[str, LinkTier] = {}
     op_overhead_s: dict[str, float] = {}
     paths: dict[str, str] = {}
 
@@ -133,7 +142,8 @@ def calibrate(
         if n in ranks
     }
     largest = computes[max(ranks)]
-    link = link_spec(fits, max(ranks), method)
+    links = {str(n): link_spec(fits, n, method) for n in ranks}
+    link = links[str(max(ranks))]
     calibration = ClusterCalibration(
         hostname=host,
         date=date,
@@ -146,6 +156,7 @@ def calibrate(
         link=link,
         cluster=cluster_spec("local-cpu-accelerator", "local-gloo", max(ranks), method),
         accelerators=accelerators,
+        links=links,
         op_overhead_s={str(n): c.op_overhead_s for n, c in computes.items()},
     )
     if out_path is None:
@@ -192,8 +203,13 @@ def _throughput_seconds(fn, window_s: float = WINDOW_S, repetitions: int = 3) ->
     return statistics.median(samples)
 
 
-def measure_gemms(workload: Workload, dtypes=("fp32", "bf16")) -> list[GemmPoint]:
-    """FLOP/s of each workload GEMM on one thread, per dtype (throughput over a window)."""
+def _no_sync() -> None:
+    pass
+
+
+def measure_gemms(workload: Workload, dtypes=("fp32", "bf16"), sync=_no_sync) -> list[GemmPoint]:
+    """FLOP/s of each workload GEMM on one thread, per dtype (throughput over a window);
+    ``sync`` (a barrier over the calibrating ranks) runs before each shape."""
     import torch
 
     threads = torch.get_num_threads()
@@ -204,6 +220,7 @@ def measure_gemms(workload: Workload, dtypes=("fp32", "bf16")) -> list[GemmPoint
             for dtype in dtypes:
                 torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
                 a, b = torch.randn(m, k, dtype=torch_dtype), torch.randn(k, n, dtype=torch_dtype)
+                sync()
                 seconds = _throughput_seconds(lambda a=a, b=b: torch.mm(a, b))
                 points.append(
                     GemmPoint(what=f"{workload.name}.{what}", m=m, k=k, n=n, dtype=dtype,
@@ -311,17 +328,26 @@ class ComputeMeasurement(BaseModel):
     op_overhead_s: float
 
 
-def measure_compute(workloads: tuple[Workload, ...]) -> dict:
+def measure_compute(workloads: tuple[Workload, ...], sync=_no_sync) -> dict:
     """This process's GEMMs (BF16 on the first workload only: slow without AMX), copy
-    bandwidth and per-operation overhead, as JSON-ready data."""
+    bandwidth and per-operation overhead, as JSON-ready data.
+
+    ``sync`` (a barrier over the calibrating ranks) runs before each measurement, so every
+    rank measures the same thing at the same time: without it a rank that finished early
+    waits idle in the next barrier and the last ones measure on freed cores (with 4 ranks
+    on 2 cores the per-operation overhead then came out as on 2 ranks, half the real one).
+    """
     gemms = [
         point
         for i, w in enumerate(workloads)
-        for point in measure_gemms(w, ("fp32", "bf16") if i == 0 else ("fp32",))
+        for point in measure_gemms(w, ("fp32", "bf16") if i == 0 else ("fp32",), sync)
     ]
+    sync()
+    memory_bytes_per_s = measure_memory_bandwidth()
+    sync()
     return {
         "gemms": [g.model_dump() for g in gemms],
-        "memory_bytes_per_s": measure_memory_bandwidth(),
+        "memory_bytes_per_s": memory_bytes_per_s,
         "op_overhead_s": measure_op_overhead(),
     }
 
@@ -386,6 +412,7 @@ def measure_world(
     fits = []
     names = sorted({key.rsplit("@", 1)[0] for key in per_rank[0]})
     for name in names:
+        collective, _, group = name.partition("/")
         sizes = sorted(int(k.rsplit("@", 1)[1]) for k in per_rank[0] if k.rsplit("@", 1)[0] == name)
         seconds = []
         for size in sizes:
@@ -393,7 +420,8 @@ def measure_world(
             seconds.append(statistics.median(max(rep) for rep in reps))
         alpha, beta = fit_alpha_beta(sizes, seconds)
         fits.append(
-            CollectiveFit(collective=name, world_size=world_size, message_bytes=sizes,
+            CollectiveFit(collective=collective, world_size=world_size,
+                          group_size=int(group) if group else None, message_bytes=sizes,
                           seconds=seconds, alpha_s=alpha, beta_s_per_byte=beta)
         )  # fmt: skip
     return fits, compute
@@ -419,25 +447,18 @@ def _collective_rank(
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        dist.barrier()  # every rank measures compute at the same time
+        pairs = pair_groups(world_size)
         workloads = tuple(Workload.model_validate_json(w) for w in workloads_json)
-        compute = measure_compute(workloads) if workloads else None
+        compute = measure_compute(workloads, dist.barrier) if workloads else None
         times: dict[str, object] = {}
         for size in MESSAGE_BYTES:
-            elements = size // 4
-            full = torch.ones(elements)
-            part = torch.ones(elements // world_size)
-            calls = {
-                "all_reduce": lambda full=full: dist.all_reduce(full),
-                "all_gather": lambda full=full, part=part: dist.all_gather_into_tensor(full, part),
-                "reduce_scatter": lambda full=full, part=part: dist.reduce_scatter_tensor(
-                    part, full
-                ),
-                "all_to_all": lambda full=full: dist.all_to_all_single(
-                    torch.empty_like(full), full
-                ),
-            }
+            calls = collective_calls(size, world_size)
+            if pairs is not None:  # groups of 2 inside the world, all pairs at once
+                calls.update(
+                    {f"{name}/2": call for name, call in collective_calls(size, 2, pairs).items()}
+                )
             if world_size == 2:
+                full = torch.ones(size // 4)
                 calls["p2p"] = lambda full=full: _ping_pong(full, rank)
             for name, call in calls.items():
                 call()
@@ -456,6 +477,36 @@ def _collective_rank(
     except BaseException:
         reports.put(("error", rank, traceback.format_exc()))
         raise SystemExit(1) from None
+
+
+def pair_groups(world_size: int):
+    """This rank's group of two (ranks 2i, 2i+1) when the world has more than two ranks:
+    the 2-rank groups of a 2-D layout (FSDP × TP) run while the other ranks run theirs."""
+    import torch.distributed as dist
+
+    if world_size <= 2 or world_size % 2:
+        return None
+    mine = None
+    for first in range(0, world_size, 2):
+        group = dist.new_group([first, first + 1])
+        if dist.get_rank() in (first, first + 1):
+            mine = group
+    return mine
+
+
+def collective_calls(size: int, group_size: int, group=None) -> dict:
+    """The four collectives on a message of ``size`` bytes (nccl-tests' S) over ``group``."""
+    import torch
+    import torch.distributed as dist
+
+    full = torch.ones(size // 4)
+    part = torch.ones(size // 4 // group_size)
+    return {
+        "all_reduce": lambda: dist.all_reduce(full, group=group),
+        "all_gather": lambda: dist.all_gather_into_tensor(full, part, group=group),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full, group=group),
+        "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full, group=group),
+    }
 
 
 def _ping_pong(tensor, rank: int) -> None:

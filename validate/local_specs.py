@@ -13,8 +13,10 @@ Mapping of the measurements onto the schema (also written into each file's ``not
   all-reduce bandwidth term equal the measured all-reduce on the most ranks
   (``2(n−1)/n / (rate·β)``); ``alltoall`` the same for all-to-all (``(n−1)/n``); ``p2p`` 1.
   Every other fit is kept as ``<collective>_n<ranks>`` (same formula with that collective's
-  nccl-tests factor), which the planner does not read. The schema has one latency per link,
-  so per-collective α is not representable; see :data:`SCHEMA_PROPOSAL`.
+  nccl-tests factor), which the planner does not read. Each fit measured under the link's
+  world size (whole world, and groups of 2 inside a world of 4) is also listed in
+  ``collective_fits`` (α and 1/β per op and group size), which the planner uses instead of
+  its formulas (:func:`planner.comm.measured_cost`). One link file per world size.
 """
 
 from __future__ import annotations
@@ -25,15 +27,7 @@ import os
 import platform
 from pathlib import Path
 
-from hwspecs.schema import Accelerator, Cluster, ClusterTier, LinkTier
-
-#: What the link schema would need to carry the gloo fits exactly.
-SCHEMA_PROPOSAL = (
-    "LinkTier.collective_fits: list of {collective: all-reduce|all-gather|reduce-scatter|"
-    "all-to-all|p2p, group_size: int, alpha_s: float, bytes_per_s: float (1/beta, nccl-tests "
-    "algbw of S)} with a [sources] entry each; planner.comm.algorithm_costs would use the fit "
-    "for (op, n) when present instead of the ring/pairwise formula"
-)
+from hwspecs.schema import Accelerator, Cluster, ClusterTier, CollectiveFit, LinkTier
 
 #: nccl-tests bus-bandwidth factor per collective (planner.comm.volume_factor).
 FACTORS = {
@@ -126,9 +120,38 @@ def platform_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: calibrate's collective names -> the schema's op names.
+OP_NAMES = {
+    "all_reduce": "all-reduce",
+    "all_gather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "all_to_all": "all-to-all",
+    "p2p": "p2p",
+}
+
+
+def _fit_key(fit) -> str:
+    """``<collective>_n<world>`` for whole-world fits, ``..._g<group>`` for subgroup fits."""
+    key = f"{fit.collective}_n{fit.world_size}"
+    return key if fit.ranks == fit.world_size else f"{key}_g{fit.ranks}"
+
+
+def collective_fit_specs(fits, world_size: int) -> list[CollectiveFit]:
+    """The schema's fits for a link used by ``world_size`` ranks: every fit measured while
+    that many ranks ran (whole world and its groups of 2), in the schema's op names."""
+    return [
+        CollectiveFit(op=OP_NAMES[f.collective], group_size=f.ranks, alpha_s=f.alpha_s,
+                      bytes_per_s=f.algbw_bytes_per_s)
+        for f in fits
+        if f.world_size == world_size
+    ]  # fmt: skip
+
+
 def link_spec(fits, ranks: int, method: str) -> LinkTier:
+    """The loopback link for runs of ``ranks`` processes (module docstring)."""
+
     def fit(name, n):
-        return next(f for f in fits if (f.collective, f.world_size) == (name, n))
+        return next(f for f in fits if (f.collective, f.world_size, f.ranks) == (name, n, n))
 
     p2p = fit("p2p", 2)
     rate = 1.0 / p2p.beta_s_per_byte
@@ -145,29 +168,39 @@ def link_spec(fits, ranks: int, method: str) -> LinkTier:
     for f in fits:
         if f.collective == "p2p":
             continue
-        factor = FACTORS[f.collective](f.world_size)
-        put(f"{f.collective}_n{f.world_size}", factor / (rate * f.beta_s_per_byte),
-            f"{f.collective} on {f.world_size} ranks, factor {factor:.3f} / (rate * b)")  # fmt: skip
+        factor = FACTORS[f.collective](f.ranks)
+        put(_fit_key(f), factor / (rate * f.beta_s_per_byte),
+            f"{f.collective} on {f.ranks} of {f.world_size} ranks, factor {factor:.3f} / "
+            "(rate * b)")  # fmt: skip
     put("ring", efficiency[f"all_reduce_n{ranks}"], f"= all_reduce_n{ranks} (ring all-reduce)")
     put("alltoall", efficiency[f"all_to_all_n{ranks}"], f"= all_to_all_n{ranks}")
     sources["busbw_efficiency.p2p"] = "default: the link rate is the p2p fit itself"
+    measured = collective_fit_specs(fits, ranks)
+    if measured:
+        sources["collective_fits"] = (
+            f"{source}: each collective on groups of its group_size while {ranks} ranks ran "
+            "(all groups at once), a = alpha_s, bytes_per_s = 1/b"
+        )
     fits_text = "; ".join(
-        f"{f.collective} n={f.world_size}: a={f.alpha_s * 1e6:.1f} us, "
+        f"{f.collective} {f.ranks} of {f.world_size}: a={f.alpha_s * 1e6:.1f} us, "
         f"S/t={f.algbw_bytes_per_s / 1e9:.2f} GB/s"
         for f in fits
     )
     return LinkTier(
         id="local-gloo",
-        name="gloo over loopback TCP (one host)",
+        name=f"gloo over loopback TCP (one host, {ranks} ranks)",
         kind="host",
         bytes_per_s_per_direction=rate,
         latency_s=p2p.alpha_s,
         busbw_efficiency=efficiency,
+        collective_fits=measured,
         notes=(
-            "Mapping: bytes_per_s_per_direction = 1/b and latency_s = a of the 2-rank p2p fit; "
-            "busbw_efficiency.<collective>_n<ranks> = nccl-tests factor / (rate * b) of that "
-            "fit (ring = all_reduce, alltoall = all_to_all on the most ranks). Per-collective "
-            "latencies a do not fit the schema (one latency_s per link). "
+            "Mapping: collective_fits are the per-(op, group size) fits measured while "
+            f"{ranks} ranks ran; the planner uses them instead of its ring/pairwise formulas. "
+            "bytes_per_s_per_direction = 1/b and latency_s = a of the 2-rank p2p fit (used where "
+            "no fit is listed); busbw_efficiency.<collective>_n<ranks>[_g<group>] = nccl-tests "
+            "factor / (rate * b) of that fit (ring = all_reduce, alltoall = all_to_all on the "
+            "whole world). "
             + (f"Clamped to {MAX_EFFICIENCY}: {', '.join(clamped)}. " if clamped else "")
             + "Fits: "
             + fits_text
@@ -225,7 +258,14 @@ def write_specs(calibration, out_path: Path):
         sized = world_size_path(out_path, int(ranks))
         sized_accelerator = sized.with_name(f"{sized.stem}-accelerator.toml")
         sized_accelerator.write_text(header + to_toml(accelerator.model_dump()))
-        sized_cluster = cluster.model_copy(update={"accelerator": str(sized_accelerator)})
+        update = {"accelerator": str(sized_accelerator)}
+        if ranks in calibration.links:
+            sized_link = sized.with_name(f"{sized.stem}-link.toml")
+            sized_link.write_text(header + to_toml(calibration.links[ranks].model_dump()))
+            update["tiers"] = [
+                tier.model_copy(update={"link": str(sized_link)}) for tier in cluster.tiers
+            ]
+        sized_cluster = cluster.model_copy(update=update)
         sized.write_text(header + to_toml(sized_cluster.model_dump()))
         paths[f"cluster_n{ranks}"] = str(sized)
     return calibration.model_copy(update={"cluster": cluster, "paths": paths})

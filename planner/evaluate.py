@@ -9,10 +9,10 @@ arithmetic over the rows. No Python loop runs per row.
 
 Per row: the busiest pipeline rank's F, B (+ recomputation) and W per micro-batch feed the
 schedule's closed-form step time (:mod:`planner.schedules.closed_form`); the exposed
-communication per axis (:mod:`planner.traffic_columns`), the optimizer step and the time lost
-where axes share a link (:mod:`planner.contention`) are added after it. Ranks are examined at a few slots — the first two, the last two and the first
-rank with the most layers — which hold the compute and memory peaks of every schedule
-here (in-flight counts fall along the pipeline or are flat; the ends hold the embedding
+communication per axis (:mod:`planner.traffic_columns`), the optimizer step and the time
+lost where axes share a link (:mod:`planner.contention`) are added after it. Ranks are
+examined at a few slots — the first two, the last two and the first rank with the most
+layers — which hold the compute and memory peaks of every schedule here (in-flight counts fall along the pipeline or are flat; the ends hold the embedding
 and the head); a test checks the slots against every rank.
 """
 

@@ -139,6 +139,26 @@ class Accelerator(SourcedSpec):
         "autograd, launch), added per pass by planner.op_counts; unset: 0, i.e. hidden "
         "behind device time (GPUs launching asynchronously)",
     )
+    sharded_op_overhead_s: float | None = Field(
+        None,
+        ge=0,
+        description="fixed host seconds per operation on a sharded-tensor wrapper (torch "
+        "DTensor: sharding propagation, then the local op) in place of op_overhead_s; "
+        "unset: op_overhead_s",
+    )
+    functional_collective_overhead_s: float | None = Field(
+        None,
+        ge=0,
+        description="host seconds a collective issued through torch's functional "
+        "collectives (DTensor redistribution) costs beyond the c10d call the link's fits "
+        "measure; unset: 0",
+    )
+    overlaps_communication: bool = Field(
+        True,
+        description="whether collectives run beside compute (GPUs and TPUs: copy engines, "
+        "NCCL or ICI, while the SMs compute); false where the same cores run both (a CPU "
+        "rank whose gloo threads share its core): every collective is then exposed",
+    )
     notes: str = ""
 
     @model_validator(mode="after")

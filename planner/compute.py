@@ -75,8 +75,12 @@ class GpuRates(BaseModel):
     attention_forward_flops_per_s: float | None = None
     attention_backward_flops_per_s: float | None = None
     attention_matmul_flops_per_s: float | None = None
-    #: Fixed seconds per dispatched operation (:attr:`Accelerator.op_overhead_s`; 0 unset).
+    #: Fixed seconds per dispatched operation (:attr:`Accelerator.op_overhead_s`; 0 unset),
+    #: per operation on a DTensor (:attr:`Accelerator.sharded_op_overhead_s`; unset: the
+    #: plain figure) and per functional collective beyond its c10d cost.
     op_overhead_s: float = 0.0
+    sharded_op_overhead_s: float = 0.0
+    functional_collective_overhead_s: float = 0.0
 
     @classmethod
     def of(cls, accelerator: Accelerator, gemm_dtype: str) -> GpuRates:
@@ -90,6 +94,10 @@ class GpuRates(BaseModel):
             attention_backward_flops_per_s=backward,
             attention_matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(dtype),
             op_overhead_s=accelerator.op_overhead_s or 0.0,
+            sharded_op_overhead_s=(
+                accelerator.sharded_op_overhead_s or accelerator.op_overhead_s or 0.0
+            ),
+            functional_collective_overhead_s=accelerator.functional_collective_overhead_s or 0.0,
         )
 
     def roofline_s(self, flops: float, num_bytes: float) -> float:
@@ -148,11 +156,21 @@ def gemm_time(
     )
 
 
-def dispatch_time(name: str, ops, rates: GpuRates) -> OpTime:
+def dispatch_time(name: str, ops, rates: GpuRates, sharded=None, collectives=None) -> OpTime:
     """The fixed host cost of dispatching ``ops`` (a :class:`planner.op_counts.PassOps`):
     ``operations × op_overhead_s`` per pass, on top of the roofline times (an eager
-    framework runs each operation after its dispatch, so the two add)."""
-    forward, input_grad, weight_grad = (count * rates.op_overhead_s for count in ops)
+    framework runs each operation after its dispatch, so the two add). ``sharded``: how
+    many of ``ops`` run on DTensors, at ``sharded_op_overhead_s`` each instead;
+    ``collectives``: functional collectives issued, ``functional_collective_overhead_s``
+    each (their transfer is the communication model's)."""
+    extra = rates.sharded_op_overhead_s - rates.op_overhead_s
+    per_collective = rates.functional_collective_overhead_s
+    forward, input_grad, weight_grad = (
+        count * rates.op_overhead_s + on_dtensors * extra + issued * per_collective
+        for count, on_dtensors, issued in zip(
+            ops, sharded or (0, 0, 0), collectives or (0, 0, 0), strict=True
+        )
+    )
     return OpTime(
         name=name,
         forward_s=forward,

@@ -262,6 +262,13 @@ def _time_columns(
 
     F = on_slots("fd", "fm", "f_emb", "f_head")
     B = on_slots("bd", "bm", "b_emb", "b_head")
+    if rates.op_overhead_s:  # FSDP2's own operations per wrapped unit (ZeRO-2/3)
+        fsdp = (zero >= 2)[:, None] * rates.op_overhead_s
+        units = R["paced_dense_layers"] + _held(R, "paced_moe_layers", 1.0)
+        F = F + fsdp * (units * op_counts.FSDP_UNIT_OPS.forward + op_counts.FSDP_ROOT_OPS.forward)
+        B = B + fsdp * (
+            units * op_counts.FSDP_UNIT_OPS.input_grad + op_counts.FSDP_ROOT_OPS.input_grad
+        )
     W = on_slots("wd", "wm", "w_emb", "w_head")
     Rc = on_slots("rd", "rm")
     busiest = np.argmax(F + B + W + Rc, axis=1)
@@ -306,9 +313,14 @@ def _time_columns(
             comm["dp_time_s"] > 0, comm["dp_bytes_per_step"] / comm["dp_time_s"], np.inf
         )
     dispatch_s = 0.0  # per tensor, its step's operations (sharded tensors step too)
-    if rates.op_overhead_s:
-        per_tensor = op_counts.optimizer_ops_per_tensor(job.precision.optimizer)
-        dispatch_s = R["param_tensors"] * per_tensor * rates.op_overhead_s
+    if rates.op_overhead_s:  # DTensor parameters (FSDP2's, DTensor TP's) step as DTensors
+        optimizer = job.precision.optimizer
+        per_tensor = op_counts.optimizer_ops_per_tensor(optimizer) * rates.op_overhead_s
+        on_dtensors = op_counts.optimizer_sharded_ops_per_tensor(optimizer) * (
+            rates.sharded_op_overhead_s - rates.op_overhead_s
+        )
+        sharded = ((zero >= 2) | (tp > 1))[:, None]
+        dispatch_s = R["param_tensors"] * (per_tensor + sharded * on_dtensors)
     optimizer_s, optimizer_comm_s = optimizer_columns(
         R, zero, zero_group, rates.hbm_bytes_per_s,
         accelerator.achievable_matmul_flops_per_s("bf16"), np.nan_to_num(dp_rate, nan=np.inf),

@@ -21,13 +21,27 @@ counts them again). Reference pieces:
 
 Other model kinds are counted by the difference of their pieces from the reference
 (:data:`LINEAR_OPS` per linear more or fewer; LayerNorm, GELU, learned positions, biases
-by their own counts, standalone). Shapes do not change counts, so TP, CP and EP splits do
-not either; the parallel forms' own operations (collectives, DTensor redistribution,
-FSDP's copies) are not counted.
+by their own counts, standalone). Shapes do not change counts, so CP and EP splits do not
+either. Two parallel forms add their own, counted the same way on torch's implementations
+(``validate/workloads/tensor_parallel.py`` and ``data_parallel.py``, 2 ranks):
+
+* **DTensor TP** (:func:`tensor_parallel_ops`): per layer and for the ends, the operations
+  it adds (redistributions, views), how many operations run on DTensors (each pays
+  sharding propagation: :attr:`hwspecs.schema.Accelerator.sharded_op_overhead_s`) and the
+  functional collectives it issues (:attr:`~hwspecs.schema.Accelerator.
+  functional_collective_overhead_s` each). Autograd runs a layer's backward as one pass;
+  the weight-gradient operations are put on DTensors (every one touches a sharded weight),
+  the rest under the input gradient. MoE layers take the dense layer's figures.
+* **FSDP2** (ZeRO-2/3, :data:`FSDP_UNIT_OPS`): each wrapped unit's pre/post-forward and
+  pre/post-backward work (unshard copy-in, reshard, gradient copy-out), per layer and for
+  the root module (embedding, final norm and head).
 
 The optimizer runs ``OPTIMIZER_OPS_PER_TENSOR`` operations per parameter tensor
 (torch.optim's single-tensor loop, ``foreach=False``) plus one ``zero_`` when the gradient
-is kept between steps (``zero_grad(set_to_none=False)``, as the reference does).
+is kept between steps (``zero_grad(set_to_none=False)``, as the reference does); on
+DTensor parameters (FSDP2's, DTensor TP's) all but the step counter's
+(:data:`STEP_COUNTER_OPS`) run on DTensors.
+
 """
 
 from __future__ import annotations
@@ -88,6 +102,48 @@ OPTIMIZER_OPS_PER_TENSOR = {
 }
 #: ``zero_grad(set_to_none=False)``: one ``zero_`` per tensor.
 ZERO_GRAD_OPS_PER_TENSOR = 1
+#: Operations per tensor on the optimizer's plain step counter (AdamW: ``step_t += 1`` and
+#: reading it back, ``_local_scalar_dense``); the others run on the parameter's type.
+STEP_COUNTER_OPS = {"adamw": 2}
+
+
+class TensorParallelOps(NamedTuple):
+    """What DTensor TP changes in one piece's dispatch, per micro-batch."""
+
+    added: PassOps  # operations beyond the plain piece's (redistributions, views)
+    on_dtensors: PassOps  # of all the piece's operations, those on DTensors
+    collectives: PassOps  # functional collectives issued
+
+
+#: torch 2.13 DTensor TP of the reference layer and ends (ColwiseParallel / RowwiseParallel
+#: with PrepareModuleInput; with sequence parallelism SequenceParallel norms and a
+#: vocabulary-parallel loss), tp = 2, counted by layer-count difference (1 and 3 layers):
+#: a layer runs 89 forward (49 plain) and 136 backward (50 plain) operations under SP, 83
+#: (55) and 130 (64) without; the ends 26 (11) and 30 (4) under SP, 23 (14) and 27 (11)
+#: without. Keys: sequence parallel.
+TP_LAYER_OPS = {
+    True: TensorParallelOps(PassOps(17, 13, 0), PassOps(40, 48, 38), PassOps(4, 4, 0)),
+    False: TensorParallelOps(PassOps(11, 7, 0), PassOps(28, 28, 38), PassOps(2, 2, 0)),
+}
+TP_ENDS_OPS = {
+    True: TensorParallelOps(PassOps(8, 4, 0), PassOps(15, 16, 10), PassOps(2, 2, 0)),
+    False: TensorParallelOps(PassOps(5, 1, 0), PassOps(9, 6, 10), PassOps(1, 1, 0)),
+}
+#: FSDP2 (torch 2.13 ``fully_shard``, reshard after forward) per wrapped layer and for the
+#: root module, beyond the plain model's operations: a layer runs 94 forward and 176
+#: backward operations (72 and 123 unwrapped), the ends 35 and 59 (18 and 26).
+FSDP_UNIT_OPS = PassOps(22, 53, 0)
+FSDP_ROOT_OPS = PassOps(17, 33, 0)
+
+
+def tensor_parallel_ops(sequence_parallel: bool, ends: bool = False) -> TensorParallelOps:
+    """DTensor TP's changes to one layer's dispatch (or the ends', ``ends``)."""
+    return (TP_ENDS_OPS if ends else TP_LAYER_OPS)[bool(sequence_parallel)]
+
+
+def optimizer_sharded_ops_per_tensor(optimizer: str) -> int:
+    """Of :func:`optimizer_ops_per_tensor`, the operations on a DTensor parameter's type."""
+    return optimizer_ops_per_tensor(optimizer) - STEP_COUNTER_OPS.get(optimizer, 0)
 
 
 def _reference_linears(moe_layer: bool) -> int:

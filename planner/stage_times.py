@@ -133,8 +133,11 @@ def shape_times(
                 model, measures, ops, norm_tokens, moe_layer, rates, element_bytes
             )
         if rates.op_overhead_s:
-            layer_ops = op_counts.layer_pass_ops(model, moe_layer)
-            ops = [*ops, dispatch_time("dispatch.layer", layer_ops, rates)]
+            layer_ops, sharded, collectives = op_counts.layer_pass_ops(model, moe_layer), None, None
+            if tp > 1:  # DTensor TP's own operations (planner.op_counts)
+                tp_ops = op_counts.tensor_parallel_ops(sequence_parallel)
+                layer_ops, sharded, collectives = layer_ops + tp_ops.added, *tp_ops[1:]
+            ops = [*ops, dispatch_time("dispatch.layer", layer_ops, rates, sharded, collectives)]
         if tuned:
             ops = [frozen(op) for op in ops] + adapter_op_times(
                 model, finetune, seq_len, micro_batch_size, tp, cp, ep, moe_layer, rates,
@@ -157,7 +160,8 @@ def shape_times(
             mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes))
         head = head + mtp * model.num_mtp_modules
     if rates.op_overhead_s:
-        embedding, head = _with_dispatch(model, embedding, head, rates)
+        tp_ends = op_counts.tensor_parallel_ops(sequence_parallel, ends=True) if tp > 1 else None
+        embedding, head = _with_dispatch(model, embedding, head, rates, tp_ends)
     if tuned:
         embedding = embedding.model_copy(update={"input_grad_s": 0.0})
         head = [frozen(op) for op in head]
@@ -165,10 +169,12 @@ def shape_times(
 
 
 def _with_dispatch(
-    model: ModelSpec, embedding: OpTime, head: list[OpTime], rates: GpuRates
+    model: ModelSpec, embedding: OpTime, head: list[OpTime], rates: GpuRates, tp_ends=None
 ) -> tuple[OpTime, list[OpTime]]:
     """The embedding and the head (+ MTP modules: a projection, a layer, a head each) with
-    their operations' dispatch cost (:mod:`planner.op_counts`)."""
+    their operations' dispatch cost (:mod:`planner.op_counts`); ``tp_ends``: DTensor TP's
+    changes to the ends (:func:`planner.op_counts.tensor_parallel_ops`), counted with the
+    head."""
     first = dispatch_time("dispatch", op_counts.embedding_pass_ops(model), rates)
     mtp = op_counts.LINEAR_OPS + op_counts.layer_pass_ops(model, model.is_moe)
     last = op_counts.head_pass_ops(model) + (mtp + op_counts.head_pass_ops(model)) * (
@@ -180,7 +186,10 @@ def _with_dispatch(
             "input_grad_s": embedding.input_grad_s + first.input_grad_s + first.weight_grad_s,
         }
     )
-    return embedding, [*head, dispatch_time("dispatch.head", last, rates)]
+    sharded = collectives = None
+    if tp_ends is not None:
+        last, sharded, collectives = last + tp_ends.added, *tp_ends[1:]
+    return embedding, [*head, dispatch_time("dispatch.head", last, rates, sharded, collectives)]
 
 
 class RankStructure(BaseModel):

@@ -23,6 +23,7 @@ from planner.traffic_terms import (
     AXIS_GROUPS,
     EP_OVERLAP_SCHEDULES,
     NO_COMPUTE_RULE,
+    NO_OVERLAP_RULE,
     RULES,
     ep_overlap_sm_share,
     ep_routing,
@@ -131,6 +132,7 @@ def axis_traffic(
     pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
     accelerator = load_accelerator(placement.view.cluster.accelerator)
     sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
+    overlap_times = times if accelerator.overlaps_communication else None
     for term, count, message, n, name, one, bucket, raw in timed:
         exposed = exposed_time(
             term.rule,
@@ -140,13 +142,15 @@ def axis_traffic(
             m,
             sizes["pp"],
             chunks,
-            times,
+            overlap_times,
             tp_comm_overlap,
             layout.schedule in EP_OVERLAP_SCHEDULES,
             pooled=pooled if term.rule == "ep" else None,
             sm_share=sm_share,
         )
         rule = RULES[term.rule] if times is not None else NO_COMPUTE_RULE
+        if times is not None and not accelerator.overlaps_communication:
+            rule = NO_OVERLAP_RULE
         by_axis.setdefault(term.axis, []).append(
             CollectiveTerm(
                 collective=term.op,

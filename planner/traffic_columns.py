@@ -308,10 +308,12 @@ def axis_times_vectorized(
             busy = _link_busy(per_byte, at, choice, live, count * message, rows)
             timed.append((term, count, message, one, bucket, raw, busy))
         pooled = sum(raw for term, *_, raw, _ in timed if term.rule == "ep")  # one DualPipe window
-        sm_share = ep_overlap_sm_share(load_accelerator(cluster.accelerator).num_compute_units)
+        accelerator = load_accelerator(cluster.accelerator)
+        sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
+        windows = compute if accelerator.overlaps_communication else None  # None: all exposed
         for term, count, message, one, bucket, raw, busy in timed:
             n = sizes["pp"] if term.op == "p2p" else sizes[AXIS_GROUPS[term.axis]]
-            exposed = exposed_time(term.rule, raw, one, bucket, m, pp, chunks, compute,
+            exposed = exposed_time(term.rule, raw, one, bucket, m, pp, chunks, windows,
                                    tp_comm_overlap, ep_overlap,
                                    pooled if term.rule == "ep" else None,
                                    sm_share)  # fmt: skip

@@ -77,6 +77,10 @@ RULES: dict[str, str] = {
     "behind m·(F+B), which runs on the SMs the all-to-all kernels leave)",
 }
 NO_COMPUTE_RULE = "no compute times given: exposed = raw"
+NO_OVERLAP_RULE = (
+    "the accelerator runs collectives on the cores that compute "
+    "(overlaps_communication = false): exposed = raw"
+)
 
 
 def ep_routing(model) -> tuple[int, int] | None:

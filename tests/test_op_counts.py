@@ -170,3 +170,63 @@ def test_columns_with_overhead_equal_the_per_rank_sums(layout):
     plain = evaluate_columns(job, DGX, H100, layout_columns(layout, m))
     assert row["step_time_s"][0] > plain["step_time_s"][0]
     assert row["optimizer_s"][0] > plain["optimizer_s"][0]
+
+
+# ----- torch's parallel forms: DTensor TP, FSDP2, DTensor optimizer steps -------------------
+
+SHARDED_S, FUNCTIONAL_S = 9e-5, 1e-3
+H100_TORCH = H100_EAGER.model_copy(
+    update={
+        "sharded_op_overhead_s": SHARDED_S,
+        "functional_collective_overhead_s": FUNCTIONAL_S,
+        "sources": {
+            **H100_EAGER.sources,
+            "sharded_op_overhead_s": "test: a made-up figure",
+            "functional_collective_overhead_s": "test: a made-up figure",
+        },
+    }
+)
+
+
+@pytest.mark.parametrize("sequence_parallel", [True, False])
+def test_dtensor_tp_layer_pays_its_added_sharded_and_collective_operations(sequence_parallel):
+    model = load_model("llama3-8b")
+    rates = GpuRates.of(H100_TORCH, "bf16")
+    shape = shape_times(model, 4096, 1, 8, 1, 1, sequence_parallel, True, rates, 2.0)
+    (dispatch,) = [op for op in shape.dense.ops if op.bound == "overhead"]
+    tp = op_counts.tensor_parallel_ops(sequence_parallel)
+    ops = op_counts.layer_pass_ops(model, False) + tp.added
+    for i, seconds in enumerate(
+        (dispatch.forward_s, dispatch.input_grad_s, dispatch.weight_grad_s)
+    ):
+        expected = (
+            ops[i] * OVERHEAD_S
+            + tp.on_dtensors[i] * (SHARDED_S - OVERHEAD_S)
+            + tp.collectives[i] * FUNCTIONAL_S
+        )
+        assert seconds == pytest.approx(expected, rel=1e-12)
+    # The counts describe one layer: every operation on a DTensor is one of its operations.
+    assert all(d <= n for d, n in zip(tp.on_dtensors, ops, strict=True))
+    untouched = shape_times(model, 4096, 1, 1, 1, 1, False, True, rates, 2.0)
+    (plain,) = [op for op in untouched.dense.ops if op.bound == "overhead"]
+    assert plain.forward_s == pytest.approx(op_counts.layer_pass_ops(model, False)[0] * OVERHEAD_S)
+
+
+def test_fsdp_units_and_dtensor_parameters_add_their_operations(tmp_path):
+    from validate.local_specs import to_toml
+
+    job = Job(model=load_model("llama3-8b"), seq_len=4096, global_batch_tokens=4096 * 16)
+    path = tmp_path / "torch.toml"
+    path.write_text(to_toml(H100_TORCH.model_dump()))
+    cluster = DGX.model_copy(update={"accelerator": str(path)})
+    ddp = estimate(job, Layout(dp=16, zero_stage=1), cluster)
+    fsdp = estimate(job, Layout(dp=16, zero_stage=3), cluster)
+    layers = job.model.num_layers
+    unit, root = op_counts.FSDP_UNIT_OPS, op_counts.FSDP_ROOT_OPS
+    forward = fsdp.stage_times_s["forward"] - ddp.stage_times_s["forward"]
+    assert forward == pytest.approx((layers * unit.forward + root.forward) * OVERHEAD_S)
+    # The optimizer steps the same tensors, now DTensors: 9 of AdamW's 11 operations each.
+    tensors = op_counts.rank_param_tensors(job.model, None, layers, 0, 1, 1)
+    assert op_counts.optimizer_sharded_ops_per_tensor("adamw") == 9
+    optimizer = fsdp.time_breakdown_s["optimizer"] - ddp.time_breakdown_s["optimizer"]
+    assert optimizer == pytest.approx(tensors * 9 * (SHARDED_S - OVERHEAD_S), rel=1e-6)

@@ -318,3 +318,33 @@ def test_sequence_parallel_norm_gradients_include_the_final_norm_on_its_rank():
     report = axis(axis_traffic(job, Layout(tp=2, dp=4), "dgx-h100"), "tp")
     norms = next(t for t in report.terms if "norm" in t.what)
     assert norms.message_bytes == (2 * 32 + 1) * 4096 * 2  # 65 RMSNorm weights, bf16 grads
+
+
+def test_an_accelerator_that_computes_its_collectives_exposes_every_term(tmp_path):
+    """``overlaps_communication = false`` (a CPU rank whose gloo threads share its core):
+    with compute times given, every term is exposed, in the report and in the columns."""
+    from hwspecs.catalog import load_accelerator, load_cluster
+    from planner.traffic_terms import NO_OVERLAP_RULE
+    from validate.local_specs import to_toml
+
+    path = tmp_path / "synchronous.toml"
+    path.write_text(
+        to_toml(load_accelerator("h100-sxm").model_dump() | {"overlaps_communication": False})
+    )
+    cluster = load_cluster("dgx-h100").model_copy(update={"accelerator": str(path)})
+    job = job_for("mixtral-8x7b", seq_len=4096, tokens=4096 * 64)
+    layout = Layout(tp=2, pp=2, dp=8, ep=4, vpp=2, schedule="dualpipev", zero_stage=3)
+    compute = ComputeTimes(forward_s=1.0, backward_s=2.0)
+    overlapped = axis_traffic(job, layout, "dgx-h100", compute=compute)
+    report = axis_traffic(job, layout, cluster, compute=compute)
+    assert any(a.exposed_time_s < a.time_s for a in overlapped.axes)
+    for entry in report.axes:
+        assert entry.exposed_time_s == pytest.approx(entry.time_s)
+        assert {t.overlap_rule for t in entry.terms} == {NO_OVERLAP_RULE}
+    columns = axis_times_vectorized(
+        job, cluster, tp=2, pp=2, dp=8, ep=4, vpp=2, schedule="dualpipev", zero_stage=3,
+        num_microbatches=layout.resolved_num_microbatches(job.global_batch_size),
+        forward_s=1.0, backward_s=2.0,
+    )  # fmt: skip
+    for entry in report.axes:
+        assert columns[f"{entry.axis}_exposed_time_s"] == pytest.approx(entry.exposed_time_s)

@@ -399,9 +399,31 @@ def test_compute_figures_are_measured_by_all_ranks_at_once():
 
     syncs = []
     figures = measure_compute((TINY,), sync=lambda: syncs.append(1))
-    # A barrier before every GEMM shape and dtype, the bandwidth and the op-mix overhead.
-    assert len(syncs) == 2 * len(workload_gemm_shapes(TINY)) + 2
+    # A barrier before every GEMM shape and dtype, attention's forward and backward, the
+    # bandwidth and the op-mix overhead.
+    assert len(syncs) == 2 * len(workload_gemm_shapes(TINY)) + 2 + 2
+    (attention,) = figures["attention"]
+    assert attention["forward_s"] > 0 and attention["backward_s"] > 0
     assert len(figures["gemms"]) == 2 * len(workload_gemm_shapes(TINY))
+
+
+def test_measured_attention_becomes_the_accelerators_attention_efficiencies():
+    from planner.compute import GpuRates
+    from validate.calibrate import GemmPoint, measure_attention
+    from validate.local_specs import accelerator_spec
+    from validate.run import TINY
+
+    point = measure_attention(TINY)
+    assert point.forward_flops == 2 * 128 * 128 * 0.5 * 4 * 16 * 2  # causal scores + context
+    gemms = [
+        GemmPoint(what="mm", m=1, k=1, n=1, dtype=d, seconds=1.0, flops_per_s=r)
+        for d, r in (("fp32", 1e12), ("bf16", 1e11))
+    ]  # a peak above any attention rate, so the efficiency is the rate over it
+    accelerator = accelerator_spec(gemms, 5e9, 2, "test", 1e-5, [point])
+    rates = GpuRates.of(accelerator, "tf32")
+    assert rates.attention_forward_flops_per_s == pytest.approx(point.forward_flops_per_s)
+    assert rates.attention_backward_flops_per_s == pytest.approx(point.backward_flops_per_s)
+    assert not accelerator.overlaps_communication
 
 
 def test_op_mix_overhead_is_a_positive_time_per_counted_operation():

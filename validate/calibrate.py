@@ -4,6 +4,11 @@ What is measured, one thread per rank as the validation runs use:
 
 * **GEMM FLOP/s** at the shapes of the validation workloads (Q/K/V/O, SwiGLU, LM head for one
   micro-batch), FP32 and BF16, ``torch.mm``, median of several repetitions;
+* **attention** (``scaled_dot_product_attention``, causal, GQA, as the workloads call it),
+  forward and backward of one sequence of each workload, FP32: FLOP/s on the planner's FLOP
+  count (:func:`planner.flops.attention_core_ops`, causal; the backward on 2.5× the
+  forward's, FlashAttention's convention), the attention efficiencies the GPU catalog takes
+  from FlashAttention's published figures;
 * **memory bandwidth**: ``copy_`` of a 64 MiB tensor, read + write bytes over time;
 * **per-operation overhead**: forward, backward and AdamW step of a tiny op mix
   (:class:`OpMix`: linears, a norm, SwiGLU, attention, cross-entropy at negligible FLOPs,
@@ -61,6 +66,30 @@ class GemmPoint(BaseModel):
     flops_per_s: float
 
 
+class AttentionPoint(BaseModel):
+    """One workload's causal attention core, forward and backward (FP32, one thread)."""
+
+    what: str
+    heads: int
+    kv_heads: int
+    seq_len: int
+    head_dim: int
+    forward_flops: float
+    forward_s: float
+    backward_s: float
+
+    @property
+    def forward_flops_per_s(self) -> float:
+        return self.forward_flops / self.forward_s
+
+    @property
+    def backward_flops_per_s(self) -> float:
+        """On FlashAttention's backward count, 2.5× the forward's (:mod:`planner.compute`)."""
+        from planner.compute import FLASH_BACKWARD_FLOPS_RATIO
+
+        return FLASH_BACKWARD_FLOPS_RATIO * self.forward_flops / self.backward_s
+
+
 class CollectiveFit(BaseModel):
     """``seconds ≈ alpha_s + beta_s_per_byte · bytes`` for one collective on groups of
     ``group_size`` ranks (all such groups at once) while ``world_size`` ranks run."""
@@ -91,6 +120,7 @@ class ClusterCalibration(BaseModel):
     torch_version: str
     ranks: list[int]
     gemms: list[GemmPoint]
+    attention: list[AttentionPoint] = []
     memory_bytes_per_s: float
     collectives: list[CollectiveFit]
     accelerator: Accelerator
@@ -137,7 +167,16 @@ def calibrate(
     host, date = socket.gethostname(), datetime.date.today().isoformat()
     method = f"llmplan calibrate on {host} {date}"
     accelerators = {
-        str(n): accelerator_spec(c.gemms, c.memory_bytes_per_s, n, method, c.op_overhead_s)
+        str(n): accelerator_spec(
+            c.gemms,
+            c.memory_bytes_per_s,
+            n,
+            method,
+            c.op_overhead_s,
+            c.attention,
+            c.sharded_op_overhead_s,
+            c.functional_collective_overhead_s,
+        )
         for n, c in computes.items()
         if n in ranks
     }
@@ -150,6 +189,7 @@ def calibrate(
         torch_version=torch.__version__,
         ranks=list(ranks),
         gemms=largest.gemms,
+        attention=largest.attention,
         memory_bytes_per_s=largest.memory_bytes_per_s,
         collectives=fits,
         accelerator=accelerators[str(max(ranks))],
@@ -231,6 +271,53 @@ def measure_gemms(workload: Workload, dtypes=("fp32", "bf16"), sync=_no_sync) ->
         torch.set_num_threads(threads)
 
 
+def measure_attention(workload: Workload, sync=_no_sync) -> AttentionPoint:
+    """Causal GQA attention of one sequence of ``workload`` at one thread, FP32: forward
+    and backward seconds (throughput over a window; backward = forward + backward − forward).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from planner.flops import attention_core_ops
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        heads, kv, d = workload.num_attention_heads, workload.num_kv_heads, workload.head_dim
+
+        def tensor(n: int) -> torch.Tensor:
+            shape = (1, n, workload.seq_len, d)
+            return torch.randn(*shape, generator=generator).requires_grad_()
+
+        q, k, v = tensor(heads), tensor(kv), tensor(kv)
+        grad = torch.randn(1, heads, workload.seq_len, d, generator=generator)
+
+        def forward():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+        def forward_backward():
+            torch.autograd.backward(forward(), grad)
+            q.grad = k.grad = v.grad = None
+
+        sync()
+        with torch.no_grad():
+            forward_s = _throughput_seconds(forward)
+        sync()
+        both_s = _throughput_seconds(forward_backward)
+        flops = sum(
+            op.forward
+            for op in attention_core_ops(workload.model_spec(), workload.seq_len, 1, causal=True)
+        )
+        return AttentionPoint(
+            what=f"{workload.name}.attention", heads=heads, kv_heads=kv, seq_len=workload.seq_len,
+            head_dim=d, forward_flops=flops, forward_s=forward_s,
+            backward_s=max(both_s - forward_s, 1e-9),
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure_memory_bandwidth(num_bytes: int = 64 * 2**20) -> float:
     """Bytes/s of one thread copying a tensor (read + write)."""
     import torch
@@ -303,6 +390,51 @@ def count_dispatched_ops(fn) -> int:
     return Counter.count
 
 
+def measure_sharded_op_overhead(op_overhead_s: float, world_size: int) -> float:
+    """Seconds per DTensor operation: AdamW (``foreach=False``) steps and ``zero_grad`` on
+    ``Shard(0)`` DTensor parameters over all ranks (no communication), the step's time less
+    its plain operations at ``op_overhead_s``, over its DTensor operations."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        generator = torch.Generator().manual_seed(0)
+        params = []
+        for _ in range(8):
+            whole = torch.randn(4 * world_size, 8, generator=generator)
+            param = torch.nn.Parameter(distribute_tensor(whole, mesh, [Shard(0)]))
+            param.grad = distribute_tensor(torch.randn_like(whole), mesh, [Shard(0)])
+            params.append(param)
+        optimizer = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+
+        def step() -> None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+
+        counts = {"dtensor": 0, "plain": 0}
+
+        class Counter(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                flat = [*args, *(kwargs or {}).values()]
+                counts["dtensor" if any(isinstance(a, DTensor) for a in flat) else "plain"] += 1
+                return func(*args, **(kwargs or {}))
+
+        for _ in range(3):
+            step()
+        with Counter():
+            step()
+        seconds = _throughput_seconds(step, window_s=0.1)
+        plain, dtensor = counts["plain"], counts["dtensor"]
+        return max(seconds - plain * op_overhead_s, 0.0) / dtensor
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure_op_overhead() -> float:
     """Seconds per dispatched operation: the op mix's step time over its operation count."""
     import torch
@@ -324,8 +456,11 @@ class ComputeMeasurement(BaseModel):
 
     world_size: int
     gemms: list[GemmPoint]
+    attention: list[AttentionPoint] = []
     memory_bytes_per_s: float
     op_overhead_s: float
+    sharded_op_overhead_s: float | None = None
+    functional_collective_overhead_s: float | None = None
 
 
 def measure_compute(workloads: tuple[Workload, ...], sync=_no_sync) -> dict:
@@ -342,11 +477,13 @@ def measure_compute(workloads: tuple[Workload, ...], sync=_no_sync) -> dict:
         for i, w in enumerate(workloads)
         for point in measure_gemms(w, ("fp32", "bf16") if i == 0 else ("fp32",), sync)
     ]
+    attention = [measure_attention(w, sync) for w in workloads]
     sync()
     memory_bytes_per_s = measure_memory_bandwidth()
     sync()
     return {
         "gemms": [g.model_dump() for g in gemms],
+        "attention": [a.model_dump() for a in attention],
         "memory_bytes_per_s": memory_bytes_per_s,
         "op_overhead_s": measure_op_overhead(),
     }
@@ -359,11 +496,21 @@ def slowest_rank(world_size: int, per_rank: list[dict]) -> ComputeMeasurement:
         min((GemmPoint(**rank["gemms"][i]) for rank in per_rank), key=lambda g: g.flops_per_s)
         for i in range(len(per_rank[0]["gemms"]))
     ]
+    attention = [  # each workload's slowest rank, by its backward (the larger share)
+        max((AttentionPoint(**rank["attention"][i]) for rank in per_rank),
+            key=lambda a: a.forward_s + a.backward_s)
+        for i in range(len(per_rank[0]["attention"]))
+    ]  # fmt: skip
     return ComputeMeasurement(
         world_size=world_size,
         gemms=gemms,
+        attention=attention,
         memory_bytes_per_s=min(rank["memory_bytes_per_s"] for rank in per_rank),
         op_overhead_s=max(rank["op_overhead_s"] for rank in per_rank),
+        sharded_op_overhead_s=max(rank["sharded_op_overhead_s"] for rank in per_rank),
+        functional_collective_overhead_s=max(
+            rank["functional_collective_overhead_s"] for rank in per_rank
+        ),
     )
 
 
@@ -450,6 +597,11 @@ def _collective_rank(
         pairs = pair_groups(world_size)
         workloads = tuple(Workload.model_validate_json(w) for w in workloads_json)
         compute = measure_compute(workloads, dist.barrier) if workloads else None
+        if compute is not None:
+            dist.barrier()
+            compute["sharded_op_overhead_s"] = measure_sharded_op_overhead(
+                compute["op_overhead_s"], world_size
+            )
         times: dict[str, object] = {}
         for size in MESSAGE_BYTES:
             calls = collective_calls(size, world_size)
@@ -471,12 +623,50 @@ def _collective_rank(
                 if name == "p2p":
                     samples = [t / 2 for t in samples]  # one way of a round trip
                 times[f"{name}@{size}"] = samples
+        if compute is not None:
+            compute["functional_collective_overhead_s"] = measure_functional_overhead()
         dist.barrier()
         reports.put(("ok", rank, json.dumps({**times, "compute": compute})))
         dist.destroy_process_group()
     except BaseException:
         reports.put(("error", rank, traceback.format_exc()))
         raise SystemExit(1) from None
+
+
+def measure_functional_overhead(size: int = MESSAGE_BYTES[0]) -> float:
+    """Extra seconds of a collective issued through torch's functional collectives (as
+    DTensor redistributes) over the same ``c10d`` call: the median over all-gather,
+    reduce-scatter and all-reduce of ``size`` bytes on the whole world, each the median of
+    :data:`REPETITIONS` (a barrier before every call), of (functional − c10d)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    world = dist.get_world_size()
+    group = dist.group.WORLD
+    full, part = torch.ones(size // 4), torch.ones(size // 4 // world)
+    functional = {
+        "all_reduce": lambda: funcol.wait_tensor(funcol.all_reduce(full, "sum", group)),
+        "all_gather": lambda: funcol.wait_tensor(funcol.all_gather_tensor(part, 0, group)),
+        "reduce_scatter": lambda: funcol.wait_tensor(
+            funcol.reduce_scatter_tensor(full, "sum", 0, group)
+        ),
+    }
+    plain = collective_calls(size, world)
+    extra = []
+    for name, call in functional.items():
+        seconds = {}
+        for kind, fn in (("functional", call), ("c10d", plain[name])):
+            fn()
+            samples = []
+            for _ in range(REPETITIONS):
+                dist.barrier()
+                start = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - start)
+            seconds[kind] = statistics.median(samples)
+        extra.append(seconds["functional"] - seconds["c10d"])
+    return max(statistics.median(extra), 0.0)
 
 
 def pair_groups(world_size: int):

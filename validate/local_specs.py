@@ -7,7 +7,11 @@ Mapping of the measurements onto the schema (also written into each file's ``not
   the workload shapes; ``matmul_efficiency`` is the geometric mean over those shapes divided
   by that best, so peak × efficiency is the typical rate. ``hbm_bytes_per_s`` is the
   measured single-thread copy bandwidth (efficiency 1). ``hbm_bytes`` is the machine's RAM
-  divided by the number of ranks.
+  divided by the number of ranks. ``attention_forward_efficiency`` and
+  ``attention_backward_efficiency`` (FP32 and TF32) are the geometric means over the
+  workloads of the measured attention rates (:class:`validate.calibrate.AttentionPoint`)
+  divided by the FP32 peak, as the GPU catalog's come from FlashAttention's measured rates.
+  ``overlaps_communication`` is false: gloo's threads run on the cores that compute.
 * link: ``bytes_per_s_per_direction`` and ``latency_s`` are the 2-rank point-to-point fit
   (``1/β`` and ``α``). ``busbw_efficiency.ring`` is what makes the planner's ring
   all-reduce bandwidth term equal the measured all-reduce on the most ranks
@@ -52,7 +56,14 @@ def _cpu_field(name: str, default: str) -> str:
 
 
 def accelerator_spec(
-    gemms, memory_bytes_per_s: float, ranks: int, method: str, op_overhead_s: float | None = None
+    gemms,
+    memory_bytes_per_s: float,
+    ranks: int,
+    method: str,
+    op_overhead_s: float | None = None,
+    attention=(),
+    sharded_op_overhead_s: float | None = None,
+    functional_collective_overhead_s: float | None = None,
 ) -> Accelerator:
     by_dtype = {}
     for dtype in ("fp32", "bf16"):
@@ -74,6 +85,36 @@ def accelerator_spec(
             "thread: seconds per step over its ATen operations (TorchDispatchMode count), "
             "slowest rank, 100 ms windows, median of 3"
         }
+    if sharded_op_overhead_s is not None:
+        overhead["sharded_op_overhead_s"] = (
+            f"measured: {method}, validate.calibrate.measure_sharded_op_overhead (AdamW "
+            f"foreach=False steps and zero_grad on Shard(0) DTensor parameters over {ranks} "
+            "ranks, no communication) on each rank at once, 1 thread: (step time - plain "
+            "operations x op_overhead_s) / DTensor operations, slowest rank"
+        )
+    if functional_collective_overhead_s is not None:
+        overhead["functional_collective_overhead_s"] = (
+            f"measured: {method}, validate.calibrate.measure_functional_overhead: torch "
+            f"functional all-reduce, all-gather and reduce-scatter of 4 KiB on {ranks} ranks "
+            "minus the same c10d call, median of 5 each, median over the three, slowest rank"
+        )
+    attention_fields, attention_sources = {}, {}
+    if attention:
+        shapes = ", ".join(f"{a.heads}/{a.kv_heads} heads x {a.seq_len} x {a.head_dim}"
+                           for a in attention)  # fmt: skip
+        for field, rates in (
+            ("attention_forward_efficiency", [a.forward_flops_per_s for a in attention]),
+            ("attention_backward_efficiency", [a.backward_flops_per_s for a in attention]),
+        ):
+            typical = math.exp(sum(math.log(r) for r in rates) / len(rates))
+            efficiency = min(typical / by_dtype["fp32"][0], 1.0)
+            attention_fields[field] = {"fp32": efficiency, "tf32": efficiency}
+            attention_sources[field] = (
+                f"measured: {method}, scaled_dot_product_attention (causal, GQA, FP32) at 1 "
+                f"thread on each of {ranks} concurrent ranks, slowest rank, one sequence of "
+                f"each workload ({shapes}), FLOPs as planner.flops.attention_core_ops "
+                "(backward on 2.5x the forward's); geometric mean / the fp32 peak"
+            )
     return Accelerator(
         id="local-cpu",
         name=f"{_cpu_field('model name', platform_name())}, one core per rank",
@@ -93,12 +134,21 @@ def accelerator_spec(
         },
         hbm_bandwidth_efficiency=1.0,
         op_overhead_s=op_overhead_s,
+        sharded_op_overhead_s=sharded_op_overhead_s,
+        functional_collective_overhead_s=functional_collective_overhead_s,
+        overlaps_communication=False,
+        **attention_fields,
         notes=(
             "A CPU core acting as one rank (gloo, one thread). tf32 = fp32: the planner costs "
             "FP32-recipe GEMMs at the tf32 peak; a CPU runs them in FP32. Peaks are the best "
             "measured GEMM rate; efficiencies are the geometric mean over the workload shapes "
             "divided by it. "
             + "; ".join(f"{p.what} {p.dtype} {p.flops_per_s / 1e9:.1f} GFLOP/s" for p in gemms)
+            + "".join(
+                f"; {a.what} forward {a.forward_flops_per_s / 1e9:.1f}, backward "
+                f"{a.backward_flops_per_s / 1e9:.1f} GFLOP/s"
+                for a in attention
+            )
         ),
         sources={
             "fp32_tflops": gemm_source + " (best fp32 shape)",
@@ -111,7 +161,11 @@ def accelerator_spec(
             "hbm_bandwidth_efficiency": "default: the bandwidth above is itself measured",
             "scale_up_domain_size": f"measured: {method}, all {ranks} ranks share one host",
             "nics_per_gpu": "default: loopback, no NIC",
+            "overlaps_communication": "default: a rank is one thread on a CPU core and gloo "
+            "moves the data with CPU threads on the same cores, so a collective takes its "
+            "time from compute instead of running beside it",
             **overhead,
+            **attention_sources,
         },
     )
 

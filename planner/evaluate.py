@@ -262,7 +262,9 @@ def _time_columns(
 
     F = on_slots("fd", "fm", "f_emb", "f_head")
     B = on_slots("bd", "bm", "b_emb", "b_head")
-    if rates.op_overhead_s:  # FSDP2's own operations per wrapped unit (ZeRO-2/3)
+    if rates.op_overhead_s:  # DDP's hook per tensor (ZeRO-0/1), FSDP2's per unit (ZeRO-2/3)
+        ddp = ((zero <= 1) & (dp * cp > 1))[:, None] * rates.op_overhead_s
+        B = B + ddp * R["param_tensors"] * op_counts.DDP_BACKWARD_OPS_PER_TENSOR
         fsdp = (zero >= 2)[:, None] * rates.op_overhead_s
         units = R["paced_dense_layers"] + _held(R, "paced_moe_layers", 1.0)
         F = F + fsdp * (units * op_counts.FSDP_UNIT_OPS.forward + op_counts.FSDP_ROOT_OPS.forward)

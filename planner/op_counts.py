@@ -35,6 +35,13 @@ either. Two parallel forms add their own, counted the same way on torch's implem
 * **FSDP2** (ZeRO-2/3, :data:`FSDP_UNIT_OPS`): each wrapped unit's pre/post-forward and
   pre/post-backward work (unshard copy-in, reshard, gradient copy-out), per layer and for
   the root module (embedding, final norm and head).
+* **DDP** (ZeRO-0/1 over dp·cp > 1 ranks, :data:`DDP_BACKWARD_OPS_PER_TENSOR`): its
+  gradient hook's operations per parameter tensor in each backward.
+* **All-gather CP** (:data:`CP_LAYER_OPS`, ``validate/workloads/context_parallel.py``):
+  packing and unpacking K and V around the all-gather, the GQA expansion and the mask in
+  forward; the re-gather, the GQA sums and the reduce-scatter packing in backward.
+* **EP** (:data:`EP_LAYER_OPS`, ``validate/workloads/moe.py``): the views and transposes
+  that lay each MoE layer's blocks out for its two all_to_all exchanges, both ways.
 
 The optimizer runs ``OPTIMIZER_OPS_PER_TENSOR`` operations per parameter tensor
 (torch.optim's single-tensor loop, ``foreach=False``) plus one ``zero_`` when the gradient
@@ -134,6 +141,15 @@ TP_ENDS_OPS = {
 #: backward operations (72 and 123 unwrapped), the ends 35 and 59 (18 and 26).
 FSDP_UNIT_OPS = PassOps(22, 53, 0)
 FSDP_ROOT_OPS = PassOps(17, 33, 0)
+#: DDP (``gradient_as_bucket_view``): a layer's backward runs 141 operations (123 without),
+#: 2 for each of its 9 parameter tensors; the ends 32 (26) for their 3.
+DDP_BACKWARD_OPS_PER_TENSOR = 2
+#: All-gather CP over 2 ranks (with DDP over them): a layer runs 94 forward and 173
+#: backward operations, 72 and 123 + 18 (DDP) without CP.
+CP_LAYER_OPS = PassOps(22, 32, 0)
+#: EP over 2 ranks (with DDP): a MoE layer runs 128 forward and 173 backward operations,
+#: 116 and 147 + 14 (DDP, 7 non-expert tensors) without EP.
+EP_LAYER_OPS = PassOps(12, 12, 0)
 
 
 def tensor_parallel_ops(sequence_parallel: bool, ends: bool = False) -> TensorParallelOps:

@@ -134,7 +134,11 @@ def shape_times(
             )
         if rates.op_overhead_s:
             layer_ops, sharded, collectives = op_counts.layer_pass_ops(model, moe_layer), None, None
-            if tp > 1:  # DTensor TP's own operations (planner.op_counts)
+            if cp > 1:  # the parallel forms' own operations (planner.op_counts)
+                layer_ops = layer_ops + op_counts.CP_LAYER_OPS
+            if ep > 1 and moe_layer:
+                layer_ops = layer_ops + op_counts.EP_LAYER_OPS
+            if tp > 1:
                 tp_ops = op_counts.tensor_parallel_ops(sequence_parallel)
                 layer_ops, sharded, collectives = layer_ops + tp_ops.added, *tp_ops[1:]
             ops = [*ops, dispatch_time("dispatch.layer", layer_ops, rates, sharded, collectives)]

@@ -165,6 +165,13 @@ def test_columns_with_overhead_equal_the_per_rank_sums(layout):
     totals = np.add.reduce(
         [times.forward_s, times.input_grad_s, times.weight_grad_s, times.recompute_s]
     )
+    if layout.zero_stage <= 1 and layout.dp * layout.cp > 1:  # DDP's hook per tensor
+        tensors = op_counts.rank_param_tensors(
+            job.model, None, np.asarray(structure.dense_layers),
+            np.asarray(structure.moe_layers), np.asarray(structure.has_embedding, dtype=float),
+            np.asarray(structure.has_head, dtype=float),
+        )  # fmt: skip
+        totals = totals + tensors * op_counts.DDP_BACKWARD_OPS_PER_TENSOR * OVERHEAD_S
     if layout.schedule != "dualpipev":  # DualPipe paces by the mean of its two directions
         assert busiest == pytest.approx(totals.max())
     plain = evaluate_columns(job, DGX, H100, layout_columns(layout, m))

@@ -18,6 +18,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
+#: A pipeline runtime's compute actions: a forward, a full backward, or a split backward's
+#: input-gradient and weight-gradient parts.
+PipelineAction = Literal["forward", "backward", "input_grad", "weight_grad"]
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 
 #: Prefix of a source string that marks a documented default rather than a measurement.
@@ -152,6 +155,12 @@ class Accelerator(SourcedSpec):
         description="host seconds a collective issued through torch's functional "
         "collectives (DTensor redistribution) costs beyond the c10d call the link's fits "
         "measure; unset: 0",
+    )
+    pipeline_action_overhead_s: dict[PipelineAction, float] = Field(
+        default_factory=dict,
+        description="host seconds a pipeline runtime spends per action beyond the action's "
+        "operations (torch.distributed.pipelining: buffers, autograd calls), per kind: "
+        "forward, backward (full), input_grad and weight_grad (split backward); unset: 0",
     )
     overlaps_communication: bool = Field(
         True,

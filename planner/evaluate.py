@@ -42,6 +42,7 @@ from planner.flops import model_flops_per_token, recompute_flops_per_token, sum_
 from planner.job import Job
 from planner.precision import DTYPE_BYTES, optimizer_states_per_param, unsharded_bytes_per_param
 from planner.schedules import closed_form
+from planner.schedules.registry import SCHEDULES
 from planner.traffic_columns import AXES, axis_times_vectorized, chunks_column, placeable
 
 RECOMPUTE_CODES = ("none", "selective", "full")
@@ -234,6 +235,30 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
     return out
 
 
+def _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W):
+    """F, B and W per micro-batch plus the pipeline runtime's own cost per action
+    (:attr:`hwspecs.schema.Accelerator.pipeline_action_overhead_s`): a rank runs one forward
+    and one backward action (or an input- and a weight-gradient one, when the schedule
+    splits the backward) per model chunk it holds; none without pipeline parallelism."""
+    overhead = accelerator.pipeline_action_overhead_s
+    if not overhead:
+        return F, B, W
+    chunks = (chunks_column(schedule, vpp) * (pp > 1))[:, None]
+    splits = _is_split(schedule)[:, None]
+    backward = np.where(splits, overhead.get("input_grad", 0.0), overhead.get("backward", 0.0))
+    return (
+        F + chunks * overhead.get("forward", 0.0),
+        B + chunks * backward,
+        W + chunks * splits * overhead.get("weight_grad", 0.0),
+    )
+
+
+def _is_split(schedule: np.ndarray) -> np.ndarray:
+    """Rows whose schedule splits the backward into input- and weight-gradient passes."""
+    codes, names = pd.factorize(np.asarray(schedule))
+    return np.array([SCHEDULES[name].splits_backward for name in names], dtype=bool)[codes]
+
+
 def _time_columns(
     job: Job, cluster, accelerator, c: dict, S: dict, R: dict, order, mfu_dtype, rates, tuned
 ) -> dict[str, np.ndarray]:
@@ -272,6 +297,7 @@ def _time_columns(
             units * op_counts.FSDP_UNIT_OPS.input_grad + op_counts.FSDP_ROOT_OPS.input_grad
         )
     W = on_slots("wd", "wm", "w_emb", "w_head")
+    F, B, W = _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W)
     Rc = on_slots("rd", "rm")
     busiest = np.argmax(F + B + W + Rc, axis=1)
     pick = np.arange(n), busiest

@@ -10,6 +10,10 @@ What is measured, one thread per rank as the validation runs use:
   forward's, FlashAttention's convention), the attention efficiencies the GPU catalog takes
   from FlashAttention's published figures;
 * **memory bandwidth**: ``copy_`` of a 64 MiB tensor, read + write bytes over time;
+* **pipeline runtime overhead** per action kind (forward, full backward, input and weight
+  gradient) of torch's pipeline schedules (:func:`measure_pipeline_action_overheads`);
+* **DTensor and functional-collective overheads** (:func:`measure_sharded_op_overhead`,
+  :func:`measure_functional_overhead`);
 * **per-operation overhead**: forward, backward and AdamW step of a tiny op mix
   (:class:`OpMix`: linears, a norm, SwiGLU, attention, cross-entropy at negligible FLOPs,
   not one of the validated workloads) over the ATen operations it dispatches, counted with a
@@ -176,6 +180,7 @@ def calibrate(
             c.attention,
             c.sharded_op_overhead_s,
             c.functional_collective_overhead_s,
+            c.pipeline_action_overhead_s,
         )
         for n, c in computes.items()
         if n in ranks
@@ -435,6 +440,110 @@ def measure_sharded_op_overhead(op_overhead_s: float, world_size: int) -> float:
         torch.set_num_threads(threads)
 
 
+#: The reference layer at negligible size: one per pipeline stage for the action overheads.
+PIPELINE_PROBE = Workload(
+    name="pipeline-probe", num_layers=2, hidden_size=8, ffn_hidden_size=16,
+    num_attention_heads=2, num_kv_heads=1, vocab_size=16, seq_len=4,
+)  # fmt: skip
+#: (schedule, chunks per rank) the action overheads are measured on: full backward, split.
+PIPELINE_PROBE_SCHEDULES = (("1f1b", 1), ("zbv", 2))
+
+
+def measure_pipeline_action_overheads(
+    world_size: int, op_overhead_s: float, steps: int = 5
+) -> dict[str, float]:
+    """Host seconds torch's pipeline runtime spends per action beyond its operations:
+    ``forward``, ``backward`` (full), ``input_grad`` and ``weight_grad`` (split backward).
+
+    A pipeline over all ranks of the reference layer at negligible size (one layer per
+    stage) runs 1F1B and ZBV with 2·ranks micro-batches; each action's duration
+    (:class:`validate.instrument.ActionRecorder`) less its dispatched operations (counted
+    per stage and kind) at ``op_overhead_s``, the median over the actions that wait for no
+    peer: forwards of the first stage, backwards of the last, every weight gradient.
+    """
+    import torch
+
+    from planner.layout import Layout
+    from validate.spec import RunSpec
+    from validate.workloads.mesh import build_groups
+    from validate.workloads.train import build_trainer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    extra: dict[str, list[float]] = {}
+    kinds = {"F": "forward", "BW": "backward", "B": "input_grad", "W": "weight_grad"}
+    try:
+        for schedule, chunks in PIPELINE_PROBE_SCHEDULES:
+            m = 2 * world_size
+            workload = PIPELINE_PROBE.model_copy(update={"num_layers": world_size * chunks})
+            layout = Layout(pp=world_size, vpp=chunks, schedule=schedule, num_microbatches=m,
+                            zero_stage=0)  # fmt: skip
+            spec = RunSpec(name=f"probe-{schedule}", workload=workload, layout=layout)
+            trainer = build_trainer(spec, build_groups(layout, "cpu"), torch.device("cpu"))
+            last = world_size * chunks - 1
+            counter = _action_op_counter()
+            for stage in trainer.stages:
+                _label_actions(stage, counter.label)
+            for step in range(3):
+                trainer.step(step)
+            with counter:
+                trainer.step(3)
+            ops = counter.ops
+            for step in range(steps):
+                trainer.recorder.events.clear()
+                trainer.step(4 + step)
+                for event in trainer.recorder.events:
+                    kind, stage = event["kind"], event["stage"]
+                    waits = (kind == "F" and stage != 0) or (kind in ("B", "BW") and stage != last)
+                    if waits:
+                        continue
+                    seconds = event["end_s"] - event["start_s"]
+                    dispatched = ops.get((stage, kind), 0) / m
+                    extra.setdefault(kinds[kind], []).append(seconds - dispatched * op_overhead_s)
+    finally:
+        torch.set_num_threads(threads)
+    return {kind: max(statistics.median(values), 0.0) for kind, values in extra.items()}
+
+
+def _action_op_counter():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ActionOpCounter(TorchDispatchMode):
+        """Operations dispatched while each (stage, kind) action runs (``label[0]``)."""
+
+        def __init__(self):
+            super().__init__()
+            self.label: list[tuple[int, str] | None] = [None]
+            self.ops: dict[tuple[int, str], int] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.label[0] is not None:
+                self.ops[self.label[0]] = self.ops.get(self.label[0], 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    return ActionOpCounter()
+
+
+def _label_actions(stage, label: list) -> None:
+    """Make ``label[0]`` (stage, kind) while one of ``stage``'s compute actions runs."""
+    methods = {"forward_one_chunk": "F", "backward_one_chunk": None,
+               "backward_weight_one_chunk": "W"}  # fmt: skip
+    for name, kind in methods.items():
+        inner = getattr(stage, name)
+
+        def labelled(*args, inner=inner, kind=kind, **kwargs):
+            if kind is None:  # full or split backward, as the recorder names them
+                full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
+                kind = "BW" if full else "B"
+            previous, label[0] = label[0], (stage.stage_index, kind)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                label[0] = previous
+
+        setattr(stage, name, labelled)
+
+
 def measure_op_overhead() -> float:
     """Seconds per dispatched operation: the op mix's step time over its operation count."""
     import torch
@@ -461,6 +570,7 @@ class ComputeMeasurement(BaseModel):
     op_overhead_s: float
     sharded_op_overhead_s: float | None = None
     functional_collective_overhead_s: float | None = None
+    pipeline_action_overhead_s: dict[str, float] = {}
 
 
 def measure_compute(workloads: tuple[Workload, ...], sync=_no_sync) -> dict:
@@ -511,6 +621,16 @@ def slowest_rank(world_size: int, per_rank: list[dict]) -> ComputeMeasurement:
         functional_collective_overhead_s=max(
             rank["functional_collective_overhead_s"] for rank in per_rank
         ),
+        pipeline_action_overhead_s={  # each kind from the ranks that measured it
+            kind: max(
+                rank["pipeline_action_overhead_s"][kind]
+                for rank in per_rank
+                if kind in rank.get("pipeline_action_overhead_s", {})
+            )
+            for kind in sorted(
+                {k for rank in per_rank for k in rank.get("pipeline_action_overhead_s", {})}
+            )
+        },
     )
 
 
@@ -601,6 +721,10 @@ def _collective_rank(
             dist.barrier()
             compute["sharded_op_overhead_s"] = measure_sharded_op_overhead(
                 compute["op_overhead_s"], world_size
+            )
+            dist.barrier()
+            compute["pipeline_action_overhead_s"] = measure_pipeline_action_overheads(
+                world_size, compute["op_overhead_s"]
             )
         times: dict[str, object] = {}
         for size in MESSAGE_BYTES:

@@ -64,6 +64,7 @@ def accelerator_spec(
     attention=(),
     sharded_op_overhead_s: float | None = None,
     functional_collective_overhead_s: float | None = None,
+    pipeline_action_overhead_s: dict[str, float] | None = None,
 ) -> Accelerator:
     by_dtype = {}
     for dtype in ("fp32", "bf16"):
@@ -91,6 +92,15 @@ def accelerator_spec(
             f"foreach=False steps and zero_grad on Shard(0) DTensor parameters over {ranks} "
             "ranks, no communication) on each rank at once, 1 thread: (step time - plain "
             "operations x op_overhead_s) / DTensor operations, slowest rank"
+        )
+    if pipeline_action_overhead_s:
+        overhead["pipeline_action_overhead_s"] = (
+            f"measured: {method}, validate.calibrate.measure_pipeline_action_overheads: "
+            f"torch 1F1B and ZBV over {ranks} ranks, one reference layer of hidden size 8 per "
+            "stage, 2 x ranks micro-batches, 5 steps: each action's duration less its "
+            "dispatched operations x op_overhead_s, median over the actions that wait for no "
+            "peer (first stage's forwards, last stage's backwards, all weight gradients), "
+            "slowest rank"
         )
     if functional_collective_overhead_s is not None:
         overhead["functional_collective_overhead_s"] = (
@@ -136,6 +146,7 @@ def accelerator_spec(
         op_overhead_s=op_overhead_s,
         sharded_op_overhead_s=sharded_op_overhead_s,
         functional_collective_overhead_s=functional_collective_overhead_s,
+        pipeline_action_overhead_s=pipeline_action_overhead_s or {},
         overlaps_communication=False,
         **attention_fields,
         notes=(

@@ -237,3 +237,36 @@ def test_fsdp_units_and_dtensor_parameters_add_their_operations(tmp_path):
     assert op_counts.optimizer_sharded_ops_per_tensor("adamw") == 9
     optimizer = fsdp.time_breakdown_s["optimizer"] - ddp.time_breakdown_s["optimizer"]
     assert optimizer == pytest.approx(tensors * 9 * (SHARDED_S - OVERHEAD_S), rel=1e-6)
+
+
+ACTIONS = {"forward": 1e-3, "backward": 2e-3, "input_grad": 3e-3, "weight_grad": 4e-3}
+
+
+@pytest.mark.parametrize(
+    ("layout", "chunks", "split"),
+    [
+        (Layout(pp=4, dp=4, schedule="1f1b"), 1, False),
+        (Layout(pp=4, dp=4, schedule="interleaved-1f1b", vpp=2), 2, False),
+        (Layout(pp=4, dp=4, schedule="zbv", vpp=2), 2, True),
+        (Layout(pp=1, dp=16), 0, False),
+    ],
+)
+def test_pipeline_runtime_pays_its_overhead_per_action_and_chunk(tmp_path, layout, chunks, split):
+    from validate.local_specs import to_toml
+
+    job = Job(model=load_model("llama3-8b"), seq_len=4096, global_batch_tokens=4096 * 64)
+    runtime = H100.model_copy(
+        update={
+            "pipeline_action_overhead_s": ACTIONS,
+            "sources": {**H100.sources, "pipeline_action_overhead_s": "test: made up"},
+        }
+    )
+    path = tmp_path / "runtime.toml"
+    path.write_text(to_toml(runtime.model_dump()))
+    with_runtime = estimate(job, layout, DGX.model_copy(update={"accelerator": str(path)}))
+    plain = estimate(job, layout, DGX)
+    added = {k: with_runtime.stage_times_s[k] - plain.stage_times_s[k] for k in plain.stage_times_s}
+    backward = ACTIONS["input_grad"] if split else ACTIONS["backward"]
+    assert added["forward"] == pytest.approx(chunks * ACTIONS["forward"])
+    assert added["input_grad"] == pytest.approx(chunks * backward)
+    assert added["weight_grad"] == pytest.approx(chunks * split * ACTIONS["weight_grad"])

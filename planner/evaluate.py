@@ -19,7 +19,6 @@ and the head); a test checks the slots against every rank.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from hwspecs.schema import Accelerator, Cluster
 from planner import activations as act
@@ -40,11 +39,15 @@ from planner.evaluate_tables import (
 )
 from planner.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.job import Job
+from planner.labels import Labels
 from planner.precision import DTYPE_BYTES, optimizer_states_per_param, unsharded_bytes_per_param
 from planner.schedules import closed_form
 from planner.traffic_columns import AXES, axis_times_vectorized, chunks_column, placeable
 
 RECOMPUTE_CODES = ("none", "selective", "full")
+#: Integer layout columns :func:`evaluate_columns` reads.
+INT_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_microbatches",
+               "zero_stage")  # fmt: skip
 #: Structure-table entries the memory model reads (with the recipe's state terms, if any).
 MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "dense_params",
                       "expert_params", "slot", "mirror_dense_layers",
@@ -82,21 +85,24 @@ def evaluate_columns(
 ) -> dict[str, np.ndarray]:
     """Evaluate rows of layouts. ``columns``: tp, cp, pp, dp, ep, vpp, micro_batch_size,
     num_microbatches, zero_stage (ints), sequence_parallel (bool), recompute, schedule,
-    pipeline_layer_split (str). Returns one array per quantity.
+    pipeline_layer_split (strings, or :class:`planner.labels.Labels`). Returns one array
+    per quantity.
 
     Memory comes first, on every row. With ``memory_limit_bytes`` only the rows that fit in
     it and can be placed are timed (the search's screen); the others keep their memory and
     ``valid`` and carry NaN times. Each row's numbers do not depend on the other rows.
     """
     n = len(columns["tp"])
-    col = {k: np.asarray(v) for k, v in columns.items()}
+    col = {k: np.asarray(columns[k]) for k in (*INT_COLUMNS, "sequence_parallel")}
     c = {k: col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
     c["mbs"], c["m"], c["zero"] = (
         col[k].astype(np.int64) for k in ("micro_batch_size", "num_microbatches", "zero_stage")
     )
     c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
-    c["schedule"], c["recompute"] = col["schedule"], col["recompute"]
-    c["split"] = col["pipeline_layer_split"]
+    # String columns as codes, hashed once (the search hands them over coded).
+    c["schedule"], c["recompute"], c["split"] = (
+        Labels.of(columns[k]) for k in ("schedule", "recompute", "pipeline_layer_split")
+    )
     rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
     bf16_rates = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
@@ -203,7 +209,7 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
     activations = activations + inflight * (
         R["emb"] * S["first_extra"][:, None] + R["head"] * S["last_extra"][:, None]
     )
-    if "dualpipe" in set(c["schedule"].tolist()):  # rank r: pp − r own chunks, r + 1 mirrored
+    if "dualpipe" in c["schedule"].present:  # rank r: pp − r own chunks, r + 1 mirrored
         slot, p = R["slot"], pp[:, None]
 
         def stage_bytes(dense, moe, has_embedding, has_head):
@@ -216,7 +222,7 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
         mirror = stage_bytes(R["mirror_dense_layers"], _held(R, "mirror_moe_layers", 1.0),
                              slot == p - 1, slot == 0)  # fmt: skip
         dual = own * (p - slot) + mirror * (slot + 1) + S["working"][:, None] * (act_layers > 0)
-        activations = np.where(c["schedule"][:, None] == "dualpipe", dual, activations)
+        activations = np.where(c["schedule"].isin(("dualpipe",))[:, None], dual, activations)
     parts["activations"] = activations
     parts["logits_buffers"] = R["head"] * S["logits"][:, None]
     comm_buffer = _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, c["sp"], c["mbs"], tuned)
@@ -249,7 +255,7 @@ def _time_columns(
     # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
     # runs half its micro-batches through each of its two stages: per micro-batch it does
     # the mean of their layers, and half of the embedding and of the head (+ MTP).
-    pace = np.where(schedule[:, None] == "dualpipe", 0.5, 1.0)
+    pace = np.where(schedule.isin(("dualpipe",))[:, None], 0.5, 1.0)
 
     def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
         total = R["paced_dense_layers"] * S[dense_key][:, None] + _held(
@@ -381,11 +387,10 @@ def _busiest_link(link_busy_s: dict, n: int) -> np.ndarray:
     return np.max([*link_busy_s.values(), np.zeros(n)], axis=0)
 
 
-def _codes(recompute: np.ndarray) -> np.ndarray:
+def _codes(recompute: Labels) -> np.ndarray:
     """Index of each row's recompute policy in :data:`RECOMPUTE_CODES`."""
-    code, uniques = pd.factorize(np.asarray(recompute).reshape(-1))
-    lookup = np.array([RECOMPUTE_CODES.index(name) for name in uniques], dtype=np.int64)
-    return lookup[code]
+    lookup = np.array([RECOMPUTE_CODES.index(name) for name in recompute.values], dtype=np.int64)
+    return lookup[recompute.codes]
 
 
 def _model_flops_per_token(job: Job, tuned, causal: bool) -> float:

@@ -88,33 +88,34 @@ def _trainable(job: Job, params: float, layers: tuple[float, float], tp: int, ep
 
 def slot_states(
     job: Job,
-    tp: int,
-    ep: int,
+    tp: np.ndarray,
+    ep: np.ndarray,
     dense_params: np.ndarray,
     expert_params: np.ndarray,
     dense_layers: np.ndarray,
     moe_layers: np.ndarray,
-    seen: dict | None = None,
 ) -> dict[str, np.ndarray]:
-    """Per examined rank (arrays over slots, layers counted in both directions for DualPipe):
-    the optimizer's unsharded cost and, under an adapter recipe, the state terms.
-
-    ``seen`` caches each distinct rank's values across calls of one job (pass one dict)."""
+    """Per examined rank ([structure, slot] arrays, ``tp`` and ``ep`` per structure, layers
+    counted in both directions for DualPipe): the optimizer's unsharded cost and, under an
+    adapter recipe, the state terms. Each distinct rank is worked out once."""
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     keys = ["optimizer_bytes", "newton_schulz_flops", "newton_schulz_bytes", "muon_params"]
     if tuned:
         keys += [f"{part}_{term}" for part in STATE_PARTS for term in ("fixed", "dense", "expert")]
-    out = {key: np.zeros(len(dense_params)) for key in keys}
-    seen = {} if seen is None else seen
-    for slot, rank in enumerate(
-        zip(dense_params, expert_params, dense_layers, moe_layers, strict=True)
-    ):
-        rank_key = (tp, ep, *rank)
-        if rank_key not in seen:
-            seen[rank_key] = _rank_states(job, tuned, tp, ep, *rank)
-        for key, value in seen[rank_key].items():
-            out[key][slot] = value
-    return out
+    shape = np.shape(dense_params)
+    ranks = np.stack(
+        [
+            *np.broadcast_arrays(np.asarray(tp)[:, None], np.asarray(ep)[:, None], dense_params),
+            expert_params,
+            dense_layers,
+            moe_layers,
+        ],
+        axis=-1,
+    ).reshape(-1, 6)
+    distinct, inverse = np.unique(ranks, axis=0, return_inverse=True)
+    values = [_rank_states(job, tuned, int(t), int(x), *rank) for t, x, *rank in distinct.tolist()]
+    inverse = inverse.reshape(shape)
+    return {key: np.array([value[key] for value in values])[inverse] for key in keys}
 
 
 def _rank_states(job, tuned, tp, ep, dense, expert, dense_layers, moe_layers) -> dict[str, float]:

@@ -23,6 +23,7 @@ from planner import op_counts
 from planner.compute import GpuRates
 from planner.evaluate_states import slot_states
 from planner.job import Job
+from planner.labels import Labels
 from planner.layout import Layout
 from planner.memory import params_per_virtual_stage, rank_sums
 from planner.stage_times import rank_structure, shape_times
@@ -40,25 +41,55 @@ TIME_SHAPE_KEYS = (
 )
 
 
-def unique_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
+def column_codes(column) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's index into the column's distinct values, and those values.
+
+    Small non-negative integers (and booleans) are looked up in a table as long as their
+    range (no hashing, no sort); :class:`planner.labels.Labels` bring their codes; anything
+    else is hashed (:func:`pandas.factorize`)."""
+    if isinstance(column, Labels):
+        return column.codes, np.array([*column.values, None], dtype=object)[:-1]
+    values = np.asarray(column).reshape(-1)
+    if values.dtype.kind in "biu" and len(values):
+        numbers = values.astype(np.int64, copy=False)
+        low, high = int(numbers.min()), int(numbers.max())
+        if low >= 0 and high <= 4 * len(numbers) + 1024:
+            present = np.zeros(high + 1, dtype=bool)
+            present[numbers] = True
+            uniques = np.flatnonzero(present)
+            lookup = np.zeros(high + 1, dtype=np.int64)
+            lookup[uniques] = np.arange(len(uniques))
+            return lookup[numbers], uniques.astype(values.dtype)
+    code, uniques = pd.factorize(values)  # hashing: O(rows)
+    return code, np.asarray(uniques)
+
+
+def unique_rows(*columns) -> tuple[list[tuple], np.ndarray]:
     """Distinct value tuples of the given columns and each row's index into them.
 
-    Each column is factorized to integer codes first, so strings cost no more than ints.
-    """
-    codes, values = [], []
-    for column in columns:
-        code, uniques = pd.factorize(np.asarray(column).reshape(-1))  # hashing: O(rows)
-        codes.append(code)
-        values.append(np.asarray(uniques))
-    key = np.ravel_multi_index(tuple(codes), tuple(len(v) for v in values))
-    unique_keys, inverse = np.unique(key, return_inverse=True)
-    parts = np.unravel_index(unique_keys, tuple(len(v) for v in values))
+    Each column is turned into integer codes first (:func:`column_codes`), so strings cost
+    no more than ints; the tuples come in the order of their codes."""
+    codes, values = zip(*(column_codes(column) for column in columns), strict=True)
+    sizes = tuple(len(v) for v in values)
+    key = np.ravel_multi_index(codes, sizes)
+    if int(np.prod(sizes, dtype=np.float64)) <= 4 * len(key) + 1024:  # a table, no sort
+        present = np.zeros(int(np.prod(sizes)), dtype=bool)
+        present[key] = True
+        unique_keys = np.flatnonzero(present)
+        lookup = np.zeros(len(present), dtype=np.int64)
+        lookup[unique_keys] = np.arange(len(unique_keys))
+        inverse = lookup[key]
+    else:
+        unique_keys, inverse = np.unique(key, return_inverse=True)
+    parts = np.unravel_index(unique_keys, sizes)
     rows = list(zip(*(v[i].tolist() for v, i in zip(values, parts, strict=True)), strict=True))
     return rows, inverse.reshape(-1)
 
 
-def rows_by_value(column: np.ndarray) -> list[tuple[object, np.ndarray]]:
+def rows_by_value(column) -> list[tuple[object, np.ndarray]]:
     """(value, indices of the rows holding it) for each distinct value of ``column``."""
+    if isinstance(column, Labels):
+        return column.groups()
     codes, uniques = pd.factorize(np.asarray(column).reshape(-1))
     if not len(uniques):
         return []
@@ -67,8 +98,12 @@ def rows_by_value(column: np.ndarray) -> list[tuple[object, np.ndarray]]:
     return list(zip(uniques.tolist(), np.split(order, bounds), strict=True))
 
 
-def one_value_or_column(column: np.ndarray):
-    """The value every row holds (string rules then run once, broadcast), else the column."""
+def one_value_or_column(column):
+    """The value every row holds (string rules then run once, broadcast), else the column
+    (labels as plain strings)."""
+    if isinstance(column, Labels):
+        present = column.present
+        return present[0] if len(present) == 1 else column.strings()
     values = pd.unique(np.asarray(column).reshape(-1))
     return values[0] if len(values) == 1 else column
 
@@ -157,54 +192,69 @@ def shape_table(
     return shape_cols, shape_inv
 
 
+def _pipeline_slots(model, pp: int, vpp: int, schedule: str, split: str) -> dict[str, np.ndarray]:
+    """What the examined ranks of one pipeline (pp, vpp, schedule, split) hold, whatever the
+    tp and ep: [slot] arrays of layers (own, paced, mirrored and both directions'), ends."""
+    structure = rank_structure(model, pp, vpp, schedule, split)
+    dense, moe = np.asarray(structure.dense_layers), np.asarray(structure.moe_layers)
+    slots = _slots(pp, dense + moe)
+    out = {
+        "dense_layers": dense[slots],
+        "moe_layers": moe[slots],
+        "emb": np.asarray(structure.has_embedding, dtype=float)[slots],
+        "head": np.asarray(structure.has_head, dtype=float)[slots],
+        "slot": slots.astype(float),
+    }
+    # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
+    mirrored = 1 if schedule == "dualpipe" else 0
+    for kind, layers in (("dense_layers", dense), ("moe_layers", moe)):
+        both = _with_mirror(layers, mirrored)
+        out[f"paced_{kind}"] = (both / (1 + mirrored))[slots]  # per micro-batch: the mean
+        out[f"mirror_{kind}"] = layers[::-1][slots]  # stage pp − 1 − r
+        out[f"both_{kind}"] = both[slots]
+    if schedule == "dualpipe":  # the mirrored direction's embedding and head
+        out["emb"] = np.where(slots == pp - 1, 1.0, out["emb"])
+        out["head"] = np.where(slots == 0, 1.0, out["head"])
+    return out
+
+
 def structure_table(
     job: Job, tp, ep, pp, vpp, schedule, split
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per distinct pipeline structure, [structure, slot] arrays of what the examined ranks
-    hold (DualPipe's mirrored direction included); each row's structure."""
+    hold (DualPipe's mirrored direction included); each row's structure.
+
+    Layers and ends are worked out once per pipeline (pp, vpp, schedule, split), parameters
+    per virtual stage once per (tp, ep, pp, vpp, split), each distinct rank's states once."""
     model = job.model
     structs, struct_inv = unique_rows(tp, ep, pp, vpp, schedule, split)
-    fields = ("dense_layers", "moe_layers", "emb", "head", "dense_params", "expert_params", "slot")
-    table = {key: np.zeros((len(structs), NUM_SLOTS)) for key in fields}
-    layouts, rank_states = {}, {}  # rank structures ignore tp and ep; states repeat
+    pipelines: dict[tuple, int] = {}  # (pp, vpp, schedule, split) → its index
+    per_pipeline, layouts = [], []
+    stage_params: dict[tuple, tuple] = {}  # (tp, ep, pp, vpp, split) → (dense, expert)
+    pipe_of = np.zeros(len(structs), dtype=np.int64)
+    dense_params, expert_params = np.zeros((2, len(structs), NUM_SLOTS))
     for u, (t, x, p, v, sch, spl) in enumerate(structs):
-        if (p, v, sch, spl) not in layouts:
-            layouts[p, v, sch, spl] = rank_structure(model, p, v, sch, spl)
-        structure = layouts[p, v, sch, spl]
-        layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
-        dense_stage, expert_stage = params_per_virtual_stage(model, layout)
-        layers = np.asarray(structure.dense_layers) + np.asarray(structure.moe_layers)
-        slots = _slots(p, layers)
-        table["slot"][u] = slots
-        table["dense_layers"][u] = np.asarray(structure.dense_layers)[slots]
-        table["moe_layers"][u] = np.asarray(structure.moe_layers)[slots]
-        table["emb"][u] = np.asarray(structure.has_embedding, dtype=float)[slots]
-        table["head"][u] = np.asarray(structure.has_head, dtype=float)[slots]
-        table["dense_params"][u] = rank_sums(dense_stage, layout)[slots]
-        table["expert_params"][u] = rank_sums(expert_stage, layout)[slots]
-        # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
-        mirrored = 1 if sch == "dualpipe" else 0
-        for kind in ("dense_layers", "moe_layers"):  # per micro-batch: the two stages' mean
-            paced = _with_mirror(getattr(structure, kind), mirrored) / (1 + mirrored)
-            table.setdefault(f"paced_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = paced[slots]
-            mirror = np.asarray(getattr(structure, kind))[::-1][slots]  # stage pp − 1 − r
-            table.setdefault(f"mirror_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = mirror
-        states = slot_states(
-            job, t, x, table["dense_params"][u], table["expert_params"][u],
-            _with_mirror(structure.dense_layers, mirrored)[slots],
-            _with_mirror(structure.moe_layers, mirrored)[slots], rank_states,
-        )  # fmt: skip
-        for key, value in states.items():
-            table.setdefault(key, np.zeros((len(structs), NUM_SLOTS)))[u] = value
-        if sch == "dualpipe":  # the mirrored direction's embedding and head
-            table["emb"][u] = np.where(slots == p - 1, 1.0, table["emb"][u])
-            table["head"][u] = np.where(slots == 0, 1.0, table["head"][u])
-        # Tensors the optimizer steps (both directions' for DualPipe): its dispatch count.
-        table.setdefault("param_tensors", np.zeros((len(structs), NUM_SLOTS)))[u] = (
-            op_counts.rank_param_tensors(
-                model, job.finetune, _with_mirror(structure.dense_layers, mirrored)[slots],
-                _with_mirror(structure.moe_layers, mirrored)[slots], table["emb"][u],
-                table["head"][u],
-            )
-        )  # fmt: skip
+        if (p, v, sch, spl) not in pipelines:
+            pipelines[p, v, sch, spl] = len(per_pipeline)
+            per_pipeline.append(_pipeline_slots(model, p, v, sch, spl))
+            layouts.append(Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl))
+        pipe_of[u] = pipe = pipelines[p, v, sch, spl]
+        if (t, x, p, v, spl) not in stage_params:
+            layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
+            stage_params[t, x, p, v, spl] = params_per_virtual_stage(model, layout)
+        dense_stage, expert_stage = stage_params[t, x, p, v, spl]
+        slots = per_pipeline[pipe]["slot"].astype(np.int64)
+        dense_params[u] = rank_sums(dense_stage, layouts[pipe])[slots]  # reads pp, vpp, schedule
+        expert_params[u] = rank_sums(expert_stage, layouts[pipe])[slots]
+    table = {
+        key: np.stack([pipe[key] for pipe in per_pipeline])[pipe_of] for key in per_pipeline[0]
+    }
+    table["dense_params"], table["expert_params"] = dense_params, expert_params
+    both = table.pop("both_dense_layers"), table.pop("both_moe_layers")
+    tp_ep = np.array([(t, x) for t, x, *_ in structs], dtype=np.int64).reshape(-1, 2)
+    table.update(slot_states(job, tp_ep[:, 0], tp_ep[:, 1], dense_params, expert_params, *both))
+    # Tensors the optimizer steps (both directions' for DualPipe): its dispatch count.
+    table["param_tensors"] = op_counts.rank_param_tensors(
+        model, job.finetune, *both, table["emb"], table["head"]
+    )
     return table, struct_inv

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwspecs.schema import Cluster
 from planner.evaluate import evaluate_columns
 from planner.job import Job
+from planner.labels import Labels
 from planner.schedules import SCHEDULES
 
 GIB = 2**30
@@ -146,7 +147,8 @@ def expand_rows(
     columns: dict[str, np.ndarray], cells: np.ndarray, grid_shape: tuple[int, ...], space
 ) -> dict[str, np.ndarray]:
     """Screened rows × every ZeRO stage × every recompute policy, in the order of the full
-    grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it)."""
+    grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it). The
+    schedule and the recompute policy come as :class:`planner.labels.Labels`."""
     num_zero, num_recompute = len(space.zero_stage), len(space.recompute)
     alive = np.zeros(int(np.prod(grid_shape)), dtype=bool)
     alive[cells] = True
@@ -157,9 +159,10 @@ def expand_rows(
     row_of_cell = np.zeros(len(alive.ravel()), dtype=np.int64)
     row_of_cell[cells] = np.arange(len(cells))
     row = row_of_cell[cell * num_sp + sp]
-    out = {key: value[row] for key, value in columns.items()}
+    out = {key: value[row] for key, value in columns.items() if key != "schedule"}
+    out["schedule"] = Labels.of(columns["schedule"])[row]  # coded: hashed on the grid's rows
     out["zero_stage"] = np.asarray(space.zero_stage)[zero]
-    out["recompute"] = np.array(space.recompute, dtype=object)[recompute]
+    out["recompute"] = Labels(recompute, tuple(space.recompute))
     return out
 
 
@@ -251,7 +254,7 @@ def search(
         alive &= ~hit
     grid = {key: value[alive] for key, value in grid.items()}
     cols = expand_rows(grid, cells[alive], grid_shape, space)
-    cols["pipeline_layer_split"] = np.full(len(cols["tp"]), "auto", dtype=object)
+    cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), ("auto",))
     if progress:
         progress(0.3)
     usable = accelerator.hbm_bytes * (1 - mem_headroom)
@@ -282,6 +285,7 @@ def search(
         kept = np.flatnonzero(placeable & ~too_big)
         kept = kept[_ranking({key: columns[key][kept] for key in RANKING_COLUMNS}, objective)]
         columns = {key: value[kept] for key, value in columns.items()}
+    columns = {k: v.strings() if isinstance(v, Labels) else v for k, v in columns.items()}
     table = pd.DataFrame(columns) if out else pd.DataFrame(columns=LAYOUT_COLUMNS)
     return SearchResult(
         candidates_evaluated=total,

@@ -24,6 +24,7 @@ from hwspecs.schema import Cluster
 from planner.comm import ALGORITHMS, algorithm_costs, volume_factor
 from planner.contention import sharing_delay
 from planner.job import Job
+from planner.labels import Labels
 from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES
 from planner.network import as_cluster, cluster_view
 from planner.schedules.registry import SCHEDULES, get_schedule
@@ -123,7 +124,10 @@ def chunks_column(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
 
 
 def _codes(column) -> tuple[np.ndarray, list]:
-    """Each row's index into the column's distinct values, and those values (hashing)."""
+    """Each row's index into the column's distinct values, and those values (hashing, unless
+    the column comes as :class:`planner.labels.Labels`)."""
+    if isinstance(column, Labels):
+        return column.codes, list(column.values)
     values = np.asarray(column)
     codes, names = pd.factorize(values.ravel())
     return codes.reshape(values.shape), names.tolist()
@@ -217,7 +221,8 @@ def axis_times_vectorized(
     Integer columns: ``tp, cp, pp, dp, ep, vpp, micro_batch_size, num_microbatches`` (None:
     global batch / (dp · micro_batch_size), as Layout resolves it), ``zero_stage``; boolean
     ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "full"),
-    ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``.
+    ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``
+    (``recompute`` and ``schedule`` may come as :class:`planner.labels.Labels` of the rows).
     Optional float columns ``forward_s``, ``backward_s`` give compute
     per micro-batch on the busiest rank for the overlap rules; without them exposed = raw.
 
@@ -241,8 +246,12 @@ def axis_times_vectorized(
     )
     rows = tp.shape
     sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
-    full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
-    schedule = np.broadcast_to(np.asarray(schedule), rows)
+    if isinstance(recompute, Labels):
+        full = recompute.isin(("full",)).astype(np.int64).reshape(rows)
+    else:
+        full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
+    if not isinstance(schedule, Labels):
+        schedule = np.broadcast_to(np.asarray(schedule), rows)
     for name in _distinct(schedule):
         get_schedule(str(name))  # an unknown name raises its one-line error
     chunks = chunks_column(schedule, vpp)

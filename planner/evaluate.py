@@ -31,6 +31,7 @@ from planner.evaluate_tables import (
     MEMORY_SHAPE_KEYS,
     NUM_SLOTS,
     TIME_SHAPE_KEYS,
+    distinct_rows,
     one_value_or_column,
     rows_by_value,
     shape_table,
@@ -49,9 +50,8 @@ RECOMPUTE_CODES = ("none", "selective", "full")
 INT_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_microbatches",
                "zero_stage")  # fmt: skip
 #: Structure-table entries the memory model reads (with the recipe's state terms, if any).
-MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "dense_params",
-                      "expert_params", "slot", "mirror_dense_layers",
-                      "mirror_moe_layers")  # fmt: skip
+MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "slot",
+                      "mirror_dense_layers", "mirror_moe_layers")  # fmt: skip
 TIME_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head", "optimizer_bytes",
                     "newton_schulz_flops", "newton_schulz_bytes", "muon_params",
                     "param_tensors")  # fmt: skip
@@ -116,11 +116,7 @@ def evaluate_columns(
     structs, struct_inv = structure_table(
         job, *(c[k] for k in ("tp", "ep", "pp", "vpp", "schedule", "split"))
     )
-    state_keys = tuple(key for key in structs if key.endswith(("_fixed", "_dense", "_expert")))
-    memory = _memory_columns(
-        job, c, _gather(shapes, shape_inv, MEMORY_SHAPE_KEYS),
-        _gather(structs, struct_inv, MEMORY_STRUCT_KEYS + state_keys), tuned,
-    )  # fmt: skip
+    memory = _memory_columns(job, c, shapes, shape_inv, structs, struct_inv, tuned)
     if memory_limit_bytes is None:
         timed = _time_columns(
             job, cluster, accelerator, c, _gather(shapes, shape_inv, TIME_SHAPE_KEYS),
@@ -156,32 +152,65 @@ def _in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.ndarray]:
+def _memory_columns(
+    job: Job, c: dict, shapes: dict, shape_inv, structs: dict, struct_inv, tuned
+) -> dict[str, np.ndarray]:
     """Memory per examined rank from the rows' shapes and structures; the peak is memory
     per GPU. Model states (ZeRO-sharded), activations of the micro-batches in flight,
-    logits, communication buffers and the runtime's fixed overhead."""
-    model, precision = job.model, job.precision
+    logits, communication buffers and the runtime's fixed overhead.
+
+    Activations and logits depend on a row's structure, shape and micro-batch count only,
+    model states on its structure, ZeRO stage and group: each is worked out on one row per
+    distinct combination and broadcast; per row only the sum and its peak are taken."""
     n = len(c["tp"])
-    tp, cp, pp, dp, ep, zero = (c[k] for k in ("tp", "cp", "pp", "dp", "ep", "zero"))
-    layer_bytes = R["dense_layers"] * S["act_dense"][:, None] + _held(
-        R, "moe_layers", S["act_moe"][:, None]
+    held_rows, held_inv = distinct_rows(struct_inv, shape_inv, c["m"])
+    held = _activation_columns(
+        job,
+        {k: c[k][held_rows] for k in ("pp", "m", "vpp", "schedule")},
+        _gather(shapes, shape_inv[held_rows], MEMORY_SHAPE_KEYS),
+        _gather(structs, struct_inv[held_rows], MEMORY_STRUCT_KEYS),
     )
-    weight_bytes = R["dense_layers"] * S["wpass_dense"][:, None] + _held(
-        R, "moe_layers", S["wpass_moe"][:, None]
+    zero_group = c["dp"] * c["cp"]
+    state_rows, state_inv = distinct_rows(struct_inv, c["zero"], zero_group)
+    state_keys = tuple(key for key in structs if key.endswith(("_fixed", "_dense", "_expert")))
+    states = _state_columns(
+        job,
+        c["zero"][state_rows],
+        zero_group[state_rows],
+        c["ep"][state_rows],
+        _gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)),
+        tuned,
     )
-    weight_ratio = np.divide(
-        weight_bytes, layer_bytes, out=np.zeros_like(layer_bytes), where=layer_bytes > 0
+    comm_buffer = _comm_buffer_columns(
+        job.model, job, *(c[k] for k in ("tp", "cp", "pp", "ep", "zero", "sp", "mbs")), tuned
     )
-    inflight = np.zeros((n, NUM_SLOTS))  # micro-batches between F and B (the ends' tensors)
-    units = np.zeros((n, NUM_SLOTS))  # … and those waiting for W, at M_W / M_B
-    for sch, rows in rows_by_value(c["schedule"]):
-        per_row = [c[k][rows, None] for k in ("pp", "m", "vpp")]  # against the slots' ranks
-        slots = R["slot"][rows].astype(np.int64)
-        inflight[rows] = closed_form.activation_microbatches_at(sch, *per_row, slots)
-        units[rows] = closed_form.peak_activation_units(sch, *per_row, slots, weight_ratio[rows])
+    runtime = float(job.runtime_overhead_bytes)
+    # The parts' sum in the order they are reported (so every row adds as it always did).
+    total = sum(states.values())[state_inv]
+    total = total + held["activations"][held_inv]
+    total = total + held["logits_buffers"][held_inv]
+    total = total + comm_buffer[:, None]
+    total = total + runtime
+    peak_slot = np.argmax(total, axis=1)
+    out = {
+        "memory_per_gpu_bytes": total[np.arange(n), peak_slot],
+        "peak_rank": structs["slot"][struct_inv, peak_slot].astype(np.int64),
+    }
+    for name, value in states.items():
+        out[f"memory_{name}_bytes"] = value[state_inv, peak_slot]
+    for name, value in held.items():
+        out[f"memory_{name}_bytes"] = value[held_inv, peak_slot]
+    out["memory_comm_buffers_bytes"] = comm_buffer
+    out["memory_runtime_overhead_bytes"] = np.full(n, runtime)
+    return out
+
+
+def _state_columns(job: Job, zero, zero_group, ep, R: dict, tuned) -> dict[str, np.ndarray]:
+    """Model states per examined rank (weights, gradients, master weights, optimizer
+    states), ZeRO-sharded over the dp·cp group (routed experts over dp·cp / ep)."""
+    model, precision = job.model, job.precision
     states_per_param = optimizer_states_per_param(precision.optimizer, model)
     whole = unsharded_bytes_per_param(precision, states_per_param)
-    zero_group = dp * cp
     expert_group = np.maximum(zero_group // ep, 1)
 
     def shard(part_bytes: float, first_stage: int, group: np.ndarray) -> np.ndarray:
@@ -200,6 +229,29 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
         parts[name] = R["dense_params"] * shard(per_param, first_stage, zero_group)[
             :, None
         ] + _held(R, "expert_params", shard(per_param, first_stage, expert_group)[:, None])
+    return parts
+
+
+def _activation_columns(job: Job, c: dict, S: dict, R: dict) -> dict[str, np.ndarray]:
+    """Activations of the micro-batches in flight and the logits buffers per examined rank
+    (``c``: pp, m, vpp and schedule of the rows)."""
+    n = len(c["pp"])
+    layer_bytes = R["dense_layers"] * S["act_dense"][:, None] + _held(
+        R, "moe_layers", S["act_moe"][:, None]
+    )
+    weight_bytes = R["dense_layers"] * S["wpass_dense"][:, None] + _held(
+        R, "moe_layers", S["wpass_moe"][:, None]
+    )
+    weight_ratio = np.divide(
+        weight_bytes, layer_bytes, out=np.zeros_like(layer_bytes), where=layer_bytes > 0
+    )
+    inflight = np.zeros((n, NUM_SLOTS))  # micro-batches between F and B (the ends' tensors)
+    units = np.zeros((n, NUM_SLOTS))  # … and those waiting for W, at M_W / M_B
+    for sch, rows in rows_by_value(c["schedule"]):
+        per_row = [c[k][rows, None] for k in ("pp", "m", "vpp")]  # against the slots' ranks
+        slots = R["slot"][rows].astype(np.int64)
+        inflight[rows] = closed_form.activation_microbatches_at(sch, *per_row, slots)
+        units[rows] = closed_form.peak_activation_units(sch, *per_row, slots, weight_ratio[rows])
     act_layers = R["dense_layers"] + _held(R, "moe_layers", 1.0)
     activations = layer_bytes * units
     working = S["working"][:, None] + act.backward_working_beside_logits(
@@ -209,35 +261,29 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
     activations = activations + inflight * (
         R["emb"] * S["first_extra"][:, None] + R["head"] * S["last_extra"][:, None]
     )
-    if "dualpipe" in c["schedule"].present:  # rank r: pp − r own chunks, r + 1 mirrored
-        slot, p = R["slot"], pp[:, None]
+    dualpipe = np.flatnonzero(c["schedule"].isin(("dualpipe",)))
+    if len(dualpipe):  # rank r: pp − r own chunks, r + 1 mirrored
+        d = dualpipe
+        slot, p = R["slot"][d], c["pp"][d, None]
+        Sd = {key: S[key][d, None] for key in ("act_dense", "act_moe", "first_extra",
+                                               "last_extra", "working")}  # fmt: skip
 
         def stage_bytes(dense, moe, has_embedding, has_head):
             return (
-                dense * S["act_dense"][:, None] + moe * S["act_moe"][:, None]
-                + has_embedding * S["first_extra"][:, None] + has_head * S["last_extra"][:, None]
+                dense * Sd["act_dense"] + moe * Sd["act_moe"]
+                + has_embedding * Sd["first_extra"] + has_head * Sd["last_extra"]
             )  # fmt: skip
 
-        own = stage_bytes(R["dense_layers"], _held(R, "moe_layers", 1.0), slot == 0, slot == p - 1)
-        mirror = stage_bytes(R["mirror_dense_layers"], _held(R, "mirror_moe_layers", 1.0),
+        def on_dualpipe(key):
+            return R[key][d] if key in R else 0.0
+
+        own = stage_bytes(R["dense_layers"][d], on_dualpipe("moe_layers"), slot == 0, slot == p - 1)
+        mirror = stage_bytes(R["mirror_dense_layers"][d], on_dualpipe("mirror_moe_layers"),
                              slot == p - 1, slot == 0)  # fmt: skip
-        dual = own * (p - slot) + mirror * (slot + 1) + S["working"][:, None] * (act_layers > 0)
-        activations = np.where(c["schedule"].isin(("dualpipe",))[:, None], dual, activations)
-    parts["activations"] = activations
-    parts["logits_buffers"] = R["head"] * S["logits"][:, None]
-    comm_buffer = _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, c["sp"], c["mbs"], tuned)
-    parts["comm_buffers"] = np.broadcast_to(comm_buffer[:, None], (n, NUM_SLOTS))
-    parts["runtime_overhead"] = np.full((n, NUM_SLOTS), float(job.runtime_overhead_bytes))
-    total = sum(parts.values())
-    peak_slot = np.argmax(total, axis=1)
-    peak_pick = np.arange(n), peak_slot
-    out = {
-        "memory_per_gpu_bytes": total[peak_pick],
-        "peak_rank": R["slot"][peak_pick].astype(np.int64),
-    }
-    for name, value in parts.items():
-        out[f"memory_{name}_bytes"] = value[peak_pick]
-    return out
+        activations[d] = (
+            own * (p - slot) + mirror * (slot + 1) + Sd["working"] * (act_layers[d] > 0)
+        )
+    return {"activations": activations, "logits_buffers": R["head"] * S["logits"][:, None]}
 
 
 def _time_columns(

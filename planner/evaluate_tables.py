@@ -64,15 +64,13 @@ def column_codes(column) -> tuple[np.ndarray, np.ndarray]:
     return code, np.asarray(uniques)
 
 
-def unique_rows(*columns) -> tuple[list[tuple], np.ndarray]:
-    """Distinct value tuples of the given columns and each row's index into them.
-
-    Each column is turned into integer codes first (:func:`column_codes`), so strings cost
-    no more than ints; the tuples come in the order of their codes."""
+def _row_keys(columns) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], tuple]:
+    """Distinct keys of the rows' value tuples, each row's index into them, and the
+    columns' distinct values and their counts (keys are raveled codes)."""
     codes, values = zip(*(column_codes(column) for column in columns), strict=True)
     sizes = tuple(len(v) for v in values)
     key = np.ravel_multi_index(codes, sizes)
-    if int(np.prod(sizes, dtype=np.float64)) <= 4 * len(key) + 1024:  # a table, no sort
+    if np.prod(sizes, dtype=np.float64) <= 4 * len(key) + 1024:  # a table: no hashing
         present = np.zeros(int(np.prod(sizes)), dtype=bool)
         present[key] = True
         unique_keys = np.flatnonzero(present)
@@ -80,10 +78,28 @@ def unique_rows(*columns) -> tuple[list[tuple], np.ndarray]:
         lookup[unique_keys] = np.arange(len(unique_keys))
         inverse = lookup[key]
     else:
-        unique_keys, inverse = np.unique(key, return_inverse=True)
+        inverse, unique_keys = pd.factorize(key)  # hashing: O(rows)
+    return unique_keys, inverse.reshape(-1), values, sizes
+
+
+def distinct_rows(*columns) -> tuple[np.ndarray, np.ndarray]:
+    """One row holding each distinct value tuple of the columns, and each row's index into
+    those rows (work done on them is broadcast back by it)."""
+    unique_keys, inverse, _, _ = _row_keys(columns)
+    chosen = np.zeros(len(unique_keys), dtype=np.int64)
+    chosen[inverse] = np.arange(len(inverse))
+    return chosen, inverse
+
+
+def unique_rows(*columns) -> tuple[list[tuple], np.ndarray]:
+    """Distinct value tuples of the given columns and each row's index into them.
+
+    Each column is turned into integer codes first (:func:`column_codes`), so strings cost
+    no more than ints."""
+    unique_keys, inverse, values, sizes = _row_keys(columns)
     parts = np.unravel_index(unique_keys, sizes)
     rows = list(zip(*(v[i].tolist() for v, i in zip(values, parts, strict=True)), strict=True))
-    return rows, inverse.reshape(-1)
+    return rows, inverse
 
 
 def rows_by_value(column) -> list[tuple[object, np.ndarray]]:

@@ -24,6 +24,7 @@ from hwspecs.schema import Accelerator, Cluster
 from planner import activations as act
 from planner import finetune_costs as ft
 from planner import op_counts
+from planner.codes import Labels, distinct_rows, unique_rows
 from planner.compute import GpuRates
 from planner.contention import occupancy_excess
 from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns
@@ -31,16 +32,13 @@ from planner.evaluate_tables import (
     MEMORY_SHAPE_KEYS,
     NUM_SLOTS,
     TIME_SHAPE_KEYS,
-    distinct_rows,
     one_value_or_column,
     rows_by_value,
     shape_table,
     structure_table,
-    unique_rows,
 )
 from planner.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.job import Job
-from planner.labels import Labels
 from planner.precision import DTYPE_BYTES, optimizer_states_per_param, unsharded_bytes_per_param
 from planner.schedules import closed_form
 from planner.traffic_columns import AXES, axis_times_vectorized, chunks_column, placeable
@@ -85,7 +83,7 @@ def evaluate_columns(
 ) -> dict[str, np.ndarray]:
     """Evaluate rows of layouts. ``columns``: tp, cp, pp, dp, ep, vpp, micro_batch_size,
     num_microbatches, zero_stage (ints), sequence_parallel (bool), recompute, schedule,
-    pipeline_layer_split (strings, or :class:`planner.labels.Labels`). Returns one array
+    pipeline_layer_split (strings, or :class:`planner.codes.Labels`). Returns one array
     per quantity.
 
     Memory comes first, on every row. With ``memory_limit_bytes`` only the rows that fit in
@@ -93,6 +91,70 @@ def evaluate_columns(
     ``valid`` and carry NaN times. Each row's numbers do not depend on the other rows.
     """
     n = len(columns["tp"])
+    c = _prepared(columns)
+    rates, bf16_rates, tuned = _rates(job, accelerator)
+    shapes, shape_inv, structs, struct_inv = _tables(job, c, rates, bf16_rates, tuned)
+    memory = _memory_columns(job, c, shapes, shape_inv, structs, struct_inv, tuned)
+    if memory_limit_bytes is None:
+        timed = _time_columns(
+            job, cluster, accelerator, c, _gather(shapes, shape_inv, TIME_SHAPE_KEYS),
+            _gather(structs, struct_inv, TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
+        )  # fmt: skip
+        return in_output_order(timed, memory)
+    valid, rows, timed = _timed_if_fit(
+        job, cluster, accelerator, c, shapes, shape_inv, structs, struct_inv, memory,
+        memory_limit_bytes, order, mfu_dtype, rates, tuned,
+    )  # fmt: skip
+    full = {}
+    for key, value in timed.items():
+        full[key] = valid.copy() if key == "valid" else np.full(n, np.nan)
+        full[key][rows] = value
+    return in_output_order(full, memory)
+
+
+def screen_columns(
+    job: Job,
+    cluster: Cluster,
+    accelerator: Accelerator,
+    columns: dict,
+    memory_limit_bytes: float,
+    order=None,
+    mfu_dtype: str = "bf16",
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
+    without spreading the timed rows back over all rows: (memory outputs of every row,
+    which rows can be placed, the rows timed — placeable and fitting —, the timed outputs
+    of those rows only, one per row of them)."""
+    c = _prepared(columns)
+    rates, bf16_rates, tuned = _rates(job, accelerator)
+    shapes, shape_inv, structs, struct_inv = _tables(job, c, rates, bf16_rates, tuned)
+    memory = _memory_columns(job, c, shapes, shape_inv, structs, struct_inv, tuned)
+    valid, rows, timed = _timed_if_fit(
+        job, cluster, accelerator, c, shapes, shape_inv, structs, struct_inv, memory,
+        memory_limit_bytes, order, mfu_dtype, rates, tuned,
+    )  # fmt: skip
+    return memory, valid, rows, timed
+
+
+def _timed_if_fit(
+    job, cluster, accelerator, c, shapes, shape_inv, structs, struct_inv, memory, limit,
+    order, mfu_dtype, rates, tuned,
+):  # fmt: skip
+    """(placeable rows, the placeable rows within ``limit`` bytes, their timed outputs)."""
+    valid = placeable(cluster, job.model.num_layers, c["tp"], c["cp"], c["pp"], c["dp"],
+                      c["ep"], chunks_column(c["schedule"], c["vpp"]),
+                      one_value_or_column(c["split"]))  # fmt: skip
+    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= limit))
+    sub = {key: value[rows] for key, value in c.items()}
+    timed = _time_columns(
+        job, cluster, accelerator, sub, _gather(shapes, shape_inv[rows], TIME_SHAPE_KEYS),
+        _gather(structs, struct_inv[rows], TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
+    )  # fmt: skip
+    return valid, rows, timed
+
+
+def _prepared(columns: dict) -> dict:
+    """The layout columns under the names the models read (ints as int64; SP only with TP)."""
     col = {k: np.asarray(columns[k]) for k in (*INT_COLUMNS, "sequence_parallel")}
     c = {k: col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
     c["mbs"], c["m"], c["zero"] = (
@@ -103,43 +165,30 @@ def evaluate_columns(
     c["schedule"], c["recompute"], c["split"] = (
         Labels.of(columns[k]) for k in ("schedule", "recompute", "pipeline_layer_split")
     )
+    return c
+
+
+def _rates(job: Job, accelerator: Accelerator) -> tuple:
+    """(GPU rates of the GEMM dtype, BF16 rates under FP8 or None, the adapter recipe or None)."""
     rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
     bf16_rates = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
+    return rates, bf16_rates, tuned
+
+
+def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple:
+    """(per-shape table, each row's shape, per-structure table, each row's structure)."""
     shapes, shape_inv = shape_table(
-        job,
-        rates,
-        tuned,
-        *(c[k] for k in ("tp", "cp", "ep", "sp", "mbs", "recompute")),
+        job, rates, tuned, *(c[k] for k in ("tp", "cp", "ep", "sp", "mbs", "recompute")),
         bf16_rates,
-    )
+    )  # fmt: skip
     structs, struct_inv = structure_table(
         job, *(c[k] for k in ("tp", "ep", "pp", "vpp", "schedule", "split"))
     )
-    memory = _memory_columns(job, c, shapes, shape_inv, structs, struct_inv, tuned)
-    if memory_limit_bytes is None:
-        timed = _time_columns(
-            job, cluster, accelerator, c, _gather(shapes, shape_inv, TIME_SHAPE_KEYS),
-            _gather(structs, struct_inv, TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
-        )  # fmt: skip
-        return _in_output_order(timed, memory)
-    valid = placeable(cluster, job.model.num_layers, c["tp"], c["cp"], c["pp"], c["dp"],
-                      c["ep"], chunks_column(c["schedule"], c["vpp"]),
-                      one_value_or_column(c["split"]))  # fmt: skip
-    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= memory_limit_bytes))
-    sub = {key: value[rows] for key, value in c.items()}
-    timed = _time_columns(
-        job, cluster, accelerator, sub, _gather(shapes, shape_inv[rows], TIME_SHAPE_KEYS),
-        _gather(structs, struct_inv[rows], TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
-    )  # fmt: skip
-    full = {}
-    for key, value in timed.items():
-        full[key] = valid.copy() if key == "valid" else np.full(n, np.nan)
-        full[key][rows] = value
-    return _in_output_order(full, memory)
+    return shapes, shape_inv, structs, struct_inv
 
 
-def _in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
+def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
     """Timed and memory outputs in one order: throughput, memory per GPU and peak rank,
     exposed communication and validity, the memory parts, then per-axis communication."""
     keys = list(timed)

@@ -20,10 +20,10 @@ import pandas as pd
 from planner import activations as act
 from planner import finetune_costs as ft
 from planner import op_counts
+from planner.codes import Labels, unique_rows
 from planner.compute import GpuRates
 from planner.evaluate_states import slot_states
 from planner.job import Job
-from planner.labels import Labels
 from planner.layout import Layout
 from planner.memory import params_per_virtual_stage, rank_sums
 from planner.stage_times import rank_structure, shape_times
@@ -39,67 +39,6 @@ TIME_SHAPE_KEYS = (
     *("fd", "bd", "wd", "rd", "fm", "bm", "wm", "rm"),
     *("f_emb", "b_emb", "w_emb", "f_head", "b_head", "w_head"),
 )
-
-
-def column_codes(column) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's index into the column's distinct values, and those values.
-
-    Small non-negative integers (and booleans) are looked up in a table as long as their
-    range (no hashing, no sort); :class:`planner.labels.Labels` bring their codes; anything
-    else is hashed (:func:`pandas.factorize`)."""
-    if isinstance(column, Labels):
-        return column.codes, np.array([*column.values, None], dtype=object)[:-1]
-    values = np.asarray(column).reshape(-1)
-    if values.dtype.kind in "biu" and len(values):
-        numbers = values.astype(np.int64, copy=False)
-        low, high = int(numbers.min()), int(numbers.max())
-        if low >= 0 and high <= 4 * len(numbers) + 1024:
-            present = np.zeros(high + 1, dtype=bool)
-            present[numbers] = True
-            uniques = np.flatnonzero(present)
-            lookup = np.zeros(high + 1, dtype=np.int64)
-            lookup[uniques] = np.arange(len(uniques))
-            return lookup[numbers], uniques.astype(values.dtype)
-    code, uniques = pd.factorize(values)  # hashing: O(rows)
-    return code, np.asarray(uniques)
-
-
-def _row_keys(columns) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], tuple]:
-    """Distinct keys of the rows' value tuples, each row's index into them, and the
-    columns' distinct values and their counts (keys are raveled codes)."""
-    codes, values = zip(*(column_codes(column) for column in columns), strict=True)
-    sizes = tuple(len(v) for v in values)
-    key = np.ravel_multi_index(codes, sizes)
-    if np.prod(sizes, dtype=np.float64) <= 4 * len(key) + 1024:  # a table: no hashing
-        present = np.zeros(int(np.prod(sizes)), dtype=bool)
-        present[key] = True
-        unique_keys = np.flatnonzero(present)
-        lookup = np.zeros(len(present), dtype=np.int64)
-        lookup[unique_keys] = np.arange(len(unique_keys))
-        inverse = lookup[key]
-    else:
-        inverse, unique_keys = pd.factorize(key)  # hashing: O(rows)
-    return unique_keys, inverse.reshape(-1), values, sizes
-
-
-def distinct_rows(*columns) -> tuple[np.ndarray, np.ndarray]:
-    """One row holding each distinct value tuple of the columns, and each row's index into
-    those rows (work done on them is broadcast back by it)."""
-    unique_keys, inverse, _, _ = _row_keys(columns)
-    chosen = np.zeros(len(unique_keys), dtype=np.int64)
-    chosen[inverse] = np.arange(len(inverse))
-    return chosen, inverse
-
-
-def unique_rows(*columns) -> tuple[list[tuple], np.ndarray]:
-    """Distinct value tuples of the given columns and each row's index into them.
-
-    Each column is turned into integer codes first (:func:`column_codes`), so strings cost
-    no more than ints."""
-    unique_keys, inverse, values, sizes = _row_keys(columns)
-    parts = np.unravel_index(unique_keys, sizes)
-    rows = list(zip(*(v[i].tolist() for v, i in zip(values, parts, strict=True)), strict=True))
-    return rows, inverse
 
 
 def rows_by_value(column) -> list[tuple[object, np.ndarray]]:

@@ -15,9 +15,9 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
-from planner.evaluate import evaluate_columns
+from planner.codes import Labels
+from planner.evaluate import in_output_order, screen_columns
 from planner.job import Job
-from planner.labels import Labels
 from planner.schedules import SCHEDULES
 
 GIB = 2**30
@@ -148,7 +148,7 @@ def expand_rows(
 ) -> dict[str, np.ndarray]:
     """Screened rows × every ZeRO stage × every recompute policy, in the order of the full
     grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it). The
-    schedule and the recompute policy come as :class:`planner.labels.Labels`."""
+    schedule and the recompute policy come as :class:`planner.codes.Labels`."""
     num_zero, num_recompute = len(space.zero_stage), len(space.recompute)
     alive = np.zeros(int(np.prod(grid_shape)), dtype=bool)
     alive[cells] = True
@@ -258,35 +258,45 @@ def search(
     if progress:
         progress(0.3)
     usable = accelerator.hbm_bytes * (1 - mem_headroom)
-    out = (  # rows that do not fit are not timed
-        evaluate_columns(job, cluster, accelerator, cols, order, mfu_dtype, usable)
+    screened = (  # rows that do not fit are not timed
+        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype)
         if len(cols["tp"])
-        else {}
+        else None
     )
     if progress:
         progress(0.9)
     smallest = None
     columns = {key: cols[key] for key in LAYOUT_COLUMNS}
-    if out:
-        placeable = out["valid"]
+    if screened:
+        memory_out, placeable, rows, timed = screened
+        placeable = placeable.copy()  # as evaluate_columns reports it: the timed rows' own
+        placeable[rows] = timed["valid"]
         if not placeable.all():
             rejected["cannot be placed on the cluster"] = int((~placeable).sum())
-        memory = out["memory_per_gpu_bytes"]
+        memory = memory_out["memory_per_gpu_bytes"]
         too_big = placeable & (memory > usable)
         if too_big.any():
             rejected[f"does not fit in {usable / GIB:.1f} GiB per GPU"] = int(too_big.sum())
-            big = np.flatnonzero(too_big)
-            best = big[np.argsort(memory[big], kind="quicksort")[0]]  # as pandas' sort_values
+            best = _smallest(memory, np.flatnonzero(too_big))
             smallest = {
                 **{k: _plain(cols[k][best]) for k in LAYOUT_COLUMNS},
                 "memory_per_gpu_bytes": float(memory[best]),
             }
-        columns.update(out)
         kept = np.flatnonzero(placeable & ~too_big)
-        kept = kept[_ranking({key: columns[key][kept] for key in RANKING_COLUMNS}, objective)]
+        # Kept rows are timed rows (placeable and fitting): read their times in place.
+        at = np.minimum(np.searchsorted(rows, kept), max(len(rows) - 1, 0))
+        if len(kept) and not np.array_equal(rows[at], kept):  # not timed: NaN times
+            timed = {k: _spread(v, rows, len(memory), placeable) for k, v in timed.items()}
+            at = kept
+        merged = in_output_order(timed, memory_out)
+        ranked = {key: merged[key][at if key in timed else kept] for key in RANKING_COLUMNS}
+        ranking = _ranking(ranked, objective)
+        kept, at = kept[ranking], at[ranking]
         columns = {key: value[kept] for key, value in columns.items()}
+        for key, value in merged.items():
+            columns[key] = value[at] if key in timed else value[kept]
     columns = {k: v.strings() if isinstance(v, Labels) else v for k, v in columns.items()}
-    table = pd.DataFrame(columns) if out else pd.DataFrame(columns=LAYOUT_COLUMNS)
+    table = pd.DataFrame(columns) if screened else pd.DataFrame(columns=LAYOUT_COLUMNS)
     return SearchResult(
         candidates_evaluated=total,
         feasible=len(table),
@@ -310,6 +320,22 @@ def _ranking(columns: dict[str, np.ndarray], objective: str) -> np.ndarray:
     names, ascending = RANKING_KEYS[objective]
     keys = [columns[n] if up else -columns[n] for n, up in zip(names, ascending, strict=True)]
     return np.lexsort(keys[::-1])
+
+
+def _smallest(memory: np.ndarray, rows: np.ndarray) -> int:
+    """The row of ``rows`` needing least memory (the first of an ascending quicksort, as
+    pandas' sort_values picks it; a single least row is found without sorting)."""
+    least = rows[memory[rows] == memory[rows].min()]
+    if len(least) == 1:
+        return int(least[0])
+    return int(rows[np.argsort(memory[rows], kind="quicksort")[0]])
+
+
+def _spread(values: np.ndarray, rows: np.ndarray, n: int, placeable: np.ndarray) -> np.ndarray:
+    """Timed outputs of ``rows`` over all ``n`` rows: NaN elsewhere (valid: ``placeable``)."""
+    full = placeable.copy() if values.dtype == bool else np.full(n, np.nan)
+    full[rows] = values
+    return full
 
 
 def _plain(value):

@@ -47,12 +47,13 @@ RECOMPUTE_CODES = ("none", "selective", "full")
 #: Integer layout columns :func:`evaluate_columns` reads.
 INT_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_microbatches",
                "zero_stage")  # fmt: skip
-#: Structure-table entries the memory model reads (with the recipe's state terms, if any).
+#: Structure-table entries the activation memory, the pipeline's compute and the optimizer
+#: step read (model states read the parameters and the recipe's state terms, if any).
 MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "slot",
                       "mirror_dense_layers", "mirror_moe_layers")  # fmt: skip
-TIME_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head", "optimizer_bytes",
-                    "newton_schulz_flops", "newton_schulz_bytes", "muon_params",
-                    "param_tensors")  # fmt: skip
+PACE_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head")
+OPTIMIZER_STRUCT_KEYS = ("optimizer_bytes", "newton_schulz_flops", "newton_schulz_bytes",
+                         "muon_params", "param_tensors")  # fmt: skip
 #: Outputs of the memory model; every other output is timed.
 MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
@@ -97,8 +98,8 @@ def evaluate_columns(
     memory = _memory_columns(job, c, shapes, shape_inv, structs, struct_inv, tuned)
     if memory_limit_bytes is None:
         timed = _time_columns(
-            job, cluster, accelerator, c, _gather(shapes, shape_inv, TIME_SHAPE_KEYS),
-            _gather(structs, struct_inv, TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
+            job, cluster, accelerator, c, shapes, shape_inv, structs, struct_inv, order,
+            mfu_dtype, rates, tuned,
         )  # fmt: skip
         return in_output_order(timed, memory)
     valid, rows, timed = _timed_if_fit(
@@ -147,8 +148,8 @@ def _timed_if_fit(
     rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= limit))
     sub = {key: value[rows] for key, value in c.items()}
     timed = _time_columns(
-        job, cluster, accelerator, sub, _gather(shapes, shape_inv[rows], TIME_SHAPE_KEYS),
-        _gather(structs, struct_inv[rows], TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
+        job, cluster, accelerator, sub, shapes, shape_inv[rows], structs, struct_inv[rows],
+        order, mfu_dtype, rates, tuned,
     )  # fmt: skip
     return valid, rows, timed
 
@@ -336,47 +337,27 @@ def _activation_columns(job: Job, c: dict, S: dict, R: dict) -> dict[str, np.nda
 
 
 def _time_columns(
-    job: Job, cluster, accelerator, c: dict, S: dict, R: dict, order, mfu_dtype, rates, tuned
-) -> dict[str, np.ndarray]:
+    job: Job, cluster, accelerator, c: dict, shapes: dict, shape_inv, structs: dict, struct_inv,
+    order, mfu_dtype, rates, tuned,
+) -> dict[str, np.ndarray]:  # fmt: skip
     """Step time per row: the busiest examined rank's F, B (+ recompute) and W per
     micro-batch through the schedule's closed form, exposed communication per axis, the
-    optimizer step; throughput and MFU from it."""
+    optimizer step; throughput and MFU from it.
+
+    The pipeline's part depends on a row's structure, shape and micro-batch count only, the
+    optimizer's on its structure, ZeRO stage and group (and the DP rate Muon gathers at):
+    each is worked out on one row per distinct combination and broadcast."""
     model = job.model
-    n = len(c["tp"])
     tp, cp, pp, dp, ep, vpp = (c[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
     mbs, m, zero, schedule, recompute = (c[k] for k in ("mbs", "m", "zero", "schedule",
                                                         "recompute"))  # fmt: skip
-
-    # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
-    # runs half its micro-batches through each of its two stages: per micro-batch it does
-    # the mean of their layers, and half of the embedding and of the head (+ MTP).
-    pace = np.where(schedule.isin(("dualpipe",))[:, None], 0.5, 1.0)
-
-    def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
-        total = R["paced_dense_layers"] * S[dense_key][:, None] + _held(
-            R, "paced_moe_layers", S[moe_key][:, None]
-        )
-        if emb_key:
-            ends = R["emb"] * S[emb_key][:, None] + R["head"] * S[head_key][:, None]
-            total = total + pace * ends
-        return total
-
-    F = on_slots("fd", "fm", "f_emb", "f_head")
-    B = on_slots("bd", "bm", "b_emb", "b_head")
-    W = on_slots("wd", "wm", "w_emb", "w_head")
-    Rc = on_slots("rd", "rm")
-    busiest = np.argmax(F + B + W + Rc, axis=1)
-    pick = np.arange(n), busiest
-    f, b, w, rc = F[pick], B[pick], W[pick], Rc[pick]
-
-    # Pipeline step time by closed form: one call per schedule on its rows' columns.
-    pipeline = np.zeros(n)
-    busy = np.zeros(n)
-    for sch, rows in rows_by_value(schedule):
-        args = (sch, pp[rows], m[rows], vpp[rows])
-        backward = b[rows] + rc[rows]
-        pipeline[rows] = closed_form.step_time(*args, f[rows], backward, w[rows])
-        busy[rows] = closed_form.busy_time(*args, f[rows], backward, w[rows])
+    paced_rows, paced_inv = distinct_rows(struct_inv, shape_inv, m)
+    paced = _pipeline_columns(
+        {k: c[k][paced_rows] for k in ("pp", "m", "vpp", "schedule")},
+        _gather(shapes, shape_inv[paced_rows], TIME_SHAPE_KEYS),
+        _gather(structs, struct_inv[paced_rows], PACE_STRUCT_KEYS),
+    )
+    f, b, w, rc, pipeline, busy = (column[paced_inv] for column in paced)
 
     # Communication: exposed time per axis under the overlap rules.
     comm = axis_times_vectorized(
@@ -406,14 +387,20 @@ def _time_columns(
         dp_rate = np.where(
             comm["dp_time_s"] > 0, comm["dp_bytes_per_step"] / comm["dp_time_s"], np.inf
         )
+    dp_rate = np.nan_to_num(dp_rate, nan=np.inf)
+    step_rows, step_inv = distinct_rows(struct_inv, zero, zero_group, dp_rate)
+    R = _gather(structs, struct_inv[step_rows], OPTIMIZER_STRUCT_KEYS)
     dispatch_s = 0.0  # per tensor, its step's operations (sharded tensors step too)
     if rates.op_overhead_s:
         per_tensor = op_counts.optimizer_ops_per_tensor(job.precision.optimizer)
         dispatch_s = R["param_tensors"] * per_tensor * rates.op_overhead_s
-    optimizer_s, optimizer_comm_s = optimizer_columns(
-        R, zero, zero_group, rates.hbm_bytes_per_s,
-        accelerator.achievable_matmul_flops_per_s("bf16"), np.nan_to_num(dp_rate, nan=np.inf),
-        dispatch_s=dispatch_s,
+    optimizer_s, optimizer_comm_s = (
+        column[step_inv]
+        for column in optimizer_columns(
+            R, zero[step_rows], zero_group[step_rows], rates.hbm_bytes_per_s,
+            accelerator.achievable_matmul_flops_per_s("bf16"), dp_rate[step_rows],
+            dispatch_s=dispatch_s,
+        )
     )  # fmt: skip
 
     exposed = sum(comm[f"{axis}_exposed_time_s"] for axis in AXES)
@@ -450,7 +437,7 @@ def _time_columns(
         "mfu_causal": tokens_per_s_per_gpu * flops_token_causal / peak,
         "hfu": tokens_per_s_per_gpu * (flops_token + extra) / peak,
         "exposed_comm_s": exposed,
-        "busiest_link_s": _busiest_link(comm["link_busy_s"], n),
+        "busiest_link_s": _busiest_link(comm["link_busy_s"], len(tp)),
         "valid": comm["valid"],
     }
     out["bubble_fraction"] = out["pipeline_bubble_s"] / step
@@ -459,6 +446,46 @@ def _time_columns(
         out[f"{axis}_time_s"] = comm[f"{axis}_time_s"]
         out[f"{axis}_bytes_per_step"] = comm[f"{axis}_bytes_per_step"]
     return out
+
+
+def _pipeline_columns(c: dict, S: dict, R: dict) -> tuple[np.ndarray, ...]:
+    """Per row (``c``: pp, m, vpp, schedule): the busiest examined rank's forward, input
+    gradient, weight gradient and recompute seconds per micro-batch, the pipeline's step
+    time by the schedule's closed form, and the busiest rank's compute time in it."""
+    n = len(c["pp"])
+    pp, m, vpp, schedule = (c[k] for k in ("pp", "m", "vpp", "schedule"))
+
+    # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
+    # runs half its micro-batches through each of its two stages: per micro-batch it does
+    # the mean of their layers, and half of the embedding and of the head (+ MTP).
+    pace = np.where(schedule.isin(("dualpipe",))[:, None], 0.5, 1.0)
+
+    def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
+        total = R["paced_dense_layers"] * S[dense_key][:, None] + _held(
+            R, "paced_moe_layers", S[moe_key][:, None]
+        )
+        if emb_key:
+            ends = R["emb"] * S[emb_key][:, None] + R["head"] * S[head_key][:, None]
+            total = total + pace * ends
+        return total
+
+    F = on_slots("fd", "fm", "f_emb", "f_head")
+    B = on_slots("bd", "bm", "b_emb", "b_head")
+    W = on_slots("wd", "wm", "w_emb", "w_head")
+    Rc = on_slots("rd", "rm")
+    busiest = np.argmax(F + B + W + Rc, axis=1)
+    pick = np.arange(n), busiest
+    f, b, w, rc = F[pick], B[pick], W[pick], Rc[pick]
+
+    # Pipeline step time by closed form: one call per schedule on its rows' columns.
+    pipeline = np.zeros(n)
+    busy = np.zeros(n)
+    for sch, rows in rows_by_value(schedule):
+        args = (sch, pp[rows], m[rows], vpp[rows])
+        backward = b[rows] + rc[rows]
+        pipeline[rows] = closed_form.step_time(*args, f[rows], backward, w[rows])
+        busy[rows] = closed_form.busy_time(*args, f[rows], backward, w[rows])
+    return f, b, w, rc, pipeline, busy
 
 
 # ----- links shared by axes (planner.contention) -----------------------------------------

@@ -316,10 +316,20 @@ RANKING_COLUMNS = tuple(dict.fromkeys(name for names, _ in RANKING_KEYS.values()
 
 
 def _ranking(columns: dict[str, np.ndarray], objective: str) -> np.ndarray:
-    """Row order by the objective: a stable sort (equal rows keep their order)."""
+    """Row order by the objective: a stable sort (equal rows keep their order).
+
+    The first key is sorted alone (quicksort); rows it ties are then put in the order of
+    the later keys and their own (a stable lexicographic sort of those rows only)."""
     names, ascending = RANKING_KEYS[objective]
     keys = [columns[n] if up else -columns[n] for n, up in zip(names, ascending, strict=True)]
-    return np.lexsort(keys[::-1])
+    order = np.argsort(keys[0])
+    first = keys[0][order]
+    tied = (first[1:] == first[:-1]) | (np.isnan(first[1:]) & np.isnan(first[:-1]))
+    if tied.any():  # positions in a run of equal first keys, and those rows, ascending
+        at = np.flatnonzero(np.concatenate([tied, [False]]) | np.concatenate([[False], tied]))
+        rows = np.sort(order[at])
+        order[at] = rows[np.lexsort([key[rows] for key in keys[::-1]])]
+    return order
 
 
 def _smallest(memory: np.ndarray, rows: np.ndarray) -> int:

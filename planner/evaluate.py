@@ -142,9 +142,12 @@ def _timed_if_fit(
     order, mfu_dtype, rates, tuned,
 ):  # fmt: skip
     """(placeable rows, the placeable rows within ``limit`` bytes, their timed outputs)."""
-    valid = placeable(cluster, job.model.num_layers, c["tp"], c["cp"], c["pp"], c["dp"],
-                      c["ep"], chunks_column(c["schedule"], c["vpp"]),
-                      one_value_or_column(c["split"]))  # fmt: skip
+    # Placeable or not depends on the structure (tp, ep, pp, vpp, schedule, split), cp, dp.
+    some, inverse = distinct_rows(struct_inv, c["cp"], c["dp"])
+    valid = placeable(cluster, job.model.num_layers,
+                      *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
+                      chunks_column(c["schedule"][some], c["vpp"][some]),
+                      one_value_or_column(c["split"][some]))[inverse]  # fmt: skip
     rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= limit))
     sub = {key: value[rows] for key, value in c.items()}
     timed = _time_columns(

@@ -24,7 +24,8 @@ from planner.codes import Labels, unique_rows
 from planner.compute import GpuRates
 from planner.evaluate_states import slot_states
 from planner.job import Job
-from planner.layout import Layout
+from planner.layout import Layout, dense_and_moe_layers_per_virtual_stage
+from planner.linears import layer_linears
 from planner.memory import params_per_virtual_stage, rank_sums
 from planner.stage_times import rank_structure, shape_times
 from planner.weight_pass import weight_pass_bytes_per_layer
@@ -82,38 +83,26 @@ def shape_table(
     """Per distinct layer shape: activation bytes and per-layer times; each row's shape.
 
     ``bf16_rates``: under an FP8 recipe, the rates of the ops that stay in BF16."""
-    model, e = job.model, job.precision.activation_bytes
+    model, e = job.model, float(job.precision.activation_bytes)
     shapes, shape_inv = unique_rows(tp, cp, ep, sp, mbs, recompute)
-    shape_cols = {key: np.zeros(len(shapes)) for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}
+    keys = MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS
+    table = np.zeros((len(shapes), len(keys)))
     measures = job.active_memory_measures
-    timed, weight_pass = {}, {}  # neither depends on the recompute policy: once per shape
+    fixed = {}  # times and weight-pass bytes do not depend on the recompute policy
+    linears = {}  # each layer kind's linear modules, per tp
     for u, (t, c, x, s, b, r) in enumerate(shapes):
-        shape = act.ActivationShape(
-            seq_len=job.seq_len,
-            micro_batch_size=b,
-            tp=t,
-            cp=c,
-            sequence_parallel=s,
-            flash_attention=job.flash_attention,
-            recompute=r,
-            element_bytes=e,
+        shape = act.ActivationShape.model_construct(  # the validated fields' own types
+            seq_len=job.seq_len, micro_batch_size=b, tp=t, cp=c, sequence_parallel=s,
+            flash_attention=job.flash_attention, recompute=r, element_bytes=e,
             measures=measures,
-        )
-        if (t, c, x, s, b) not in timed:
-            timed[t, c, x, s, b] = shape_times(
-                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned,
-                bf16_rates, measures,
-            )  # fmt: skip
-            kept = job.weight_pass_memory
-            weight_pass[t, c, x, s, b] = (
-                weight_pass_bytes_per_layer(model, shape, False, kept),
-                weight_pass_bytes_per_layer(model, shape, True, kept) if model.is_moe else 0.0,
-            )
-        times = timed[t, c, x, s, b]
-        moe_t = times.moe or times.dense
+        )  # fmt: skip
+        if (t, c, x, s, b) not in fixed:
+            fixed[t, c, x, s, b] = _recompute_free(job, rates, tuned, bf16_rates, shape, x, linears)
+        times, moe_t, values = fixed[t, c, x, s, b]
         adapters = ft.adapter_layer_bytes(model, tuned, shape)
         act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
         values = {
+            **values,
             "act_dense": act.activation_bytes_per_layer(model, shape, False) + adapters[False],
             "act_moe": act_moe + adapters[True] if model.is_moe else 0.0,
             "first_extra": sum(act.first_stage_tensors(model, shape).values()),
@@ -124,33 +113,60 @@ def shape_table(
             )
             + sum(ft.adapter_working_max(model, tuned, shape).values()),
             "backward": act.backward_working_bytes(model, shape),
-            "wpass_dense": weight_pass[t, c, x, s, b][0],
-            "wpass_moe": weight_pass[t, c, x, s, b][1],
             "logits": act.logits_buffer_bytes(model, shape),
+            "rd": times.dense.recompute_s(r),
+            "rm": moe_t.recompute_s(r),
+        }
+        table[u] = [values[key] for key in keys]
+    table = np.ascontiguousarray(table.T)
+    return dict(zip(keys, table, strict=True)), shape_inv
+
+
+def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, linears: dict):
+    """(layer times, MoE layer times, {entry: value}) of a shape's entries that do not depend
+    on the recompute policy: per-layer times and weight-pass bytes."""
+    model, t, b = job.model, shape.tp, shape.micro_batch_size
+    times = shape_times(
+        model, job.seq_len, b, t, shape.cp, ep, shape.sequence_parallel, job.flash_attention,
+        rates, shape.element_bytes, tuned, bf16_rates, shape.measures,
+    )  # fmt: skip
+    kept = job.weight_pass_memory
+
+    def weight_pass(moe_layer: bool) -> float:
+        if (moe_layer, t) not in linears:
+            linears[moe_layer, t] = layer_linears(model, moe_layer, t)
+        return weight_pass_bytes_per_layer(model, shape, moe_layer, kept, linears[moe_layer, t])
+
+    moe_t = times.moe or times.dense
+    return (
+        times,
+        moe_t,
+        {
+            "wpass_dense": weight_pass(False),
+            "wpass_moe": weight_pass(True) if model.is_moe else 0.0,
             "fd": times.dense.forward_s,
             "bd": times.dense.input_grad_s,
             "wd": times.dense.weight_grad_s,
-            "rd": times.dense.recompute_s(r),
             "fm": moe_t.forward_s,
             "bm": moe_t.input_grad_s,
             "wm": moe_t.weight_grad_s,
-            "rm": moe_t.recompute_s(r),
             "f_emb": times.embedding.forward_s,
             "b_emb": times.embedding.input_grad_s,
             "w_emb": 0.0,
             "f_head": sum(op.forward_s for op in times.head),
             "b_head": sum(op.input_grad_s for op in times.head),
             "w_head": sum(op.weight_grad_s for op in times.head),
-        }
-        for key, value in values.items():
-            shape_cols[key][u] = value
-    return shape_cols, shape_inv
+        },
+    )
 
 
-def _pipeline_slots(model, pp: int, vpp: int, schedule: str, split: str) -> dict[str, np.ndarray]:
-    """What the examined ranks of one pipeline (pp, vpp, schedule, split) hold, whatever the
-    tp and ep: [slot] arrays of layers (own, paced, mirrored and both directions'), ends."""
-    structure = rank_structure(model, pp, vpp, schedule, split)
+def _pipeline_slots(
+    model, pp: int, vpp: int, schedule: str, split: str, layers
+) -> dict[str, np.ndarray]:
+    """What the examined ranks of one pipeline (pp, vpp, schedule, split; ``layers`` per
+    virtual stage) hold, whatever the tp and ep: [slot] arrays of layers (own, paced,
+    mirrored and both directions'), ends."""
+    structure = rank_structure(model, pp, vpp, schedule, split, layers)
     dense, moe = np.asarray(structure.dense_layers), np.asarray(structure.moe_layers)
     slots = _slots(pp, dense + moe)
     out = {
@@ -186,17 +202,21 @@ def structure_table(
     pipelines: dict[tuple, int] = {}  # (pp, vpp, schedule, split) → its index
     per_pipeline, layouts = [], []
     stage_params: dict[tuple, tuple] = {}  # (tp, ep, pp, vpp, split) → (dense, expert)
+    stage_layers: dict[tuple, tuple] = {}  # (pp, vpp, split) → (dense, MoE) layers per stage
     pipe_of = np.zeros(len(structs), dtype=np.int64)
     dense_params, expert_params = np.zeros((2, len(structs), NUM_SLOTS))
     for u, (t, x, p, v, sch, spl) in enumerate(structs):
+        if (p, v, spl) not in stage_layers:
+            stage_layers[p, v, spl] = dense_and_moe_layers_per_virtual_stage(model, p, v, spl)
+        layers = stage_layers[p, v, spl]
         if (p, v, sch, spl) not in pipelines:
             pipelines[p, v, sch, spl] = len(per_pipeline)
-            per_pipeline.append(_pipeline_slots(model, p, v, sch, spl))
+            per_pipeline.append(_pipeline_slots(model, p, v, sch, spl, layers))
             layouts.append(Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl))
         pipe_of[u] = pipe = pipelines[p, v, sch, spl]
         if (t, x, p, v, spl) not in stage_params:
             layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
-            stage_params[t, x, p, v, spl] = params_per_virtual_stage(model, layout)
+            stage_params[t, x, p, v, spl] = params_per_virtual_stage(model, layout, layers)
         dense_stage, expert_stage = stage_params[t, x, p, v, spl]
         slots = per_pipeline[pipe]["slot"].astype(np.int64)
         dense_params[u] = rank_sums(dense_stage, layouts[pipe])[slots]  # reads pp, vpp, schedule

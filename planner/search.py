@@ -288,15 +288,16 @@ def search(
         if len(kept) and not np.array_equal(rows[at], kept):  # not timed: NaN times
             timed = {k: _spread(v, rows, len(memory), placeable) for k, v in timed.items()}
             at = kept
+        in_place = np.array_equal(at, np.arange(len(rows)))  # every timed row is kept
         merged = in_output_order(timed, memory_out)
-        ranked = {key: merged[key][at if key in timed else kept] for key in RANKING_COLUMNS}
-        ranking = _ranking(ranked, objective)
-        kept, at = kept[ranking], at[ranking]
-        columns = {key: value[kept] for key, value in columns.items()}
+        columns = {key: value[kept] for key, value in columns.items()}  # in row order
         for key, value in merged.items():
-            columns[key] = value[at] if key in timed else value[kept]
+            columns[key] = (value if in_place else value[at]) if key in timed else value[kept]
+        ranking = _ranking({key: columns[key] for key in RANKING_COLUMNS}, objective)
     columns = {k: v.strings() if isinstance(v, Labels) else v for k, v in columns.items()}
     table = pd.DataFrame(columns) if screened else pd.DataFrame(columns=LAYOUT_COLUMNS)
+    if screened:  # ranked: one take of the table's blocks
+        table = table.take(ranking).reset_index(drop=True)
     return SearchResult(
         candidates_evaluated=total,
         feasible=len(table),

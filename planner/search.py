@@ -72,8 +72,8 @@ class SearchResult(BaseModel):
 
 
 def _divisors(n: int, limit: int | None = None) -> list[int]:
-    values = [d for d in range(1, n + 1) if n % d == 0]
-    return [d for d in values if limit is None or d <= limit]
+    candidates = np.arange(1, (n if limit is None else min(n, limit)) + 1)
+    return candidates[n % candidates == 0].tolist()
 
 
 def _schedule_options(space: SearchSpace, num_layers: int) -> list[tuple[str, int]]:
@@ -153,9 +153,11 @@ def expand_rows(
     alive = np.zeros(int(np.prod(grid_shape)), dtype=bool)
     alive[cells] = True
     num_sp = grid_shape[-1]
-    alive = alive.reshape(-1, 1, 1, num_sp)
-    full = np.broadcast_to(alive, (alive.shape[0], num_zero, num_recompute, num_sp))
+    alive = alive.reshape(-1, num_sp)
+    live = np.flatnonzero(alive.any(axis=1))  # cells with a row (the others expand to none)
+    full = np.broadcast_to(alive[live, None, None, :], (len(live), num_zero, num_recompute, num_sp))
     cell, zero, recompute, sp = np.nonzero(full)
+    cell = live[cell]
     row_of_cell = np.zeros(len(alive.ravel()), dtype=np.int64)
     row_of_cell[cells] = np.arange(len(cells))
     row = row_of_cell[cell * num_sp + sp]

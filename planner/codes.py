@@ -24,7 +24,8 @@ import pandas as pd
 
 @dataclass(frozen=True, eq=False)
 class Labels:
-    """A string column: ``values[codes[i]]`` is row ``i``'s value."""
+    """A column as codes (a string column, or indices into a table's rows): ``values[codes[i]]``
+    is row ``i``'s value."""
 
     codes: np.ndarray  # int64, one per row
     values: tuple  # the distinct values (some may be held by no row after a selection)
@@ -69,27 +70,33 @@ class Labels:
         return np.array([*self.values, None], dtype=object)[:-1][self.codes]
 
 
-def column_codes(column) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's index into the column's distinct values, and those values.
+def coded(index: np.ndarray, count: int) -> Labels:
+    """A column of indices into ``count`` things (a table's rows) as labels."""
+    return Labels(index, range(count))
 
-    Small non-negative integers (and booleans) are looked up in a table as long as their
-    range (no hashing, no sort); :class:`planner.labels.Labels` bring their codes; anything
-    else is hashed (:func:`pandas.factorize`)."""
+
+def _codes(column) -> tuple[np.ndarray, int]:
+    """Integer codes of the rows' values (equal values, equal codes) and a bound on them.
+
+    Labels bring their codes; small non-negative integers (and booleans) are their own
+    codes; larger ones are looked up in a table as long as their range (no hashing, no
+    sort); anything else is hashed (:func:`pandas.factorize`)."""
     if isinstance(column, Labels):
-        return column.codes, np.array([*column.values, None], dtype=object)[:-1]
+        return column.codes, len(column.values)
     values = np.asarray(column).reshape(-1)
     if values.dtype.kind in "biu" and len(values):
-        numbers = values.astype(np.int64, copy=False)
-        low, high = int(numbers.min()), int(numbers.max())
-        if low >= 0 and high <= 4 * len(numbers) + 1024:
+        low, high = int(values.min()), int(values.max())
+        if low >= 0 and high < 64:
+            return values, high + 1
+        if low >= 0 and high <= 4 * len(values) + 1024:
             present = np.zeros(high + 1, dtype=bool)
-            present[numbers] = True
+            present[values] = True
             uniques = np.flatnonzero(present)
             lookup = np.zeros(high + 1, dtype=np.int64)
             lookup[uniques] = np.arange(len(uniques))
-            return lookup[numbers], uniques.astype(values.dtype)
-    code, uniques = pd.factorize(values)  # hashing: O(rows)
-    return code, np.asarray(uniques)
+            return lookup[values], len(uniques)
+    codes, uniques = pd.factorize(values)  # hashing: O(rows)
+    return codes, len(uniques)
 
 
 def _compressed(key: np.ndarray, size: int) -> tuple[np.ndarray, int]:
@@ -111,13 +118,14 @@ def distinct_rows(*columns) -> tuple[np.ndarray, np.ndarray]:
     those rows (work done on them is broadcast back by it)."""
     key, size = None, 1
     for column in columns:
-        codes, values = column_codes(column)
+        codes, bound = _codes(column)
+        bound = max(bound, 1)
         if key is None:
-            key, size = codes.astype(np.int64, copy=False), max(len(values), 1)
+            key, size = codes.astype(np.int64, copy=False), bound
             continue
-        if size * len(values) > 2**62:  # keep the combined key in int64
+        if size * bound > 4 * len(key) + 1024:  # renumber first: keys stay table-sized
             key, size = _compressed(key, size)
-        key, size = key * len(values) + codes, size * max(len(values), 1)
+        key, size = key * bound + codes, size * bound
     inverse, count = _compressed(key, size)
     chosen = np.zeros(count, dtype=np.int64)
     chosen[inverse] = np.arange(len(inverse))
@@ -127,8 +135,7 @@ def distinct_rows(*columns) -> tuple[np.ndarray, np.ndarray]:
 def unique_rows(*columns) -> tuple[list[tuple], np.ndarray]:
     """Distinct value tuples of the given columns and each row's index into them.
 
-    Each column is turned into integer codes first (:func:`column_codes`), so strings cost
-    no more than ints."""
+    Each column is turned into integer codes first, so strings cost no more than ints."""
     chosen, inverse = distinct_rows(*columns)
     values = [
         column[chosen].strings()

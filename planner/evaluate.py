@@ -24,7 +24,7 @@ from hwspecs.schema import Accelerator, Cluster
 from planner import activations as act
 from planner import finetune_costs as ft
 from planner import op_counts
-from planner.codes import Labels, distinct_rows, unique_rows
+from planner.codes import Labels, coded, distinct_rows, unique_rows
 from planner.compute import GpuRates
 from planner.contention import occupancy_excess
 from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns
@@ -94,17 +94,16 @@ def evaluate_columns(
     n = len(columns["tp"])
     c = _prepared(columns)
     rates, bf16_rates, tuned = _rates(job, accelerator)
-    shapes, shape_inv, structs, struct_inv = _tables(job, c, rates, bf16_rates, tuned)
-    memory = _memory_columns(job, c, shapes, shape_inv, structs, struct_inv, tuned)
+    shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
+    memory = _memory_columns(job, c, shapes, structs, tuned)
     if memory_limit_bytes is None:
         timed = _time_columns(
-            job, cluster, accelerator, c, shapes, shape_inv, structs, struct_inv, order,
-            mfu_dtype, rates, tuned,
-        )  # fmt: skip
+            job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+        )
         return in_output_order(timed, memory)
     valid, rows, timed = _timed_if_fit(
-        job, cluster, accelerator, c, shapes, shape_inv, structs, struct_inv, memory,
-        memory_limit_bytes, order, mfu_dtype, rates, tuned,
+        job, cluster, accelerator, c, shapes, structs, memory, memory_limit_bytes, order,
+        mfu_dtype, rates, tuned,
     )  # fmt: skip
     full = {}
     for key, value in timed.items():
@@ -128,22 +127,21 @@ def screen_columns(
     of those rows only, one per row of them)."""
     c = _prepared(columns)
     rates, bf16_rates, tuned = _rates(job, accelerator)
-    shapes, shape_inv, structs, struct_inv = _tables(job, c, rates, bf16_rates, tuned)
-    memory = _memory_columns(job, c, shapes, shape_inv, structs, struct_inv, tuned)
+    shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
+    memory = _memory_columns(job, c, shapes, structs, tuned)
     valid, rows, timed = _timed_if_fit(
-        job, cluster, accelerator, c, shapes, shape_inv, structs, struct_inv, memory,
-        memory_limit_bytes, order, mfu_dtype, rates, tuned,
+        job, cluster, accelerator, c, shapes, structs, memory, memory_limit_bytes, order,
+        mfu_dtype, rates, tuned,
     )  # fmt: skip
     return memory, valid, rows, timed
 
 
 def _timed_if_fit(
-    job, cluster, accelerator, c, shapes, shape_inv, structs, struct_inv, memory, limit,
-    order, mfu_dtype, rates, tuned,
-):  # fmt: skip
+    job, cluster, accelerator, c, shapes, structs, memory, limit, order, mfu_dtype, rates, tuned
+):
     """(placeable rows, the placeable rows within ``limit`` bytes, their timed outputs)."""
     # Placeable or not depends on the structure (tp, ep, pp, vpp, schedule, split), cp, dp.
-    some, inverse = distinct_rows(struct_inv, c["cp"], c["dp"])
+    some, inverse = distinct_rows(c["structure"], c["cp"], c["dp"])
     valid = placeable(cluster, job.model.num_layers,
                       *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
                       chunks_column(c["schedule"][some], c["vpp"][some]),
@@ -151,9 +149,8 @@ def _timed_if_fit(
     rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= limit))
     sub = {key: value[rows] for key, value in c.items()}
     timed = _time_columns(
-        job, cluster, accelerator, sub, shapes, shape_inv[rows], structs, struct_inv[rows],
-        order, mfu_dtype, rates, tuned,
-    )  # fmt: skip
+        job, cluster, accelerator, sub, shapes, structs, order, mfu_dtype, rates, tuned
+    )
     return valid, rows, timed
 
 
@@ -165,6 +162,7 @@ def _prepared(columns: dict) -> dict:
         col[k].astype(np.int64) for k in ("micro_batch_size", "num_microbatches", "zero_stage")
     )
     c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
+    c["dp_cp"] = c["dp"] * c["cp"]  # the ZeRO group
     # String columns as codes, hashed once (the search hands them over coded).
     c["schedule"], c["recompute"], c["split"] = (
         Labels.of(columns[k]) for k in ("schedule", "recompute", "pipeline_layer_split")
@@ -180,8 +178,12 @@ def _rates(job: Job, accelerator: Accelerator) -> tuple:
     return rates, bf16_rates, tuned
 
 
-def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple:
-    """(per-shape table, each row's shape, per-structure table, each row's structure)."""
+def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple[dict, dict]:
+    """The per-shape and per-structure tables. Adds to ``c`` each row's index into them
+    (``shape``, ``structure``) and into the distinct (structure, shape, m) combinations —
+    what activations and the pipeline's compute depend on — and (structure, ZeRO stage,
+    dp·cp) ones — what model states and the optimizer step depend on (``held``,
+    ``states``), all as :class:`planner.codes.Labels` of indices."""
     shapes, shape_inv = shape_table(
         job, rates, tuned, *(c[k] for k in ("tp", "cp", "ep", "sp", "mbs", "recompute")),
         bf16_rates,
@@ -189,7 +191,12 @@ def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple:
     structs, struct_inv = structure_table(
         job, *(c[k] for k in ("tp", "ep", "pp", "vpp", "schedule", "split"))
     )
-    return shapes, shape_inv, structs, struct_inv
+    c["shape"] = coded(shape_inv, len(shapes["fd"]))
+    c["structure"] = coded(struct_inv, len(structs["slot"]))
+    for name, columns in (("held", ("shape", "m")), ("states", ("zero", "dp_cp"))):
+        chosen, inverse = distinct_rows(c["structure"], *(c[k] for k in columns))
+        c[name] = coded(inverse, len(chosen))
+    return shapes, structs
 
 
 def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
@@ -205,9 +212,7 @@ def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def _memory_columns(
-    job: Job, c: dict, shapes: dict, shape_inv, structs: dict, struct_inv, tuned
-) -> dict[str, np.ndarray]:
+def _memory_columns(job: Job, c: dict, shapes: dict, structs: dict, tuned) -> dict[str, np.ndarray]:
     """Memory per examined rank from the rows' shapes and structures; the peak is memory
     per GPU. Model states (ZeRO-sharded), activations of the micro-batches in flight,
     logits, communication buffers and the runtime's fixed overhead.
@@ -216,15 +221,16 @@ def _memory_columns(
     model states on its structure, ZeRO stage and group: each is worked out on one row per
     distinct combination and broadcast; per row only the sum and its peak are taken."""
     n = len(c["tp"])
-    held_rows, held_inv = distinct_rows(struct_inv, shape_inv, c["m"])
+    shape_inv, struct_inv = c["shape"].codes, c["structure"].codes
+    held_rows, held_inv = distinct_rows(c["held"])
     held = _activation_columns(
         job,
         {k: c[k][held_rows] for k in ("pp", "m", "vpp", "schedule")},
         _gather(shapes, shape_inv[held_rows], MEMORY_SHAPE_KEYS),
         _gather(structs, struct_inv[held_rows], MEMORY_STRUCT_KEYS),
     )
-    zero_group = c["dp"] * c["cp"]
-    state_rows, state_inv = distinct_rows(struct_inv, c["zero"], zero_group)
+    zero_group = c["dp_cp"]
+    state_rows, state_inv = distinct_rows(c["states"])
     state_keys = tuple(key for key in structs if key.endswith(("_fixed", "_dense", "_expert")))
     states = _state_columns(
         job,
@@ -340,8 +346,8 @@ def _activation_columns(job: Job, c: dict, S: dict, R: dict) -> dict[str, np.nda
 
 
 def _time_columns(
-    job: Job, cluster, accelerator, c: dict, shapes: dict, shape_inv, structs: dict, struct_inv,
-    order, mfu_dtype, rates, tuned,
+    job: Job, cluster, accelerator, c: dict, shapes: dict, structs: dict, order, mfu_dtype,
+    rates, tuned,
 ) -> dict[str, np.ndarray]:  # fmt: skip
     """Step time per row: the busiest examined rank's F, B (+ recompute) and W per
     micro-batch through the schedule's closed form, exposed communication per axis, the
@@ -354,7 +360,8 @@ def _time_columns(
     tp, cp, pp, dp, ep, vpp = (c[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
     mbs, m, zero, schedule, recompute = (c[k] for k in ("mbs", "m", "zero", "schedule",
                                                         "recompute"))  # fmt: skip
-    paced_rows, paced_inv = distinct_rows(struct_inv, shape_inv, m)
+    shape_inv, struct_inv = c["shape"].codes, c["structure"].codes
+    paced_rows, paced_inv = distinct_rows(c["held"])
     paced = _pipeline_columns(
         {k: c[k][paced_rows] for k in ("pp", "m", "vpp", "schedule")},
         _gather(shapes, shape_inv[paced_rows], TIME_SHAPE_KEYS),
@@ -385,13 +392,15 @@ def _time_columns(
     )
 
     # Optimizer: the trainable parameters' update (and Muon's orthogonalization and gather).
-    zero_group = dp * cp
+    zero_group = c["dp_cp"]
     with np.errstate(divide="ignore", invalid="ignore"):  # the DP group's achieved bus rate
         dp_rate = np.where(
             comm["dp_time_s"] > 0, comm["dp_bytes_per_step"] / comm["dp_time_s"], np.inf
         )
     dp_rate = np.nan_to_num(dp_rate, nan=np.inf)
-    step_rows, step_inv = distinct_rows(struct_inv, zero, zero_group, dp_rate)
+    # The DP rate matters only where Muon gathers (no structure has Muon matrices: none).
+    muon = structs["muon_params"].any()
+    step_rows, step_inv = distinct_rows(c["states"], *((dp_rate,) if muon else ()))
     R = _gather(structs, struct_inv[step_rows], OPTIMIZER_STRUCT_KEYS)
     dispatch_s = 0.0  # per tensor, its step's operations (sharded tensors step too)
     if rates.op_overhead_s:

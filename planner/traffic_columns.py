@@ -32,7 +32,7 @@ from planner.job import Job
 from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES
 from planner.network import as_cluster, cluster_view
 from planner.schedules.registry import SCHEDULES, get_schedule
-from planner.topology import placement_for_view, resolve_order
+from planner.topology import cluster_key, placement_for_view, resolve_order
 from planner.traffic_terms import (
     AXIS_GROUPS,
     EP_OVERLAP_SCHEDULES,
@@ -58,9 +58,10 @@ def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) ->
             placements.append(None)  # stays unpriced: the row cannot be placed
             continue
         if num_gpus not in views:
-            views[num_gpus] = cluster_view(cluster, num_gpus)
+            views[num_gpus] = cluster_view(cluster, num_gpus), cluster_key(cluster, num_gpus)
+        view, view_key = views[num_gpus]
         sizes = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
-        placements.append(placement_for_view(views[num_gpus], order, sizes))
+        placements.append(placement_for_view(view, order, sizes, view_key))
     return placements
 
 

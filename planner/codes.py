@@ -41,6 +41,11 @@ class Labels:
     def __len__(self) -> int:
         return len(self.codes)
 
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The rows' values, for numpy (``np.asarray(labels)``)."""
+        values = self.strings()
+        return values if dtype is None else values.astype(dtype)
+
     def __getitem__(self, rows):
         """One row's value (an integer index), else the selected rows as labels."""
         if isinstance(rows, (int, np.integer)):

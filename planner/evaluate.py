@@ -244,12 +244,15 @@ def _memory_columns(job: Job, c: dict, shapes: dict, structs: dict, tuned) -> di
         job.model, job, *(c[k] for k in ("tp", "cp", "pp", "ep", "zero", "sp", "mbs")), tuned
     )
     runtime = float(job.runtime_overhead_bytes)
-    # The parts' sum in the order they are reported (so every row adds as it always did).
-    total = sum(states.values())[state_inv]
-    total = total + held["activations"][held_inv]
-    total = total + held["logits_buffers"][held_inv]
-    total = total + comm_buffer[:, None]
-    total = total + runtime
+    # The parts' sum in the order they are reported (so every row adds as it always did),
+    # in place.
+    total = np.take(sum(states.values()), state_inv, axis=0)
+    part = np.take(held["activations"], held_inv, axis=0)
+    total += part
+    np.take(held["logits_buffers"], held_inv, axis=0, out=part)
+    total += part
+    total += comm_buffer[:, None]
+    total += runtime
     peak_slot = np.argmax(total, axis=1)
     out = {
         "memory_per_gpu_bytes": total[np.arange(n), peak_slot],

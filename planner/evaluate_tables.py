@@ -83,7 +83,7 @@ def shape_table(
     """Per distinct layer shape: activation bytes and per-layer times; each row's shape.
 
     ``bf16_rates``: under an FP8 recipe, the rates of the ops that stay in BF16."""
-    model, e = job.model, float(job.precision.activation_bytes)
+    model, e = job.model, job.precision.activation_bytes
     shapes, shape_inv = unique_rows(tp, cp, ep, sp, mbs, recompute)
     keys = MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS
     table = np.zeros((len(shapes), len(keys)))
@@ -91,7 +91,7 @@ def shape_table(
     fixed = {}  # times and weight-pass bytes do not depend on the recompute policy
     linears = {}  # each layer kind's linear modules, per tp
     for u, (t, c, x, s, b, r) in enumerate(shapes):
-        shape = act.ActivationShape.model_construct(  # the validated fields' own types
+        shape = act.ActivationShape(
             seq_len=job.seq_len, micro_batch_size=b, tp=t, cp=c, sequence_parallel=s,
             flash_attention=job.flash_attention, recompute=r, element_bytes=e,
             measures=measures,

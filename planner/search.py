@@ -122,7 +122,7 @@ def screening_grid(
         indexing="ij",
     )
     degree, pair, mbs, sp = (g.ravel() for g in grids)
-    names = np.array([name for name, _ in pairs] or ["1f1b"], dtype=object)
+    names = tuple(name for name, _ in pairs) or ("1f1b",)
     vpps = np.array([v for _, v in pairs] or [1])
     columns = {
         "tp": t[degree],
@@ -132,7 +132,7 @@ def screening_grid(
         "ep": x[degree],
         "vpp": vpps[pair],
         "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
-        "schedule": names[pair],
+        "schedule": Labels(pair, names),
         "sequence_parallel": np.asarray(space.sequence_parallel, dtype=bool)[sp],
     }
     # Sequence parallelism means nothing without TP: keep one of the two rows.
@@ -161,8 +161,7 @@ def expand_rows(
     row_of_cell = np.zeros(len(alive.ravel()), dtype=np.int64)
     row_of_cell[cells] = np.arange(len(cells))
     row = row_of_cell[cell * num_sp + sp]
-    out = {key: value[row] for key, value in columns.items() if key != "schedule"}
-    out["schedule"] = Labels.of(columns["schedule"])[row]  # coded: hashed on the grid's rows
+    out = {key: value[row] for key, value in columns.items()}
     out["zero_stage"] = np.asarray(space.zero_stage)[zero]
     out["recompute"] = Labels(recompute, tuple(space.recompute))
     return out
@@ -175,6 +174,10 @@ def rejection_masks(
     model, s = job.model, job.seq_len
     tp, cp, pp, dp, ep, vpp = (cols[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
     schedule, mbs = cols["schedule"], cols["micro_batch_size"]
+
+    def runs(name: str) -> np.ndarray:
+        return Labels.of(schedule).isin((name,))
+
     stages = pp * vpp
     L = model.num_layers
     kv = model.num_kv_heads
@@ -214,16 +217,16 @@ def rejection_masks(
         ),
         (
             "interleaved-1f1b needs micro-batches a multiple of pp",
-            (schedule == "interleaved-1f1b") & ((m % pp != 0) | (m < pp)),
+            runs("interleaved-1f1b") & ((m % pp != 0) | (m < pp)),
         ),
         (
             "dualpipe needs an even pp and an even number ≥ 2·pp of micro-batches",
-            (schedule == "dualpipe") & ((pp % 2 != 0) | (m % 2 != 0) | (m < 2 * pp)),
+            runs("dualpipe") & ((pp % 2 != 0) | (m % 2 != 0) | (m < 2 * pp)),
         ),
-        ("dualpipev needs ≥ 2·pp micro-batches", (schedule == "dualpipev") & (m < 2 * pp)),
+        ("dualpipev needs ≥ 2·pp micro-batches", runs("dualpipev") & (m < 2 * pp)),
         (
             "a pipeline schedule needs pp > 1 (pp = 1 is listed once, as 1f1b)",
-            (pp == 1) & (schedule != "1f1b"),
+            (pp == 1) & ~runs("1f1b"),
         ),
     ]
     cols["num_microbatches"] = np.maximum(m, 1)

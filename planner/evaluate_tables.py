@@ -85,46 +85,57 @@ def shape_table(
     ``bf16_rates``: under an FP8 recipe, the rates of the ops that stay in BF16."""
     model, e = job.model, job.precision.activation_bytes
     shapes, shape_inv = unique_rows(tp, cp, ep, sp, mbs, recompute)
-    keys = MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS
-    table = np.zeros((len(shapes), len(keys)))
     measures = job.active_memory_measures
-    fixed = {}  # times and weight-pass bytes do not depend on the recompute policy
+    fixed: dict[tuple, int] = {}  # times and weight-pass bytes do not depend on the recompute
+    free_rows, free_of, own_rows = [], [], []  # policy: once per (tp, cp, ep, SP, mbs)
     linears = {}  # each layer kind's linear modules, per tp
-    for u, (t, c, x, s, b, r) in enumerate(shapes):
+    for t, c, x, s, b, r in shapes:
         shape = act.ActivationShape(
             seq_len=job.seq_len, micro_batch_size=b, tp=t, cp=c, sequence_parallel=s,
             flash_attention=job.flash_attention, recompute=r, element_bytes=e,
             measures=measures,
         )  # fmt: skip
         if (t, c, x, s, b) not in fixed:
-            fixed[t, c, x, s, b] = _recompute_free(job, rates, tuned, bf16_rates, shape, x, linears)
-        times, moe_t, values = fixed[t, c, x, s, b]
+            fixed[t, c, x, s, b] = len(free_rows)
+            free_rows.append(_recompute_free(job, rates, tuned, bf16_rates, shape, x, linears))
+        times, moe_t, _ = free_rows[fixed[t, c, x, s, b]]
+        free_of.append(fixed[t, c, x, s, b])
         adapters = ft.adapter_layer_bytes(model, tuned, shape)
         act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
-        values = {
-            **values,
-            "act_dense": act.activation_bytes_per_layer(model, shape, False) + adapters[False],
-            "act_moe": act_moe + adapters[True] if model.is_moe else 0.0,
-            "first_extra": sum(act.first_stage_tensors(model, shape).values()),
-            "last_extra": sum(act.last_stage_tensors(model, shape).values()),
-            "working": max(
+        own_rows.append((  # in the order of OWN_SHAPE_KEYS
+            act.activation_bytes_per_layer(model, shape, False) + adapters[False],
+            act_moe + adapters[True] if model.is_moe else 0.0,
+            sum(act.first_stage_tensors(model, shape).values()),
+            sum(act.last_stage_tensors(model, shape).values()),
+            max(
                 act.recompute_working_bytes(model, shape, False),
                 act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
             )
             + sum(ft.adapter_working_max(model, tuned, shape).values()),
-            "backward": act.backward_working_bytes(model, shape),
-            "logits": act.logits_buffer_bytes(model, shape),
-            "rd": times.dense.recompute_s(r),
-            "rm": moe_t.recompute_s(r),
-        }
-        table[u] = [values[key] for key in keys]
-    table = np.ascontiguousarray(table.T)
-    return dict(zip(keys, table, strict=True)), shape_inv
+            act.backward_working_bytes(model, shape),
+            act.logits_buffer_bytes(model, shape),
+            times.dense.recompute_s(r),
+            moe_t.recompute_s(r),
+        ))  # fmt: skip
+    own = np.array(own_rows, dtype=float).reshape(-1, len(OWN_SHAPE_KEYS)).T
+    free = np.array([row for *_, row in free_rows], dtype=float).reshape(-1, len(FREE_SHAPE_KEYS))
+    columns = dict(zip(OWN_SHAPE_KEYS, own, strict=True))
+    columns.update(zip(FREE_SHAPE_KEYS, free[free_of].T, strict=True))
+    return {key: columns[key] for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}, shape_inv
+
+
+#: Shape-table entries worked out per shape (those :func:`_recompute_free` does not give).
+OWN_SHAPE_KEYS = ("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward",
+                  "logits", "rd", "rm")  # fmt: skip
+#: Shape-table entries that do not depend on the recompute policy, in :func:`_recompute_free`'s
+#: order.
+FREE_SHAPE_KEYS = ("wpass_dense", "wpass_moe", "fd", "bd", "wd", "fm", "bm", "wm", "f_emb",
+                   "b_emb", "w_emb", "f_head", "b_head", "w_head")  # fmt: skip
 
 
 def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, linears: dict):
-    """(layer times, MoE layer times, {entry: value}) of a shape's entries that do not depend
-    on the recompute policy: per-layer times and weight-pass bytes."""
+    """(layer times, MoE layer times, the values of :data:`FREE_SHAPE_KEYS`): a shape's
+    entries that do not depend on the recompute policy, per-layer times and weight-pass bytes."""
     model, t, b = job.model, shape.tp, shape.micro_batch_size
     times = shape_times(
         model, job.seq_len, b, t, shape.cp, ep, shape.sequence_parallel, job.flash_attention,
@@ -141,22 +152,22 @@ def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, linears:
     return (
         times,
         moe_t,
-        {
-            "wpass_dense": weight_pass(False),
-            "wpass_moe": weight_pass(True) if model.is_moe else 0.0,
-            "fd": times.dense.forward_s,
-            "bd": times.dense.input_grad_s,
-            "wd": times.dense.weight_grad_s,
-            "fm": moe_t.forward_s,
-            "bm": moe_t.input_grad_s,
-            "wm": moe_t.weight_grad_s,
-            "f_emb": times.embedding.forward_s,
-            "b_emb": times.embedding.input_grad_s,
-            "w_emb": 0.0,
-            "f_head": sum(op.forward_s for op in times.head),
-            "b_head": sum(op.input_grad_s for op in times.head),
-            "w_head": sum(op.weight_grad_s for op in times.head),
-        },
+        (  # in the order of FREE_SHAPE_KEYS
+            weight_pass(False),
+            weight_pass(True) if model.is_moe else 0.0,
+            times.dense.forward_s,
+            times.dense.input_grad_s,
+            times.dense.weight_grad_s,
+            moe_t.forward_s,
+            moe_t.input_grad_s,
+            moe_t.weight_grad_s,
+            times.embedding.forward_s,
+            times.embedding.input_grad_s,
+            0.0,
+            sum(op.forward_s for op in times.head),
+            sum(op.input_grad_s for op in times.head),
+            sum(op.weight_grad_s for op in times.head),
+        ),
     )
 
 

@@ -112,8 +112,9 @@ def slot_states(
         ],
         axis=-1,
     ).reshape(-1, 6)
-    distinct, inverse = np.unique(ranks, axis=0, return_inverse=True)
-    values = [_rank_states(job, tuned, int(t), int(x), *rank) for t, x, *rank in distinct.tolist()]
+    index: dict[tuple, int] = {}  # each distinct rank's row in ``values``
+    inverse = np.array([index.setdefault(rank, len(index)) for rank in map(tuple, ranks.tolist())])
+    values = [_rank_states(job, tuned, int(t), int(x), *rank) for t, x, *rank in index]
     inverse = inverse.reshape(shape)
     return {key: np.array([value[key] for value in values])[inverse] for key in keys}
 

@@ -24,7 +24,7 @@ from planner.codes import Labels, unique_rows
 from planner.compute import GpuRates
 from planner.evaluate_states import slot_states
 from planner.job import Job
-from planner.layout import Layout, dense_and_moe_layers_per_virtual_stage
+from planner.layout import Layout, dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.linears import layer_linears
 from planner.memory import params_per_virtual_stage, rank_sums
 from planner.stage_times import rank_structure, shape_times
@@ -223,15 +223,16 @@ def structure_table(
         if (p, v, sch, spl) not in pipelines:
             pipelines[p, v, sch, spl] = len(per_pipeline)
             per_pipeline.append(_pipeline_slots(model, p, v, sch, spl, layers))
-            layouts.append(Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl))
+            layout = Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl)
+            layouts.append((layout, virtual_stage_ranks(sch, p, v)))
         pipe_of[u] = pipe = pipelines[p, v, sch, spl]
         if (t, x, p, v, spl) not in stage_params:
             layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
             stage_params[t, x, p, v, spl] = params_per_virtual_stage(model, layout, layers)
         dense_stage, expert_stage = stage_params[t, x, p, v, spl]
         slots = per_pipeline[pipe]["slot"].astype(np.int64)
-        dense_params[u] = rank_sums(dense_stage, layouts[pipe])[slots]  # reads pp, vpp, schedule
-        expert_params[u] = rank_sums(expert_stage, layouts[pipe])[slots]
+        dense_params[u] = rank_sums(dense_stage, *layouts[pipe])[slots]  # reads pp, vpp, schedule
+        expert_params[u] = rank_sums(expert_stage, *layouts[pipe])[slots]
     table = {
         key: np.stack([pipe[key] for pipe in per_pipeline])[pipe_of] for key in per_pipeline[0]
     }

@@ -173,9 +173,11 @@ def mtp_params_per_rank(model: ModelSpec, tp: int, ep: int) -> tuple[float, floa
     return model.num_mtp_modules * dense, model.num_mtp_modules * expert
 
 
-def rank_sums(values: np.ndarray, layout: Layout) -> np.ndarray:
-    """Sum per-virtual-stage values onto pipeline ranks (DualPipe adds the mirrored stage)."""
-    ranks = virtual_stage_ranks(layout.schedule, layout.pp, layout.vpp)
+def rank_sums(values: np.ndarray, layout: Layout, ranks: np.ndarray | None = None) -> np.ndarray:
+    """Sum per-virtual-stage values onto pipeline ranks (DualPipe adds the mirrored stage);
+    ``ranks``: the layout's :func:`planner.layout.virtual_stage_ranks`, when the caller has them."""
+    if ranks is None:
+        ranks = virtual_stage_ranks(layout.schedule, layout.pp, layout.vpp)
     per_rank = np.bincount(ranks, weights=values, minlength=layout.pp)
     if layout.schedule == "dualpipe":
         per_rank = per_rank + per_rank[::-1]

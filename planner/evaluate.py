@@ -240,9 +240,11 @@ def _memory_columns(job: Job, c: dict, shapes: dict, structs: dict, tuned) -> di
         _gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)),
         tuned,
     )
+    buffer_keys = ("tp", "cp", "pp", "ep", "zero", "sp", "mbs")  # once per distinct tuple
+    buffer_rows, buffer_inv = distinct_rows(*(c[k] for k in buffer_keys))
     comm_buffer = _comm_buffer_columns(
-        job.model, job, *(c[k] for k in ("tp", "cp", "pp", "ep", "zero", "sp", "mbs")), tuned
-    )
+        job.model, job, *(c[k][buffer_rows] for k in buffer_keys), tuned
+    )[buffer_inv]
     runtime = float(job.runtime_overhead_bytes)
     # The parts' sum in the order they are reported (so every row adds as it always did),
     # in place.

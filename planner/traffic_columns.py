@@ -396,11 +396,13 @@ def axis_times_vectorized(
     link_hidden: dict[str, dict[str, np.ndarray]] = {}
     pooled = sum(raw for term, *_, raw, _ in priced if term.rule == "ep")  # one DualPipe window
     sm_share = ep_overlap_sm_share(load_accelerator(cluster.accelerator).num_compute_units)
-    sizes = _group_sizes(key)
+    sizes, factors = _group_sizes(key), {}  # bytes sent per byte, per (op, group)
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
         for term, count, message, one, bucket, raw, busy in priced:
-            n = sizes["pp"] if term.op == "p2p" else sizes[AXIS_GROUPS[term.axis]]
-            out[f"{term.axis}_bytes_per_step"] += count * message * volume_factor(term.op, n)
+            group = "pp" if term.op == "p2p" else AXIS_GROUPS[term.axis]
+            if (term.op, group) not in factors:
+                factors[term.op, group] = volume_factor(term.op, sizes[group])
+            out[f"{term.axis}_bytes_per_step"] += count * message * factors[term.op, group]
             out[f"{term.axis}_time_s"] += raw
             if term.axis in per_row:  # on the rows that run the term (the others add 0)
                 live = np.flatnonzero((count > 0)[inv])

@@ -1,11 +1,17 @@
 """Step time, throughput and memory for many layouts at once (numpy columns, one row each).
 
 This is the one model the search screens with and the single-layout estimate reports.
-Pieces that depend only on a few layout fields are computed once per distinct value
-(per-layer times per (tp, cp, ep, SP, micro-batch) shape; what each pipeline rank holds
-per (pp, vpp, schedule); in-flight micro-batches per (schedule, pp, m, vpp); collective
-cost tables per degree combination) and broadcast to the rows; everything else is numpy
-arithmetic over the rows. No Python loop runs per row.
+Pieces that depend only on a few layout fields are computed once per distinct value of
+those fields and broadcast to the rows (:mod:`planner.codes`): per-layer times and
+activation bytes per (tp, cp, ep, SP, micro-batch, recompute) shape and what each pipeline
+rank holds per structure (:mod:`planner.evaluate_tables`); activations and the pipeline's
+compute per (structure, shape, m); model states and the optimizer step per (structure,
+ZeRO stage, dp·cp); communication buffers per (tp, cp, pp, ep, ZeRO stage, SP,
+micro-batch); whether a row can be placed per (structure, cp, dp); collectives per
+(degrees, chunks, micro-batches, SP, recompute, ZeRO stage, split)
+(:mod:`planner.traffic_columns`). Per row only sums, peaks and the exposure of the
+collectives that hide behind compute are taken. String columns travel as codes
+(:class:`planner.codes.Labels`). No Python loop runs per row.
 
 Per row: the busiest pipeline rank's F, B (+ recomputation) and W per micro-batch feed the
 schedule's closed-form step time (:mod:`planner.schedules.closed_form`); the exposed

@@ -3,7 +3,8 @@
 :func:`planner.evaluate.evaluate_columns` looks at a few ranks ("slots") of each pipeline
 structure. What those ranks hold depends only on the structure (tp, ep, pp, vpp, schedule,
 split); the ZeRO group and stage vary per row. This module computes the per-structure part
-once per slot and leaves the per-row part as column arithmetic:
+once per distinct rank (slots of different structures often hold the same) and leaves the
+per-row part as column arithmetic:
 
 * **A recipe's model states** (:func:`planner.finetune_costs.rank_state_bytes`) are, part
   by part, ``fixed + dense / d + expert / x`` with ``d`` and ``x`` the ZeRO divisors of

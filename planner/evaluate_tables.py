@@ -4,12 +4,13 @@ Pieces of the columns model that depend on a few layout fields only are computed
 distinct value and broadcast to the rows by index (no Python loop per row):
 
 * **shapes** (tp, cp, ep, sequence parallelism, micro-batch size, recompute): one layer's
-  F, B, W and recompute times (:func:`planner.stage_times.shape_times`, once per
-  shape without the recompute policy, which does not change them), its activation bytes and
-  the first / last stages' extra tensors (:mod:`planner.activations`);
+  F, B, W and recompute times (:func:`planner.stage_times.shape_times`) and weight-pass
+  bytes, once per shape without the recompute policy, which does not change them; its
+  activation bytes and the first / last stages' extra tensors (:mod:`planner.activations`);
 * **structures** (tp, ep, pp, vpp, schedule, layer split): what the examined pipeline ranks
   ("slots") hold — layers, parameters, embedding and head — and their model-state terms
-  (:func:`planner.evaluate_states.slot_states`).
+  (:func:`planner.evaluate_states.slot_states`); layers and ends once per pipeline (pp,
+  vpp, schedule, split), parameters per virtual stage once per (tp, ep, pp, vpp, split).
 """
 
 from __future__ import annotations

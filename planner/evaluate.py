@@ -1,11 +1,17 @@
 """Step time, throughput and memory for many layouts at once (numpy columns, one row each).
 
 This is the one model the search screens with and the single-layout estimate reports.
-Pieces that depend only on a few layout fields are computed once per distinct value
-(per-layer times per (tp, cp, ep, SP, micro-batch) shape; what each pipeline rank holds
-per (pp, vpp, schedule); in-flight micro-batches per (schedule, pp, m, vpp); collective
-cost tables per degree combination) and broadcast to the rows; everything else is numpy
-arithmetic over the rows. No Python loop runs per row.
+Pieces that depend only on a few layout fields are computed once per distinct value of
+those fields and broadcast to the rows (:mod:`planner.codes`): per-layer times and
+activation bytes per (tp, cp, ep, SP, micro-batch, recompute) shape and what each pipeline
+rank holds per structure (:mod:`planner.evaluate_tables`); activations and the pipeline's
+compute per (structure, shape, m); model states and the optimizer step per (structure,
+ZeRO stage, dp·cp); communication buffers per (tp, cp, pp, ep, ZeRO stage, SP,
+micro-batch); whether a row can be placed per (structure, cp, dp); collectives per
+(degrees, chunks, micro-batches, SP, recompute, ZeRO stage, split)
+(:mod:`planner.traffic_columns`). Per row only sums, peaks and the exposure of the
+collectives that hide behind compute are taken. String columns travel as codes
+(:class:`planner.codes.Labels`). No Python loop runs per row.
 
 Per row: the busiest pipeline rank's F, B (+ recomputation) and W per micro-batch feed the
 schedule's closed-form step time (:mod:`planner.schedules.closed_form`); the exposed
@@ -19,12 +25,12 @@ and the head); a test checks the slots against every rank.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from hwspecs.schema import Accelerator, Cluster
 from planner import activations as act
 from planner import finetune_costs as ft
 from planner import op_counts
+from planner.codes import Labels, coded, distinct_rows, unique_rows
 from planner.compute import GpuRates
 from planner.contention import occupancy_excess
 from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns
@@ -36,7 +42,6 @@ from planner.evaluate_tables import (
     rows_by_value,
     shape_table,
     structure_table,
-    unique_rows,
 )
 from planner.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.job import Job
@@ -46,13 +51,16 @@ from planner.schedules.registry import SCHEDULES
 from planner.traffic_columns import AXES, axis_times_vectorized, chunks_column, placeable
 
 RECOMPUTE_CODES = ("none", "selective", "full")
-#: Structure-table entries the memory model reads (with the recipe's state terms, if any).
-MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "dense_params",
-                      "expert_params", "slot", "mirror_dense_layers",
-                      "mirror_moe_layers")  # fmt: skip
-TIME_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head", "optimizer_bytes",
-                    "newton_schulz_flops", "newton_schulz_bytes", "muon_params",
-                    "param_tensors")  # fmt: skip
+#: Integer layout columns :func:`evaluate_columns` reads.
+INT_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_microbatches",
+               "zero_stage")  # fmt: skip
+#: Structure-table entries the activation memory, the pipeline's compute and the optimizer
+#: step read (model states read the parameters and the recipe's state terms, if any).
+MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "slot",
+                      "mirror_dense_layers", "mirror_moe_layers")  # fmt: skip
+PACE_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head", "param_tensors")
+OPTIMIZER_STRUCT_KEYS = ("optimizer_bytes", "newton_schulz_flops", "newton_schulz_bytes",
+                         "muon_params", "param_tensors")  # fmt: skip
 #: Outputs of the memory model; every other output is timed.
 MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
@@ -83,62 +91,125 @@ def evaluate_columns(
 ) -> dict[str, np.ndarray]:
     """Evaluate rows of layouts. ``columns``: tp, cp, pp, dp, ep, vpp, micro_batch_size,
     num_microbatches, zero_stage (ints), sequence_parallel (bool), recompute, schedule,
-    pipeline_layer_split (str). Returns one array per quantity.
+    pipeline_layer_split (strings, or :class:`planner.codes.Labels`). Returns one array
+    per quantity.
 
     Memory comes first, on every row. With ``memory_limit_bytes`` only the rows that fit in
     it and can be placed are timed (the search's screen); the others keep their memory and
     ``valid`` and carry NaN times. Each row's numbers do not depend on the other rows.
     """
     n = len(columns["tp"])
-    col = {k: np.asarray(v) for k, v in columns.items()}
-    c = {k: col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
-    c["mbs"], c["m"], c["zero"] = (
-        col[k].astype(np.int64) for k in ("micro_batch_size", "num_microbatches", "zero_stage")
-    )
-    c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
-    c["schedule"], c["recompute"] = col["schedule"], col["recompute"]
-    c["split"] = col["pipeline_layer_split"]
-    rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
-    bf16_rates = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
-    tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
-    shapes, shape_inv = shape_table(
-        job,
-        rates,
-        tuned,
-        *(c[k] for k in ("tp", "cp", "ep", "sp", "mbs", "recompute")),
-        bf16_rates,
-    )
-    structs, struct_inv = structure_table(
-        job, *(c[k] for k in ("tp", "ep", "pp", "vpp", "schedule", "split"))
-    )
-    state_keys = tuple(key for key in structs if key.endswith(("_fixed", "_dense", "_expert")))
-    memory = _memory_columns(
-        job, c, _gather(shapes, shape_inv, MEMORY_SHAPE_KEYS),
-        _gather(structs, struct_inv, MEMORY_STRUCT_KEYS + state_keys), tuned,
-    )  # fmt: skip
+    c = _prepared(columns)
+    rates, bf16_rates, tuned = _rates(job, accelerator)
+    shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
+    memory = _memory_columns(job, c, shapes, structs, tuned)
     if memory_limit_bytes is None:
         timed = _time_columns(
-            job, cluster, accelerator, c, _gather(shapes, shape_inv, TIME_SHAPE_KEYS),
-            _gather(structs, struct_inv, TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
-        )  # fmt: skip
-        return _in_output_order(timed, memory)
-    valid = placeable(cluster, job.model.num_layers, c["tp"], c["cp"], c["pp"], c["dp"],
-                      c["ep"], chunks_column(c["schedule"], c["vpp"]),
-                      one_value_or_column(c["split"]))  # fmt: skip
-    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= memory_limit_bytes))
-    sub = {key: value[rows] for key, value in c.items()}
-    timed = _time_columns(
-        job, cluster, accelerator, sub, _gather(shapes, shape_inv[rows], TIME_SHAPE_KEYS),
-        _gather(structs, struct_inv[rows], TIME_STRUCT_KEYS), order, mfu_dtype, rates, tuned,
+            job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+        )
+        return in_output_order(timed, memory)
+    valid, rows, timed = _timed_if_fit(
+        job, cluster, accelerator, c, shapes, structs, memory, memory_limit_bytes, order,
+        mfu_dtype, rates, tuned,
     )  # fmt: skip
     full = {}
     for key, value in timed.items():
         full[key] = valid.copy() if key == "valid" else np.full(n, np.nan)
         full[key][rows] = value
-    return _in_output_order(full, memory)
+    return in_output_order(full, memory)
 
 
-def _in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
+def screen_columns(
+    job: Job,
+    cluster: Cluster,
+    accelerator: Accelerator,
+    columns: dict,
+    memory_limit_bytes: float,
+    order=None,
+    mfu_dtype: str = "bf16",
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
+    without spreading the timed rows back over all rows: (memory outputs of every row,
+    which rows can be placed, the rows timed — placeable and fitting —, the timed outputs
+    of those rows only, one per row of them)."""
+    c = _prepared(columns)
+    rates, bf16_rates, tuned = _rates(job, accelerator)
+    shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
+    memory = _memory_columns(job, c, shapes, structs, tuned)
+    valid, rows, timed = _timed_if_fit(
+        job, cluster, accelerator, c, shapes, structs, memory, memory_limit_bytes, order,
+        mfu_dtype, rates, tuned,
+    )  # fmt: skip
+    return memory, valid, rows, timed
+
+
+def _timed_if_fit(
+    job, cluster, accelerator, c, shapes, structs, memory, limit, order, mfu_dtype, rates, tuned
+):
+    """(placeable rows, the placeable rows within ``limit`` bytes, their timed outputs)."""
+    # Placeable or not depends on the structure (tp, ep, pp, vpp, schedule, split), cp, dp.
+    some, inverse = distinct_rows(c["structure"], c["cp"], c["dp"])
+    valid = placeable(cluster, job.model.num_layers,
+                      *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
+                      chunks_column(c["schedule"][some], c["vpp"][some]),
+                      one_value_or_column(c["split"][some]))[inverse]  # fmt: skip
+    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= limit))
+    sub = {key: value[rows] for key, value in c.items()}
+    timed = _time_columns(
+        job, cluster, accelerator, sub, shapes, structs, order, mfu_dtype, rates, tuned
+    )
+    return valid, rows, timed
+
+
+def _prepared(columns: dict) -> dict:
+    """The layout columns under the names the models read (ints as int64; SP only with TP)."""
+    col = {k: np.asarray(columns[k]) for k in (*INT_COLUMNS, "sequence_parallel")}
+    c = {k: col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
+    c["mbs"], c["m"], c["zero"] = (
+        col[k].astype(np.int64) for k in ("micro_batch_size", "num_microbatches", "zero_stage")
+    )
+    c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
+    c["dp_cp"] = c["dp"] * c["cp"]  # the ZeRO group
+    # String columns as codes, hashed once (the search hands them over coded).
+    c["schedule"], c["recompute"], c["split"] = (
+        Labels.of(columns[k]) for k in ("schedule", "recompute", "pipeline_layer_split")
+    )
+    return c
+
+
+def _rates(job: Job, accelerator: Accelerator) -> tuple:
+    """(GPU rates of the GEMM dtype, BF16 rates under FP8 or None, the adapter recipe or None)."""
+    rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
+    bf16_rates = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
+    tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
+    return rates, bf16_rates, tuned
+
+
+def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple[dict, dict]:
+    """The per-shape and per-structure tables. Adds to ``c`` each row's index into them
+    (``shape``, ``structure``) and into the distinct (structure, shape, m) combinations —
+    what activations and the pipeline's compute depend on — and (structure, ZeRO stage,
+    dp·cp) ones — what model states and the optimizer step depend on (``held``,
+    ``states``), all as :class:`planner.codes.Labels` of indices."""
+    shapes, shape_inv = shape_table(
+        job, rates, tuned, *(c[k] for k in ("tp", "cp", "ep", "sp", "mbs", "recompute")),
+        bf16_rates,
+    )  # fmt: skip
+    structs, struct_inv = structure_table(
+        job, *(c[k] for k in ("tp", "ep", "pp", "vpp", "schedule", "split"))
+    )
+    c["shape"] = coded(shape_inv, len(shapes["fd"]))
+    c["structure"] = coded(struct_inv, len(structs["slot"]))
+    # The wrapper's operations cost time only where the accelerator records host costs.
+    c["form"] = data_parallel_form(c["zero"], c["dp_cp"])
+    held = ("shape", "m", "form") if rates.op_overhead_s else ("shape", "m")
+    for name, columns in (("held", held), ("states", ("zero", "dp_cp"))):
+        chosen, inverse = distinct_rows(c["structure"], *(c[k] for k in columns))
+        c[name] = coded(inverse, len(chosen))
+    return shapes, structs
+
+
+def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
     """Timed and memory outputs in one order: throughput, memory per GPU and peak rank,
     exposed communication and validity, the memory parts, then per-axis communication."""
     keys = list(timed)
@@ -151,32 +222,69 @@ def _in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.ndarray]:
+def _memory_columns(job: Job, c: dict, shapes: dict, structs: dict, tuned) -> dict[str, np.ndarray]:
     """Memory per examined rank from the rows' shapes and structures; the peak is memory
     per GPU. Model states (ZeRO-sharded), activations of the micro-batches in flight,
-    logits, communication buffers and the runtime's fixed overhead."""
-    model, precision = job.model, job.precision
+    logits, communication buffers and the runtime's fixed overhead.
+
+    Activations and logits depend on a row's structure, shape and micro-batch count only,
+    model states on its structure, ZeRO stage and group: each is worked out on one row per
+    distinct combination and broadcast; per row only the sum and its peak are taken."""
     n = len(c["tp"])
-    tp, cp, pp, dp, ep, zero = (c[k] for k in ("tp", "cp", "pp", "dp", "ep", "zero"))
-    layer_bytes = R["dense_layers"] * S["act_dense"][:, None] + _held(
-        R, "moe_layers", S["act_moe"][:, None]
+    shape_inv, struct_inv = c["shape"].codes, c["structure"].codes
+    held_rows, held_inv = distinct_rows(c["held"])
+    held = _activation_columns(
+        job,
+        {k: c[k][held_rows] for k in ("pp", "m", "vpp", "schedule")},
+        _gather(shapes, shape_inv[held_rows], MEMORY_SHAPE_KEYS),
+        _gather(structs, struct_inv[held_rows], MEMORY_STRUCT_KEYS),
     )
-    weight_bytes = R["dense_layers"] * S["wpass_dense"][:, None] + _held(
-        R, "moe_layers", S["wpass_moe"][:, None]
+    zero_group = c["dp_cp"]
+    state_rows, state_inv = distinct_rows(c["states"])
+    state_keys = tuple(key for key in structs if key.endswith(("_fixed", "_dense", "_expert")))
+    states = _state_columns(
+        job,
+        c["zero"][state_rows],
+        zero_group[state_rows],
+        c["ep"][state_rows],
+        _gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)),
+        tuned,
     )
-    weight_ratio = np.divide(
-        weight_bytes, layer_bytes, out=np.zeros_like(layer_bytes), where=layer_bytes > 0
-    )
-    inflight = np.zeros((n, NUM_SLOTS))  # micro-batches between F and B (the ends' tensors)
-    units = np.zeros((n, NUM_SLOTS))  # … and those waiting for W, at M_W / M_B
-    for sch, rows in rows_by_value(c["schedule"]):
-        per_row = [c[k][rows, None] for k in ("pp", "m", "vpp")]  # against the slots' ranks
-        slots = R["slot"][rows].astype(np.int64)
-        inflight[rows] = closed_form.activation_microbatches_at(sch, *per_row, slots)
-        units[rows] = closed_form.peak_activation_units(sch, *per_row, slots, weight_ratio[rows])
+    buffer_keys = ("tp", "cp", "pp", "ep", "zero", "sp", "mbs")  # once per distinct tuple
+    buffer_rows, buffer_inv = distinct_rows(*(c[k] for k in buffer_keys))
+    comm_buffer = _comm_buffer_columns(
+        job.model, job, *(c[k][buffer_rows] for k in buffer_keys), tuned
+    )[buffer_inv]
+    runtime = float(job.runtime_overhead_bytes)
+    # The parts' sum in the order they are reported (so every row adds as it always did),
+    # in place.
+    total = np.take(sum(states.values()), state_inv, axis=0)
+    part = np.take(held["activations"], held_inv, axis=0)
+    total += part
+    np.take(held["logits_buffers"], held_inv, axis=0, out=part)
+    total += part
+    total += comm_buffer[:, None]
+    total += runtime
+    peak_slot = np.argmax(total, axis=1)
+    out = {
+        "memory_per_gpu_bytes": total[np.arange(n), peak_slot],
+        "peak_rank": structs["slot"][struct_inv, peak_slot].astype(np.int64),
+    }
+    for name, value in states.items():
+        out[f"memory_{name}_bytes"] = value[state_inv, peak_slot]
+    for name, value in held.items():
+        out[f"memory_{name}_bytes"] = value[held_inv, peak_slot]
+    out["memory_comm_buffers_bytes"] = comm_buffer
+    out["memory_runtime_overhead_bytes"] = np.full(n, runtime)
+    return out
+
+
+def _state_columns(job: Job, zero, zero_group, ep, R: dict, tuned) -> dict[str, np.ndarray]:
+    """Model states per examined rank (weights, gradients, master weights, optimizer
+    states), ZeRO-sharded over the dp·cp group (routed experts over dp·cp / ep)."""
+    model, precision = job.model, job.precision
     states_per_param = optimizer_states_per_param(precision.optimizer, model)
     whole = unsharded_bytes_per_param(precision, states_per_param)
-    zero_group = dp * cp
     expert_group = np.maximum(zero_group // ep, 1)
 
     def shard(part_bytes: float, first_stage: int, group: np.ndarray) -> np.ndarray:
@@ -195,6 +303,29 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
         parts[name] = R["dense_params"] * shard(per_param, first_stage, zero_group)[
             :, None
         ] + _held(R, "expert_params", shard(per_param, first_stage, expert_group)[:, None])
+    return parts
+
+
+def _activation_columns(job: Job, c: dict, S: dict, R: dict) -> dict[str, np.ndarray]:
+    """Activations of the micro-batches in flight and the logits buffers per examined rank
+    (``c``: pp, m, vpp and schedule of the rows)."""
+    n = len(c["pp"])
+    layer_bytes = R["dense_layers"] * S["act_dense"][:, None] + _held(
+        R, "moe_layers", S["act_moe"][:, None]
+    )
+    weight_bytes = R["dense_layers"] * S["wpass_dense"][:, None] + _held(
+        R, "moe_layers", S["wpass_moe"][:, None]
+    )
+    weight_ratio = np.divide(
+        weight_bytes, layer_bytes, out=np.zeros_like(layer_bytes), where=layer_bytes > 0
+    )
+    inflight = np.zeros((n, NUM_SLOTS))  # micro-batches between F and B (the ends' tensors)
+    units = np.zeros((n, NUM_SLOTS))  # … and those waiting for W, at M_W / M_B
+    for sch, rows in rows_by_value(c["schedule"]):
+        per_row = [c[k][rows, None] for k in ("pp", "m", "vpp")]  # against the slots' ranks
+        slots = R["slot"][rows].astype(np.int64)
+        inflight[rows] = closed_form.activation_microbatches_at(sch, *per_row, slots)
+        units[rows] = closed_form.peak_activation_units(sch, *per_row, slots, weight_ratio[rows])
     act_layers = R["dense_layers"] + _held(R, "moe_layers", 1.0)
     activations = layer_bytes * units
     working = S["working"][:, None] + act.backward_working_beside_logits(
@@ -204,35 +335,53 @@ def _memory_columns(job: Job, c: dict, S: dict, R: dict, tuned) -> dict[str, np.
     activations = activations + inflight * (
         R["emb"] * S["first_extra"][:, None] + R["head"] * S["last_extra"][:, None]
     )
-    if "dualpipe" in set(c["schedule"].tolist()):  # rank r: pp − r own chunks, r + 1 mirrored
-        slot, p = R["slot"], pp[:, None]
+    dualpipe = np.flatnonzero(c["schedule"].isin(("dualpipe",)))
+    if len(dualpipe):  # rank r: pp − r own chunks, r + 1 mirrored
+        d = dualpipe
+        slot, p = R["slot"][d], c["pp"][d, None]
+        Sd = {key: S[key][d, None] for key in ("act_dense", "act_moe", "first_extra",
+                                               "last_extra", "working")}  # fmt: skip
 
         def stage_bytes(dense, moe, has_embedding, has_head):
             return (
-                dense * S["act_dense"][:, None] + moe * S["act_moe"][:, None]
-                + has_embedding * S["first_extra"][:, None] + has_head * S["last_extra"][:, None]
+                dense * Sd["act_dense"] + moe * Sd["act_moe"]
+                + has_embedding * Sd["first_extra"] + has_head * Sd["last_extra"]
             )  # fmt: skip
 
-        own = stage_bytes(R["dense_layers"], _held(R, "moe_layers", 1.0), slot == 0, slot == p - 1)
-        mirror = stage_bytes(R["mirror_dense_layers"], _held(R, "mirror_moe_layers", 1.0),
+        def on_dualpipe(key):
+            return R[key][d] if key in R else 0.0
+
+        own = stage_bytes(R["dense_layers"][d], on_dualpipe("moe_layers"), slot == 0, slot == p - 1)
+        mirror = stage_bytes(R["mirror_dense_layers"][d], on_dualpipe("mirror_moe_layers"),
                              slot == p - 1, slot == 0)  # fmt: skip
-        dual = own * (p - slot) + mirror * (slot + 1) + S["working"][:, None] * (act_layers > 0)
-        activations = np.where(c["schedule"][:, None] == "dualpipe", dual, activations)
-    parts["activations"] = activations
-    parts["logits_buffers"] = R["head"] * S["logits"][:, None]
-    comm_buffer = _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, c["sp"], c["mbs"], tuned)
-    parts["comm_buffers"] = np.broadcast_to(comm_buffer[:, None], (n, NUM_SLOTS))
-    parts["runtime_overhead"] = np.full((n, NUM_SLOTS), float(job.runtime_overhead_bytes))
-    total = sum(parts.values())
-    peak_slot = np.argmax(total, axis=1)
-    peak_pick = np.arange(n), peak_slot
-    out = {
-        "memory_per_gpu_bytes": total[peak_pick],
-        "peak_rank": R["slot"][peak_pick].astype(np.int64),
-    }
-    for name, value in parts.items():
-        out[f"memory_{name}_bytes"] = value[peak_pick]
-    return out
+        activations[d] = (
+            own * (p - slot) + mirror * (slot + 1) + Sd["working"] * (act_layers[d] > 0)
+        )
+    return {"activations": activations, "logits_buffers": R["head"] * S["logits"][:, None]}
+
+
+#: A row's data-parallel wrapper in torch's implementation (:func:`data_parallel_form`).
+NO_WRAPPER, DDP, FSDP = 0, 1, 2
+
+
+def data_parallel_form(zero: np.ndarray, dp_cp: np.ndarray) -> np.ndarray:
+    """FSDP2 under ZeRO-2/3, DDP under ZeRO-0/1 over more than one rank, else none."""
+    return np.where(zero >= 2, FSDP, np.where(dp_cp > 1, DDP, NO_WRAPPER))
+
+
+def _with_wrapper_ops(form, R: dict, op_overhead_s: float, F, B):
+    """F and B plus the data-parallel wrapper's own operations per micro-batch
+    (:mod:`planner.op_counts`): DDP's gradient hook per parameter tensor in backward,
+    FSDP2's pre/post hooks per wrapped layer and for the root module."""
+    form = np.asarray(form)[:, None]
+    ddp = (form == DDP) * op_overhead_s
+    fsdp = (form == FSDP) * op_overhead_s
+    units = R["paced_dense_layers"] + _held(R, "paced_moe_layers", 1.0)
+    unit, root = op_counts.FSDP_UNIT_OPS, op_counts.FSDP_ROOT_OPS
+    F = F + fsdp * (units * unit.forward + root.forward)
+    B = B + fsdp * (units * unit.input_grad + root.input_grad)
+    B = B + ddp * R["param_tensors"] * op_counts.DDP_BACKWARD_OPS_PER_TENSOR
+    return F, B
 
 
 def _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W):
@@ -253,64 +402,36 @@ def _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W):
     )
 
 
-def _is_split(schedule: np.ndarray) -> np.ndarray:
+def _is_split(schedule: Labels) -> np.ndarray:
     """Rows whose schedule splits the backward into input- and weight-gradient passes."""
-    codes, names = pd.factorize(np.asarray(schedule))
-    return np.array([SCHEDULES[name].splits_backward for name in names], dtype=bool)[codes]
+    return schedule.isin([name for name, spec in SCHEDULES.items() if spec.splits_backward])
 
 
 def _time_columns(
-    job: Job, cluster, accelerator, c: dict, S: dict, R: dict, order, mfu_dtype, rates, tuned
-) -> dict[str, np.ndarray]:
+    job: Job, cluster, accelerator, c: dict, shapes: dict, structs: dict, order, mfu_dtype,
+    rates, tuned,
+) -> dict[str, np.ndarray]:  # fmt: skip
     """Step time per row: the busiest examined rank's F, B (+ recompute) and W per
     micro-batch through the schedule's closed form, exposed communication per axis, the
-    optimizer step; throughput and MFU from it."""
+    optimizer step; throughput and MFU from it.
+
+    The pipeline's part depends on a row's structure, shape and micro-batch count only, the
+    optimizer's on its structure, ZeRO stage and group (and the DP rate Muon gathers at):
+    each is worked out on one row per distinct combination and broadcast."""
     model = job.model
-    n = len(c["tp"])
     tp, cp, pp, dp, ep, vpp = (c[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
     mbs, m, zero, schedule, recompute = (c[k] for k in ("mbs", "m", "zero", "schedule",
                                                         "recompute"))  # fmt: skip
-
-    # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
-    # runs half its micro-batches through each of its two stages: per micro-batch it does
-    # the mean of their layers, and half of the embedding and of the head (+ MTP).
-    pace = np.where(schedule[:, None] == "dualpipe", 0.5, 1.0)
-
-    def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
-        total = R["paced_dense_layers"] * S[dense_key][:, None] + _held(
-            R, "paced_moe_layers", S[moe_key][:, None]
-        )
-        if emb_key:
-            ends = R["emb"] * S[emb_key][:, None] + R["head"] * S[head_key][:, None]
-            total = total + pace * ends
-        return total
-
-    F = on_slots("fd", "fm", "f_emb", "f_head")
-    B = on_slots("bd", "bm", "b_emb", "b_head")
-    if rates.op_overhead_s:  # DDP's hook per tensor (ZeRO-0/1), FSDP2's per unit (ZeRO-2/3)
-        ddp = ((zero <= 1) & (dp * cp > 1))[:, None] * rates.op_overhead_s
-        B = B + ddp * R["param_tensors"] * op_counts.DDP_BACKWARD_OPS_PER_TENSOR
-        fsdp = (zero >= 2)[:, None] * rates.op_overhead_s
-        units = R["paced_dense_layers"] + _held(R, "paced_moe_layers", 1.0)
-        F = F + fsdp * (units * op_counts.FSDP_UNIT_OPS.forward + op_counts.FSDP_ROOT_OPS.forward)
-        B = B + fsdp * (
-            units * op_counts.FSDP_UNIT_OPS.input_grad + op_counts.FSDP_ROOT_OPS.input_grad
-        )
-    W = on_slots("wd", "wm", "w_emb", "w_head")
-    F, B, W = _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W)
-    Rc = on_slots("rd", "rm")
-    busiest = np.argmax(F + B + W + Rc, axis=1)
-    pick = np.arange(n), busiest
-    f, b, w, rc = F[pick], B[pick], W[pick], Rc[pick]
-
-    # Pipeline step time by closed form: one call per schedule on its rows' columns.
-    pipeline = np.zeros(n)
-    busy = np.zeros(n)
-    for sch, rows in rows_by_value(schedule):
-        args = (sch, pp[rows], m[rows], vpp[rows])
-        backward = b[rows] + rc[rows]
-        pipeline[rows] = closed_form.step_time(*args, f[rows], backward, w[rows])
-        busy[rows] = closed_form.busy_time(*args, f[rows], backward, w[rows])
+    shape_inv, struct_inv = c["shape"].codes, c["structure"].codes
+    paced_rows, paced_inv = distinct_rows(c["held"])
+    paced = _pipeline_columns(
+        {k: c[k][paced_rows] for k in ("pp", "m", "vpp", "schedule", "form")},
+        _gather(shapes, shape_inv[paced_rows], TIME_SHAPE_KEYS),
+        _gather(structs, struct_inv[paced_rows], PACE_STRUCT_KEYS),
+        accelerator,
+        rates,
+    )
+    f, b, w, rc, pipeline, busy = (column[paced_inv] for column in paced)
 
     # Communication: exposed time per axis under the overlap rules.
     comm = axis_times_vectorized(
@@ -335,11 +456,16 @@ def _time_columns(
     )
 
     # Optimizer: the trainable parameters' update (and Muon's orthogonalization and gather).
-    zero_group = dp * cp
+    zero_group = c["dp_cp"]
     with np.errstate(divide="ignore", invalid="ignore"):  # the DP group's achieved bus rate
         dp_rate = np.where(
             comm["dp_time_s"] > 0, comm["dp_bytes_per_step"] / comm["dp_time_s"], np.inf
         )
+    dp_rate = np.nan_to_num(dp_rate, nan=np.inf)
+    # The DP rate matters only where Muon gathers (no structure has Muon matrices: none).
+    muon = structs["muon_params"].any()
+    step_rows, step_inv = distinct_rows(c["states"], *((dp_rate,) if muon else ()))
+    R = _gather(structs, struct_inv[step_rows], OPTIMIZER_STRUCT_KEYS)
     dispatch_s = 0.0  # per tensor, its step's operations (sharded tensors step too)
     if rates.op_overhead_s:  # DTensor parameters (FSDP2's, DTensor TP's) step as DTensors
         optimizer = job.precision.optimizer
@@ -347,12 +473,15 @@ def _time_columns(
         on_dtensors = op_counts.optimizer_sharded_ops_per_tensor(optimizer) * (
             rates.sharded_op_overhead_s - rates.op_overhead_s
         )
-        sharded = ((zero >= 2) | (tp > 1))[:, None]
+        sharded = ((zero[step_rows] >= 2) | (tp[step_rows] > 1))[:, None]
         dispatch_s = R["param_tensors"] * (per_tensor + sharded * on_dtensors)
-    optimizer_s, optimizer_comm_s = optimizer_columns(
-        R, zero, zero_group, rates.hbm_bytes_per_s,
-        accelerator.achievable_matmul_flops_per_s("bf16"), np.nan_to_num(dp_rate, nan=np.inf),
-        dispatch_s=dispatch_s,
+    optimizer_s, optimizer_comm_s = (
+        column[step_inv]
+        for column in optimizer_columns(
+            R, zero[step_rows], zero_group[step_rows], rates.hbm_bytes_per_s,
+            accelerator.achievable_matmul_flops_per_s("bf16"), dp_rate[step_rows],
+            dispatch_s=dispatch_s,
+        )
     )  # fmt: skip
 
     exposed = sum(comm[f"{axis}_exposed_time_s"] for axis in AXES)
@@ -389,7 +518,7 @@ def _time_columns(
         "mfu_causal": tokens_per_s_per_gpu * flops_token_causal / peak,
         "hfu": tokens_per_s_per_gpu * (flops_token + extra) / peak,
         "exposed_comm_s": exposed,
-        "busiest_link_s": _busiest_link(comm["link_busy_s"], n),
+        "busiest_link_s": _busiest_link(comm["link_busy_s"], len(tp)),
         "valid": comm["valid"],
     }
     out["bubble_fraction"] = out["pipeline_bubble_s"] / step
@@ -398,6 +527,52 @@ def _time_columns(
         out[f"{axis}_time_s"] = comm[f"{axis}_time_s"]
         out[f"{axis}_bytes_per_step"] = comm[f"{axis}_bytes_per_step"]
     return out
+
+
+def _pipeline_columns(c: dict, S: dict, R: dict, accelerator, rates) -> tuple[np.ndarray, ...]:
+    """Per row (``c``: pp, m, vpp, schedule, data-parallel form): the busiest examined rank's
+    forward, input gradient, weight gradient and recompute seconds per micro-batch, the
+    pipeline's step time by the schedule's closed form, and the busiest rank's compute time
+    in it. Where the accelerator records host costs, the data-parallel wrapper's and the
+    pipeline runtime's own operations are part of them (:func:`_with_wrapper_ops`,
+    :func:`_with_pipeline_actions`)."""
+    n = len(c["pp"])
+    pp, m, vpp, schedule = (c[k] for k in ("pp", "m", "vpp", "schedule"))
+
+    # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
+    # runs half its micro-batches through each of its two stages: per micro-batch it does
+    # the mean of their layers, and half of the embedding and of the head (+ MTP).
+    pace = np.where(schedule.isin(("dualpipe",))[:, None], 0.5, 1.0)
+
+    def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
+        total = R["paced_dense_layers"] * S[dense_key][:, None] + _held(
+            R, "paced_moe_layers", S[moe_key][:, None]
+        )
+        if emb_key:
+            ends = R["emb"] * S[emb_key][:, None] + R["head"] * S[head_key][:, None]
+            total = total + pace * ends
+        return total
+
+    F = on_slots("fd", "fm", "f_emb", "f_head")
+    B = on_slots("bd", "bm", "b_emb", "b_head")
+    W = on_slots("wd", "wm", "w_emb", "w_head")
+    if rates.op_overhead_s:
+        F, B = _with_wrapper_ops(c["form"], R, rates.op_overhead_s, F, B)
+    F, B, W = _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W)
+    Rc = on_slots("rd", "rm")
+    busiest = np.argmax(F + B + W + Rc, axis=1)
+    pick = np.arange(n), busiest
+    f, b, w, rc = F[pick], B[pick], W[pick], Rc[pick]
+
+    # Pipeline step time by closed form: one call per schedule on its rows' columns.
+    pipeline = np.zeros(n)
+    busy = np.zeros(n)
+    for sch, rows in rows_by_value(schedule):
+        args = (sch, pp[rows], m[rows], vpp[rows])
+        backward = b[rows] + rc[rows]
+        pipeline[rows] = closed_form.step_time(*args, f[rows], backward, w[rows])
+        busy[rows] = closed_form.busy_time(*args, f[rows], backward, w[rows])
+    return f, b, w, rc, pipeline, busy
 
 
 # ----- links shared by axes (planner.contention) -----------------------------------------
@@ -421,11 +596,10 @@ def _busiest_link(link_busy_s: dict, n: int) -> np.ndarray:
     return np.max([*link_busy_s.values(), np.zeros(n)], axis=0)
 
 
-def _codes(recompute: np.ndarray) -> np.ndarray:
+def _codes(recompute: Labels) -> np.ndarray:
     """Index of each row's recompute policy in :data:`RECOMPUTE_CODES`."""
-    code, uniques = pd.factorize(np.asarray(recompute).reshape(-1))
-    lookup = np.array([RECOMPUTE_CODES.index(name) for name in uniques], dtype=np.int64)
-    return lookup[code]
+    lookup = np.array([RECOMPUTE_CODES.index(name) for name in recompute.values], dtype=np.int64)
+    return lookup[recompute.codes]
 
 
 def _model_flops_per_token(job: Job, tuned, causal: bool) -> float:

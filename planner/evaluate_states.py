@@ -3,7 +3,8 @@
 :func:`planner.evaluate.evaluate_columns` looks at a few ranks ("slots") of each pipeline
 structure. What those ranks hold depends only on the structure (tp, ep, pp, vpp, schedule,
 split); the ZeRO group and stage vary per row. This module computes the per-structure part
-once per slot and leaves the per-row part as column arithmetic:
+once per distinct rank (slots of different structures often hold the same) and leaves the
+per-row part as column arithmetic:
 
 * **A recipe's model states** (:func:`planner.finetune_costs.rank_state_bytes`) are, part
   by part, ``fixed + dense / d + expert / x`` with ``d`` and ``x`` the ZeRO divisors of
@@ -88,33 +89,35 @@ def _trainable(job: Job, params: float, layers: tuple[float, float], tp: int, ep
 
 def slot_states(
     job: Job,
-    tp: int,
-    ep: int,
+    tp: np.ndarray,
+    ep: np.ndarray,
     dense_params: np.ndarray,
     expert_params: np.ndarray,
     dense_layers: np.ndarray,
     moe_layers: np.ndarray,
-    seen: dict | None = None,
 ) -> dict[str, np.ndarray]:
-    """Per examined rank (arrays over slots, layers counted in both directions for DualPipe):
-    the optimizer's unsharded cost and, under an adapter recipe, the state terms.
-
-    ``seen`` caches each distinct rank's values across calls of one job (pass one dict)."""
+    """Per examined rank ([structure, slot] arrays, ``tp`` and ``ep`` per structure, layers
+    counted in both directions for DualPipe): the optimizer's unsharded cost and, under an
+    adapter recipe, the state terms. Each distinct rank is worked out once."""
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     keys = ["optimizer_bytes", "newton_schulz_flops", "newton_schulz_bytes", "muon_params"]
     if tuned:
         keys += [f"{part}_{term}" for part in STATE_PARTS for term in ("fixed", "dense", "expert")]
-    out = {key: np.zeros(len(dense_params)) for key in keys}
-    seen = {} if seen is None else seen
-    for slot, rank in enumerate(
-        zip(dense_params, expert_params, dense_layers, moe_layers, strict=True)
-    ):
-        rank_key = (tp, ep, *rank)
-        if rank_key not in seen:
-            seen[rank_key] = _rank_states(job, tuned, tp, ep, *rank)
-        for key, value in seen[rank_key].items():
-            out[key][slot] = value
-    return out
+    shape = np.shape(dense_params)
+    ranks = np.stack(
+        [
+            *np.broadcast_arrays(np.asarray(tp)[:, None], np.asarray(ep)[:, None], dense_params),
+            expert_params,
+            dense_layers,
+            moe_layers,
+        ],
+        axis=-1,
+    ).reshape(-1, 6)
+    index: dict[tuple, int] = {}  # each distinct rank's row in ``values``
+    inverse = np.array([index.setdefault(rank, len(index)) for rank in map(tuple, ranks.tolist())])
+    values = [_rank_states(job, tuned, int(t), int(x), *rank) for t, x, *rank in index]
+    inverse = inverse.reshape(shape)
+    return {key: np.array([value[key] for value in values])[inverse] for key in keys}
 
 
 def _rank_states(job, tuned, tp, ep, dense, expert, dense_layers, moe_layers) -> dict[str, float]:

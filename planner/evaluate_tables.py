@@ -4,12 +4,13 @@ Pieces of the columns model that depend on a few layout fields only are computed
 distinct value and broadcast to the rows by index (no Python loop per row):
 
 * **shapes** (tp, cp, ep, sequence parallelism, micro-batch size, recompute): one layer's
-  F, B, W and recompute times (:func:`planner.stage_times.shape_times`, once per
-  shape without the recompute policy, which does not change them), its activation bytes and
-  the first / last stages' extra tensors (:mod:`planner.activations`);
+  F, B, W and recompute times (:func:`planner.stage_times.shape_times`) and weight-pass
+  bytes, once per shape without the recompute policy, which does not change them; its
+  activation bytes and the first / last stages' extra tensors (:mod:`planner.activations`);
 * **structures** (tp, ep, pp, vpp, schedule, layer split): what the examined pipeline ranks
   ("slots") hold — layers, parameters, embedding and head — and their model-state terms
-  (:func:`planner.evaluate_states.slot_states`).
+  (:func:`planner.evaluate_states.slot_states`); layers and ends once per pipeline (pp,
+  vpp, schedule, split), parameters per virtual stage once per (tp, ep, pp, vpp, split).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import pandas as pd
 from planner import activations as act
 from planner import finetune_costs as ft
 from planner import op_counts
+from planner.codes import Labels, unique_rows
 from planner.compute import GpuRates
 from planner.evaluate_states import slot_states
 from planner.job import Job
-from planner.layout import Layout
+from planner.layout import Layout, dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
+from planner.linears import layer_linears
 from planner.memory import params_per_virtual_stage, rank_sums
 from planner.stage_times import rank_structure, shape_times
 from planner.weight_pass import weight_pass_bytes_per_layer
@@ -40,25 +43,10 @@ TIME_SHAPE_KEYS = (
 )
 
 
-def unique_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
-    """Distinct value tuples of the given columns and each row's index into them.
-
-    Each column is factorized to integer codes first, so strings cost no more than ints.
-    """
-    codes, values = [], []
-    for column in columns:
-        code, uniques = pd.factorize(np.asarray(column).reshape(-1))  # hashing: O(rows)
-        codes.append(code)
-        values.append(np.asarray(uniques))
-    key = np.ravel_multi_index(tuple(codes), tuple(len(v) for v in values))
-    unique_keys, inverse = np.unique(key, return_inverse=True)
-    parts = np.unravel_index(unique_keys, tuple(len(v) for v in values))
-    rows = list(zip(*(v[i].tolist() for v, i in zip(values, parts, strict=True)), strict=True))
-    return rows, inverse.reshape(-1)
-
-
-def rows_by_value(column: np.ndarray) -> list[tuple[object, np.ndarray]]:
+def rows_by_value(column) -> list[tuple[object, np.ndarray]]:
     """(value, indices of the rows holding it) for each distinct value of ``column``."""
+    if isinstance(column, Labels):
+        return column.groups()
     codes, uniques = pd.factorize(np.asarray(column).reshape(-1))
     if not len(uniques):
         return []
@@ -67,8 +55,12 @@ def rows_by_value(column: np.ndarray) -> list[tuple[object, np.ndarray]]:
     return list(zip(uniques.tolist(), np.split(order, bounds), strict=True))
 
 
-def one_value_or_column(column: np.ndarray):
-    """The value every row holds (string rules then run once, broadcast), else the column."""
+def one_value_or_column(column):
+    """The value every row holds (string rules then run once, broadcast), else the column
+    (labels as plain strings)."""
+    if isinstance(column, Labels):
+        present = column.present
+        return present[0] if len(present) == 1 else column.strings()
     values = pd.unique(np.asarray(column).reshape(-1))
     return values[0] if len(values) == 1 else column
 
@@ -94,117 +86,163 @@ def shape_table(
     ``bf16_rates``: under an FP8 recipe, the rates of the ops that stay in BF16."""
     model, e = job.model, job.precision.activation_bytes
     shapes, shape_inv = unique_rows(tp, cp, ep, sp, mbs, recompute)
-    shape_cols = {key: np.zeros(len(shapes)) for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}
     measures = job.active_memory_measures
-    timed, weight_pass = {}, {}  # neither depends on the recompute policy: once per shape
-    for u, (t, c, x, s, b, r) in enumerate(shapes):
+    fixed: dict[tuple, int] = {}  # times and weight-pass bytes do not depend on the recompute
+    free_rows, free_of, own_rows = [], [], []  # policy: once per (tp, cp, ep, SP, mbs)
+    linears = {}  # each layer kind's linear modules, per tp
+    for t, c, x, s, b, r in shapes:
         shape = act.ActivationShape(
-            seq_len=job.seq_len,
-            micro_batch_size=b,
-            tp=t,
-            cp=c,
-            sequence_parallel=s,
-            flash_attention=job.flash_attention,
-            recompute=r,
-            element_bytes=e,
+            seq_len=job.seq_len, micro_batch_size=b, tp=t, cp=c, sequence_parallel=s,
+            flash_attention=job.flash_attention, recompute=r, element_bytes=e,
             measures=measures,
-        )
-        if (t, c, x, s, b) not in timed:
-            timed[t, c, x, s, b] = shape_times(
-                model, job.seq_len, b, t, c, x, s, job.flash_attention, rates, e, tuned,
-                bf16_rates, measures,
-            )  # fmt: skip
-            kept = job.weight_pass_memory
-            weight_pass[t, c, x, s, b] = (
-                weight_pass_bytes_per_layer(model, shape, False, kept),
-                weight_pass_bytes_per_layer(model, shape, True, kept) if model.is_moe else 0.0,
-            )
-        times = timed[t, c, x, s, b]
-        moe_t = times.moe or times.dense
+        )  # fmt: skip
+        if (t, c, x, s, b) not in fixed:
+            fixed[t, c, x, s, b] = len(free_rows)
+            free_rows.append(_recompute_free(job, rates, tuned, bf16_rates, shape, x, linears))
+        times, moe_t, _ = free_rows[fixed[t, c, x, s, b]]
+        free_of.append(fixed[t, c, x, s, b])
         adapters = ft.adapter_layer_bytes(model, tuned, shape)
         act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
-        values = {
-            "act_dense": act.activation_bytes_per_layer(model, shape, False) + adapters[False],
-            "act_moe": act_moe + adapters[True] if model.is_moe else 0.0,
-            "first_extra": sum(act.first_stage_tensors(model, shape).values()),
-            "last_extra": sum(act.last_stage_tensors(model, shape).values()),
-            "working": max(
+        own_rows.append((  # in the order of OWN_SHAPE_KEYS
+            act.activation_bytes_per_layer(model, shape, False) + adapters[False],
+            act_moe + adapters[True] if model.is_moe else 0.0,
+            sum(act.first_stage_tensors(model, shape).values()),
+            sum(act.last_stage_tensors(model, shape).values()),
+            max(
                 act.recompute_working_bytes(model, shape, False),
                 act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
             )
             + sum(ft.adapter_working_max(model, tuned, shape).values()),
-            "backward": act.backward_working_bytes(model, shape),
-            "wpass_dense": weight_pass[t, c, x, s, b][0],
-            "wpass_moe": weight_pass[t, c, x, s, b][1],
-            "logits": act.logits_buffer_bytes(model, shape),
-            "fd": times.dense.forward_s,
-            "bd": times.dense.input_grad_s,
-            "wd": times.dense.weight_grad_s,
-            "rd": times.dense.recompute_s(r),
-            "fm": moe_t.forward_s,
-            "bm": moe_t.input_grad_s,
-            "wm": moe_t.weight_grad_s,
-            "rm": moe_t.recompute_s(r),
-            "f_emb": times.embedding.forward_s,
-            "b_emb": times.embedding.input_grad_s,
-            "w_emb": 0.0,
-            "f_head": sum(op.forward_s for op in times.head),
-            "b_head": sum(op.input_grad_s for op in times.head),
-            "w_head": sum(op.weight_grad_s for op in times.head),
-        }
-        for key, value in values.items():
-            shape_cols[key][u] = value
-    return shape_cols, shape_inv
+            act.backward_working_bytes(model, shape),
+            act.logits_buffer_bytes(model, shape),
+            times.dense.recompute_s(r),
+            moe_t.recompute_s(r),
+        ))  # fmt: skip
+    own = np.array(own_rows, dtype=float).reshape(-1, len(OWN_SHAPE_KEYS)).T
+    free = np.array([row for *_, row in free_rows], dtype=float).reshape(-1, len(FREE_SHAPE_KEYS))
+    columns = dict(zip(OWN_SHAPE_KEYS, own, strict=True))
+    columns.update(zip(FREE_SHAPE_KEYS, free[free_of].T, strict=True))
+    return {key: columns[key] for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}, shape_inv
+
+
+#: Shape-table entries worked out per shape (those :func:`_recompute_free` does not give).
+OWN_SHAPE_KEYS = ("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward",
+                  "logits", "rd", "rm")  # fmt: skip
+#: Shape-table entries that do not depend on the recompute policy, in :func:`_recompute_free`'s
+#: order.
+FREE_SHAPE_KEYS = ("wpass_dense", "wpass_moe", "fd", "bd", "wd", "fm", "bm", "wm", "f_emb",
+                   "b_emb", "w_emb", "f_head", "b_head", "w_head")  # fmt: skip
+
+
+def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, linears: dict):
+    """(layer times, MoE layer times, the values of :data:`FREE_SHAPE_KEYS`): a shape's
+    entries that do not depend on the recompute policy, per-layer times and weight-pass bytes."""
+    model, t, b = job.model, shape.tp, shape.micro_batch_size
+    times = shape_times(
+        model, job.seq_len, b, t, shape.cp, ep, shape.sequence_parallel, job.flash_attention,
+        rates, shape.element_bytes, tuned, bf16_rates, shape.measures,
+    )  # fmt: skip
+    kept = job.weight_pass_memory
+
+    def weight_pass(moe_layer: bool) -> float:
+        if (moe_layer, t) not in linears:
+            linears[moe_layer, t] = layer_linears(model, moe_layer, t)
+        return weight_pass_bytes_per_layer(model, shape, moe_layer, kept, linears[moe_layer, t])
+
+    moe_t = times.moe or times.dense
+    return (
+        times,
+        moe_t,
+        (  # in the order of FREE_SHAPE_KEYS
+            weight_pass(False),
+            weight_pass(True) if model.is_moe else 0.0,
+            times.dense.forward_s,
+            times.dense.input_grad_s,
+            times.dense.weight_grad_s,
+            moe_t.forward_s,
+            moe_t.input_grad_s,
+            moe_t.weight_grad_s,
+            times.embedding.forward_s,
+            times.embedding.input_grad_s,
+            0.0,
+            sum(op.forward_s for op in times.head),
+            sum(op.input_grad_s for op in times.head),
+            sum(op.weight_grad_s for op in times.head),
+        ),
+    )
+
+
+def _pipeline_slots(
+    model, pp: int, vpp: int, schedule: str, split: str, layers
+) -> dict[str, np.ndarray]:
+    """What the examined ranks of one pipeline (pp, vpp, schedule, split; ``layers`` per
+    virtual stage) hold, whatever the tp and ep: [slot] arrays of layers (own, paced,
+    mirrored and both directions'), ends."""
+    structure = rank_structure(model, pp, vpp, schedule, split, layers)
+    dense, moe = np.asarray(structure.dense_layers), np.asarray(structure.moe_layers)
+    slots = _slots(pp, dense + moe)
+    out = {
+        "dense_layers": dense[slots],
+        "moe_layers": moe[slots],
+        "emb": np.asarray(structure.has_embedding, dtype=float)[slots],
+        "head": np.asarray(structure.has_head, dtype=float)[slots],
+        "slot": slots.astype(float),
+    }
+    # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
+    mirrored = 1 if schedule == "dualpipe" else 0
+    for kind, layers in (("dense_layers", dense), ("moe_layers", moe)):
+        both = _with_mirror(layers, mirrored)
+        out[f"paced_{kind}"] = (both / (1 + mirrored))[slots]  # per micro-batch: the mean
+        out[f"mirror_{kind}"] = layers[::-1][slots]  # stage pp − 1 − r
+        out[f"both_{kind}"] = both[slots]
+    if schedule == "dualpipe":  # the mirrored direction's embedding and head
+        out["emb"] = np.where(slots == pp - 1, 1.0, out["emb"])
+        out["head"] = np.where(slots == 0, 1.0, out["head"])
+    return out
 
 
 def structure_table(
     job: Job, tp, ep, pp, vpp, schedule, split
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per distinct pipeline structure, [structure, slot] arrays of what the examined ranks
-    hold (DualPipe's mirrored direction included); each row's structure."""
+    hold (DualPipe's mirrored direction included); each row's structure.
+
+    Layers and ends are worked out once per pipeline (pp, vpp, schedule, split), parameters
+    per virtual stage once per (tp, ep, pp, vpp, split), each distinct rank's states once."""
     model = job.model
     structs, struct_inv = unique_rows(tp, ep, pp, vpp, schedule, split)
-    fields = ("dense_layers", "moe_layers", "emb", "head", "dense_params", "expert_params", "slot")
-    table = {key: np.zeros((len(structs), NUM_SLOTS)) for key in fields}
-    layouts, rank_states = {}, {}  # rank structures ignore tp and ep; states repeat
+    pipelines: dict[tuple, int] = {}  # (pp, vpp, schedule, split) → its index
+    per_pipeline, layouts = [], []
+    stage_params: dict[tuple, tuple] = {}  # (tp, ep, pp, vpp, split) → (dense, expert)
+    stage_layers: dict[tuple, tuple] = {}  # (pp, vpp, split) → (dense, MoE) layers per stage
+    pipe_of = np.zeros(len(structs), dtype=np.int64)
+    dense_params, expert_params = np.zeros((2, len(structs), NUM_SLOTS))
     for u, (t, x, p, v, sch, spl) in enumerate(structs):
-        if (p, v, sch, spl) not in layouts:
-            layouts[p, v, sch, spl] = rank_structure(model, p, v, sch, spl)
-        structure = layouts[p, v, sch, spl]
-        layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
-        dense_stage, expert_stage = params_per_virtual_stage(model, layout)
-        layers = np.asarray(structure.dense_layers) + np.asarray(structure.moe_layers)
-        slots = _slots(p, layers)
-        table["slot"][u] = slots
-        table["dense_layers"][u] = np.asarray(structure.dense_layers)[slots]
-        table["moe_layers"][u] = np.asarray(structure.moe_layers)[slots]
-        table["emb"][u] = np.asarray(structure.has_embedding, dtype=float)[slots]
-        table["head"][u] = np.asarray(structure.has_head, dtype=float)[slots]
-        table["dense_params"][u] = rank_sums(dense_stage, layout)[slots]
-        table["expert_params"][u] = rank_sums(expert_stage, layout)[slots]
-        # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
-        mirrored = 1 if sch == "dualpipe" else 0
-        for kind in ("dense_layers", "moe_layers"):  # per micro-batch: the two stages' mean
-            paced = _with_mirror(getattr(structure, kind), mirrored) / (1 + mirrored)
-            table.setdefault(f"paced_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = paced[slots]
-            mirror = np.asarray(getattr(structure, kind))[::-1][slots]  # stage pp − 1 − r
-            table.setdefault(f"mirror_{kind}", np.zeros((len(structs), NUM_SLOTS)))[u] = mirror
-        states = slot_states(
-            job, t, x, table["dense_params"][u], table["expert_params"][u],
-            _with_mirror(structure.dense_layers, mirrored)[slots],
-            _with_mirror(structure.moe_layers, mirrored)[slots], rank_states,
-        )  # fmt: skip
-        for key, value in states.items():
-            table.setdefault(key, np.zeros((len(structs), NUM_SLOTS)))[u] = value
-        if sch == "dualpipe":  # the mirrored direction's embedding and head
-            table["emb"][u] = np.where(slots == p - 1, 1.0, table["emb"][u])
-            table["head"][u] = np.where(slots == 0, 1.0, table["head"][u])
-        # Tensors the optimizer steps (both directions' for DualPipe): its dispatch count.
-        table.setdefault("param_tensors", np.zeros((len(structs), NUM_SLOTS)))[u] = (
-            op_counts.rank_param_tensors(
-                model, job.finetune, _with_mirror(structure.dense_layers, mirrored)[slots],
-                _with_mirror(structure.moe_layers, mirrored)[slots], table["emb"][u],
-                table["head"][u],
-            )
-        )  # fmt: skip
+        if (p, v, spl) not in stage_layers:
+            stage_layers[p, v, spl] = dense_and_moe_layers_per_virtual_stage(model, p, v, spl)
+        layers = stage_layers[p, v, spl]
+        if (p, v, sch, spl) not in pipelines:
+            pipelines[p, v, sch, spl] = len(per_pipeline)
+            per_pipeline.append(_pipeline_slots(model, p, v, sch, spl, layers))
+            layout = Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl)
+            layouts.append((layout, virtual_stage_ranks(sch, p, v)))
+        pipe_of[u] = pipe = pipelines[p, v, sch, spl]
+        if (t, x, p, v, spl) not in stage_params:
+            layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
+            stage_params[t, x, p, v, spl] = params_per_virtual_stage(model, layout, layers)
+        dense_stage, expert_stage = stage_params[t, x, p, v, spl]
+        slots = per_pipeline[pipe]["slot"].astype(np.int64)
+        dense_params[u] = rank_sums(dense_stage, *layouts[pipe])[slots]  # reads pp, vpp, schedule
+        expert_params[u] = rank_sums(expert_stage, *layouts[pipe])[slots]
+    table = {
+        key: np.stack([pipe[key] for pipe in per_pipeline])[pipe_of] for key in per_pipeline[0]
+    }
+    table["dense_params"], table["expert_params"] = dense_params, expert_params
+    both = table.pop("both_dense_layers"), table.pop("both_moe_layers")
+    tp_ep = np.array([(t, x) for t, x, *_ in structs], dtype=np.int64).reshape(-1, 2)
+    table.update(slot_states(job, tp_ep[:, 0], tp_ep[:, 1], dense_params, expert_params, *both))
+    # Tensors the optimizer steps (both directions' for DualPipe): its dispatch count.
+    table["param_tensors"] = op_counts.rank_param_tensors(
+        model, job.finetune, *both, table["emb"], table["head"]
+    )
     return table, struct_inv

@@ -139,9 +139,12 @@ def layer_params_per_rank(
     return dense, model.num_routed_experts * expert / (ep * tp)
 
 
-def params_per_virtual_stage(model: ModelSpec, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
-    """(dense, expert) parameters per virtual stage on one of its TP/EP ranks."""
-    num_dense, num_moe = dense_and_moe_layers_per_virtual_stage(
+def params_per_virtual_stage(
+    model: ModelSpec, layout: Layout, layers: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, expert) parameters per virtual stage on one of its TP/EP ranks; ``layers``:
+    the stages' (dense, MoE) layer counts, when the caller has them already."""
+    num_dense, num_moe = layers or dense_and_moe_layers_per_virtual_stage(
         model, layout.pp, layout.vpp, layout.pipeline_layer_split
     )
     dense_layer, _ = layer_params_per_rank(model, layout.tp, layout.ep, moe_layer=False)
@@ -170,9 +173,11 @@ def mtp_params_per_rank(model: ModelSpec, tp: int, ep: int) -> tuple[float, floa
     return model.num_mtp_modules * dense, model.num_mtp_modules * expert
 
 
-def rank_sums(values: np.ndarray, layout: Layout) -> np.ndarray:
-    """Sum per-virtual-stage values onto pipeline ranks (DualPipe adds the mirrored stage)."""
-    ranks = virtual_stage_ranks(layout.schedule, layout.pp, layout.vpp)
+def rank_sums(values: np.ndarray, layout: Layout, ranks: np.ndarray | None = None) -> np.ndarray:
+    """Sum per-virtual-stage values onto pipeline ranks (DualPipe adds the mirrored stage);
+    ``ranks``: the layout's :func:`planner.layout.virtual_stage_ranks`, when the caller has them."""
+    if ranks is None:
+        ranks = virtual_stage_ranks(layout.schedule, layout.pp, layout.vpp)
     per_rank = np.bincount(ranks, weights=values, minlength=layout.pp)
     if layout.schedule == "dualpipe":
         per_rank = per_rank + per_rank[::-1]

@@ -15,7 +15,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
-from planner.evaluate import evaluate_columns
+from planner.codes import Labels
+from planner.evaluate import in_output_order, screen_columns
 from planner.job import Job
 from planner.schedules import SCHEDULES
 
@@ -71,8 +72,8 @@ class SearchResult(BaseModel):
 
 
 def _divisors(n: int, limit: int | None = None) -> list[int]:
-    values = [d for d in range(1, n + 1) if n % d == 0]
-    return [d for d in values if limit is None or d <= limit]
+    candidates = np.arange(1, (n if limit is None else min(n, limit)) + 1)
+    return candidates[n % candidates == 0].tolist()
 
 
 def _schedule_options(space: SearchSpace, num_layers: int) -> list[tuple[str, int]]:
@@ -121,7 +122,7 @@ def screening_grid(
         indexing="ij",
     )
     degree, pair, mbs, sp = (g.ravel() for g in grids)
-    names = np.array([name for name, _ in pairs] or ["1f1b"], dtype=object)
+    names = tuple(name for name, _ in pairs) or ("1f1b",)
     vpps = np.array([v for _, v in pairs] or [1])
     columns = {
         "tp": t[degree],
@@ -131,7 +132,7 @@ def screening_grid(
         "ep": x[degree],
         "vpp": vpps[pair],
         "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
-        "schedule": names[pair],
+        "schedule": Labels(pair, names),
         "sequence_parallel": np.asarray(space.sequence_parallel, dtype=bool)[sp],
     }
     # Sequence parallelism means nothing without TP: keep one of the two rows.
@@ -146,20 +147,23 @@ def expand_rows(
     columns: dict[str, np.ndarray], cells: np.ndarray, grid_shape: tuple[int, ...], space
 ) -> dict[str, np.ndarray]:
     """Screened rows × every ZeRO stage × every recompute policy, in the order of the full
-    grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it)."""
+    grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it). The
+    schedule and the recompute policy come as :class:`planner.codes.Labels`."""
     num_zero, num_recompute = len(space.zero_stage), len(space.recompute)
     alive = np.zeros(int(np.prod(grid_shape)), dtype=bool)
     alive[cells] = True
     num_sp = grid_shape[-1]
-    alive = alive.reshape(-1, 1, 1, num_sp)
-    full = np.broadcast_to(alive, (alive.shape[0], num_zero, num_recompute, num_sp))
+    alive = alive.reshape(-1, num_sp)
+    live = np.flatnonzero(alive.any(axis=1))  # cells with a row (the others expand to none)
+    full = np.broadcast_to(alive[live, None, None, :], (len(live), num_zero, num_recompute, num_sp))
     cell, zero, recompute, sp = np.nonzero(full)
+    cell = live[cell]
     row_of_cell = np.zeros(len(alive.ravel()), dtype=np.int64)
     row_of_cell[cells] = np.arange(len(cells))
     row = row_of_cell[cell * num_sp + sp]
     out = {key: value[row] for key, value in columns.items()}
     out["zero_stage"] = np.asarray(space.zero_stage)[zero]
-    out["recompute"] = np.array(space.recompute, dtype=object)[recompute]
+    out["recompute"] = Labels(recompute, tuple(space.recompute))
     return out
 
 
@@ -170,6 +174,10 @@ def rejection_masks(
     model, s = job.model, job.seq_len
     tp, cp, pp, dp, ep, vpp = (cols[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
     schedule, mbs = cols["schedule"], cols["micro_batch_size"]
+
+    def runs(name: str) -> np.ndarray:
+        return Labels.of(schedule).isin((name,))
+
     stages = pp * vpp
     L = model.num_layers
     kv = model.num_kv_heads
@@ -209,16 +217,16 @@ def rejection_masks(
         ),
         (
             "interleaved-1f1b needs micro-batches a multiple of pp",
-            (schedule == "interleaved-1f1b") & ((m % pp != 0) | (m < pp)),
+            runs("interleaved-1f1b") & ((m % pp != 0) | (m < pp)),
         ),
         (
             "dualpipe needs an even pp and an even number ≥ 2·pp of micro-batches",
-            (schedule == "dualpipe") & ((pp % 2 != 0) | (m % 2 != 0) | (m < 2 * pp)),
+            runs("dualpipe") & ((pp % 2 != 0) | (m % 2 != 0) | (m < 2 * pp)),
         ),
-        ("dualpipev needs ≥ 2·pp micro-batches", (schedule == "dualpipev") & (m < 2 * pp)),
+        ("dualpipev needs ≥ 2·pp micro-batches", runs("dualpipev") & (m < 2 * pp)),
         (
             "a pipeline schedule needs pp > 1 (pp = 1 is listed once, as 1f1b)",
-            (pp == 1) & (schedule != "1f1b"),
+            (pp == 1) & ~runs("1f1b"),
         ),
     ]
     cols["num_microbatches"] = np.maximum(m, 1)
@@ -251,38 +259,50 @@ def search(
         alive &= ~hit
     grid = {key: value[alive] for key, value in grid.items()}
     cols = expand_rows(grid, cells[alive], grid_shape, space)
-    cols["pipeline_layer_split"] = np.full(len(cols["tp"]), "auto", dtype=object)
+    cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), ("auto",))
     if progress:
         progress(0.3)
     usable = accelerator.hbm_bytes * (1 - mem_headroom)
-    out = (  # rows that do not fit are not timed
-        evaluate_columns(job, cluster, accelerator, cols, order, mfu_dtype, usable)
+    screened = (  # rows that do not fit are not timed
+        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype)
         if len(cols["tp"])
-        else {}
+        else None
     )
     if progress:
         progress(0.9)
     smallest = None
     columns = {key: cols[key] for key in LAYOUT_COLUMNS}
-    if out:
-        placeable = out["valid"]
+    if screened:
+        memory_out, placeable, rows, timed = screened
+        placeable = placeable.copy()  # as evaluate_columns reports it: the timed rows' own
+        placeable[rows] = timed["valid"]
         if not placeable.all():
             rejected["cannot be placed on the cluster"] = int((~placeable).sum())
-        memory = out["memory_per_gpu_bytes"]
+        memory = memory_out["memory_per_gpu_bytes"]
         too_big = placeable & (memory > usable)
         if too_big.any():
             rejected[f"does not fit in {usable / GIB:.1f} GiB per GPU"] = int(too_big.sum())
-            big = np.flatnonzero(too_big)
-            best = big[np.argsort(memory[big], kind="quicksort")[0]]  # as pandas' sort_values
+            best = _smallest(memory, np.flatnonzero(too_big))
             smallest = {
                 **{k: _plain(cols[k][best]) for k in LAYOUT_COLUMNS},
                 "memory_per_gpu_bytes": float(memory[best]),
             }
-        columns.update(out)
         kept = np.flatnonzero(placeable & ~too_big)
-        kept = kept[_ranking({key: columns[key][kept] for key in RANKING_COLUMNS}, objective)]
-        columns = {key: value[kept] for key, value in columns.items()}
-    table = pd.DataFrame(columns) if out else pd.DataFrame(columns=LAYOUT_COLUMNS)
+        # Kept rows are timed rows (placeable and fitting): read their times in place.
+        at = np.minimum(np.searchsorted(rows, kept), max(len(rows) - 1, 0))
+        if len(kept) and not np.array_equal(rows[at], kept):  # not timed: NaN times
+            timed = {k: _spread(v, rows, len(memory), placeable) for k, v in timed.items()}
+            at = kept
+        in_place = np.array_equal(at, np.arange(len(rows)))  # every timed row is kept
+        merged = in_output_order(timed, memory_out)
+        columns = {key: value[kept] for key, value in columns.items()}  # in row order
+        for key, value in merged.items():
+            columns[key] = (value if in_place else value[at]) if key in timed else value[kept]
+        ranking = _ranking({key: columns[key] for key in RANKING_COLUMNS}, objective)
+    columns = {k: v.strings() if isinstance(v, Labels) else v for k, v in columns.items()}
+    table = pd.DataFrame(columns) if screened else pd.DataFrame(columns=LAYOUT_COLUMNS)
+    if screened:  # ranked: one take of the table's blocks
+        table = table.take(ranking).reset_index(drop=True)
     return SearchResult(
         candidates_evaluated=total,
         feasible=len(table),
@@ -302,10 +322,36 @@ RANKING_COLUMNS = tuple(dict.fromkeys(name for names, _ in RANKING_KEYS.values()
 
 
 def _ranking(columns: dict[str, np.ndarray], objective: str) -> np.ndarray:
-    """Row order by the objective: a stable sort (equal rows keep their order)."""
+    """Row order by the objective: a stable sort (equal rows keep their order).
+
+    The first key is sorted alone (quicksort); rows it ties are then put in the order of
+    the later keys and their own (a stable lexicographic sort of those rows only)."""
     names, ascending = RANKING_KEYS[objective]
     keys = [columns[n] if up else -columns[n] for n, up in zip(names, ascending, strict=True)]
-    return np.lexsort(keys[::-1])
+    order = np.argsort(keys[0])
+    first = keys[0][order]
+    tied = (first[1:] == first[:-1]) | (np.isnan(first[1:]) & np.isnan(first[:-1]))
+    if tied.any():  # positions in a run of equal first keys, and those rows, ascending
+        at = np.flatnonzero(np.concatenate([tied, [False]]) | np.concatenate([[False], tied]))
+        rows = np.sort(order[at])
+        order[at] = rows[np.lexsort([key[rows] for key in keys[::-1]])]
+    return order
+
+
+def _smallest(memory: np.ndarray, rows: np.ndarray) -> int:
+    """The row of ``rows`` needing least memory (the first of an ascending quicksort, as
+    pandas' sort_values picks it; a single least row is found without sorting)."""
+    least = rows[memory[rows] == memory[rows].min()]
+    if len(least) == 1:
+        return int(least[0])
+    return int(rows[np.argsort(memory[rows], kind="quicksort")[0]])
+
+
+def _spread(values: np.ndarray, rows: np.ndarray, n: int, placeable: np.ndarray) -> np.ndarray:
+    """Timed outputs of ``rows`` over all ``n`` rows: NaN elsewhere (valid: ``placeable``)."""
+    full = placeable.copy() if values.dtype == bool else np.full(n, np.nan)
+    full[rows] = values
+    return full
 
 
 def _plain(value):

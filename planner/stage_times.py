@@ -207,9 +207,12 @@ class RankStructure(BaseModel):
     has_head: list[bool]
 
 
-def rank_structure(model: ModelSpec, pp: int, vpp: int, schedule: str, split: str) -> RankStructure:
-    """Layers per rank for one direction of the pipeline (DualPipe's mirror is its copy)."""
-    dense, moe = dense_and_moe_layers_per_virtual_stage(model, pp, vpp, split)
+def rank_structure(
+    model: ModelSpec, pp: int, vpp: int, schedule: str, split: str, layers=None
+) -> RankStructure:
+    """Layers per rank for one direction of the pipeline (DualPipe's mirror is its copy);
+    ``layers``: the virtual stages' (dense, MoE) layer counts, when the caller has them."""
+    dense, moe = layers or dense_and_moe_layers_per_virtual_stage(model, pp, vpp, split)
     ranks = virtual_stage_ranks(schedule, pp, vpp)
     return RankStructure(
         dense_layers=np.bincount(ranks, weights=dense, minlength=pp).tolist(),

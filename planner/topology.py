@@ -194,9 +194,12 @@ def place_groups(
     return placement_for_view(cluster_view(view.cluster, num_gpus), order, sizes)
 
 
-def placement_for_view(view: ClusterView, order: tuple[str, ...], sizes: dict) -> Placement:
-    """The cached placement of ``sizes`` on ``view`` (whose num_gpus is tp·cp·pp·dp)."""
-    view_key = cluster_key(view.cluster, view.num_gpus)
+def placement_for_view(
+    view: ClusterView, order: tuple[str, ...], sizes: dict, view_key: tuple | None = None
+) -> Placement:
+    """The cached placement of ``sizes`` on ``view`` (whose num_gpus is tp·cp·pp·dp);
+    ``view_key``: ``cluster_key(view.cluster, view.num_gpus)``, when the caller has it."""
+    view_key = view_key or cluster_key(view.cluster, view.num_gpus)
     key = (view_key, order, tuple(sorted(sizes.items())))
     found = _PLACEMENTS.get(key)
     if found is not None:

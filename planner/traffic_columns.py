@@ -6,7 +6,11 @@ and returns one column per quantity, with no Python loop per row. The terms come
 collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp): every
 algorithm costs ``alpha + beta · bytes`` (:mod:`planner.comm`), so a row's time is
 ``min over algorithms of alpha[combo] + beta[combo] · message_bytes``. Placements are cached
-by :func:`planner.topology.placement_for_view`, so repeated calls are cheap.
+by :func:`planner.topology.placement_for_view`, so repeated calls are cheap. Everything but
+the exposure depends on a few fields (degrees, chunks, micro-batches, SP, full recompute,
+ZeRO stage, layer split): terms, bytes and raw times are worked out once per distinct
+combination of them and broadcast; only terms whose exposure reads the compute times are
+split into exposed and hidden per row (:mod:`planner.codes`).
 
 The same tables say how long each physical link of a rank is busy per byte
 (:class:`planner.comm.Cost`), so each row also gets, per link, the seconds each axis keeps
@@ -21,13 +25,14 @@ import pandas as pd
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
+from planner.codes import Labels, distinct_rows
 from planner.comm import ALGORITHMS, algorithm_costs, volume_factor
 from planner.contention import sharing_delay
 from planner.job import Job
 from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES
 from planner.network import as_cluster, cluster_view
 from planner.schedules.registry import SCHEDULES, get_schedule
-from planner.topology import placement_for_view, resolve_order
+from planner.topology import cluster_key, placement_for_view, resolve_order
 from planner.traffic_terms import (
     AXIS_GROUPS,
     EP_OVERLAP_SCHEDULES,
@@ -53,9 +58,10 @@ def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) ->
             placements.append(None)  # stays unpriced: the row cannot be placed
             continue
         if num_gpus not in views:
-            views[num_gpus] = cluster_view(cluster, num_gpus)
+            views[num_gpus] = cluster_view(cluster, num_gpus), cluster_key(cluster, num_gpus)
+        view, view_key = views[num_gpus]
         sizes = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
-        placements.append(placement_for_view(views[num_gpus], order, sizes))
+        placements.append(placement_for_view(view, order, sizes, view_key))
     return placements
 
 
@@ -77,6 +83,7 @@ class _CostTables:
         self.placements = placements
         self.routing = routing  # the EP all-to-all's node-limited routing (ep_routing)
         self.tables: dict[tuple[str, str], tuple] = {}
+        self.group_rows: dict[str, tuple[np.ndarray, list]] = {}
         self.groups = _GROUP_COSTS
 
     def __call__(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -84,22 +91,37 @@ class _CostTables:
             self.tables[group_name, op] = self._price(group_name, op)
         return self.tables[group_name, op]
 
+    def _distinct_groups(self, group_name: str) -> tuple[np.ndarray, list]:
+        """Each combination's row in the stacked tables of one group (0: cannot be placed,
+        1 + i: the i-th distinct group), and those distinct groups (first seen first)."""
+        if group_name not in self.group_rows:
+            rows: dict[tuple, int] = {}
+            groups, where = [], np.zeros(len(self.placements), dtype=np.int64)
+            for u, placement in enumerate(self.placements):
+                if placement is None:
+                    continue
+                group = placement.groups[group_name]
+                # Level holds a dict (not hashable): the identity of the shared levels is
+                # the key, and the cost entry keeps the group (and so its levels) alive.
+                key = (id(group.levels), id(group.neighbour_level), group.group_size)
+                if key not in rows:
+                    rows[key] = len(groups) + 1
+                    groups.append(group)
+                where[u] = rows[key]
+            self.group_rows[group_name] = where, groups
+        return self.group_rows[group_name]
+
     def _price(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray, dict]:
         routing = self.routing if group_name == "ep" else None
-        entries: dict[tuple, int] = {}  # group cost → its row in the stacked tables (1 + …)
-        where = np.zeros(len(self.placements), dtype=np.int64)  # row 0: cannot be placed
-        for u, placement in enumerate(self.placements):
-            if placement is None:
-                continue
-            group = placement.groups[group_name]
-            # Level holds a dict (not hashable): the identity of the shared levels is the
-            # key, and the entry keeps the group (and so its levels) alive.
+        where, groups = self._distinct_groups(group_name)
+        entries = []
+        for group in groups:
             key = (id(group.levels), id(group.neighbour_level), group.group_size, op, routing)
             if key not in self.groups:
                 if len(self.groups) >= _GROUP_COSTS_SIZE:
                     self.groups.clear()
                 self.groups[key] = (*_group_costs(group, op, routing), group)
-            where[u] = entries.setdefault(key, len(entries) + 1)
+            entries.append(key)
         costs = [(np.full(NUM_ALGORITHMS, np.inf), np.zeros(NUM_ALGORITHMS), {})]
         costs += [self.groups[key][:3] for key in entries]
         alpha = np.stack([cost[0] for cost in costs])[where]
@@ -123,7 +145,10 @@ def chunks_column(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
 
 
 def _codes(column) -> tuple[np.ndarray, list]:
-    """Each row's index into the column's distinct values, and those values (hashing)."""
+    """Each row's index into the column's distinct values, and those values (hashing, unless
+    the column comes as :class:`planner.codes.Labels`)."""
+    if isinstance(column, Labels):
+        return column.codes, list(column.values)
     values = np.asarray(column)
     codes, names = pd.factorize(values.ravel())
     return codes.reshape(values.shape), names.tolist()
@@ -190,6 +215,71 @@ def _link_busy(per_byte: dict, at: np.ndarray, choice, live, sent, shape) -> dic
     return busy
 
 
+def _group_sizes(key: dict) -> dict[str, np.ndarray]:
+    """Ranks in each placement group (:data:`AXIS_GROUPS`) of the rows."""
+    tp, cp, pp, dp, ep = (key[k] for k in ("tp", "cp", "pp", "dp", "ep"))
+    return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp_cp": dp * cp,
+            "edp": dp * cp // np.maximum(ep, 1)}  # fmt: skip
+
+
+def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[tuple]:
+    """Every collective term that some row runs, priced on the rows of ``key`` (columns tp,
+    cp, pp, dp, ep, chunks, b, m, sp, full, zero, v_shape): (term, count, message bytes, one
+    collective's seconds, one bucket's seconds, raw seconds, {link: seconds busy}).
+
+    Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp)."""
+    rows = key["tp"].shape
+    combos = np.stack([key[k] for k in ("tp", "cp", "ep", "pp", "dp")], axis=-1).reshape(-1, 5)
+    radix = combos.max(axis=0, initial=0) + 1  # one integer key per row: np.unique on ints is fast
+    keys = np.ravel_multi_index(tuple(combos.T), tuple(radix))
+    unique_keys, inv = np.unique(keys, return_inverse=True)
+    unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
+    inv = inv.reshape(rows)
+    costs = _CostTables(_placements(cluster, unique, order), ep_routing(job.model))
+    terms = step_terms(
+        job, *(key[k] for k in ("tp", "cp", "pp", "dp", "ep", "chunks", "b", "m", "sp", "full",
+                                 "zero")), split, key["v_shape"],
+    )  # fmt: skip
+    priced = []
+    with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
+        for term in terms:
+            count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
+            if not count.any():
+                continue
+            alpha, beta, per_byte = costs(AXIS_GROUPS[term.axis], term.op)
+            message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
+            # One collective's time, on the rows that run it (the others count 0 of them).
+            live = np.flatnonzero(count > 0)
+            at = inv.ravel()[live]
+            ab = alpha[at], beta[at]
+            one, choice = _cheapest(*ab, live, message, rows)
+            bucket = one
+            if np.any(term.bucket_bytes):
+                bucket = _cheapest(*ab, live, term.bucket_bytes, rows)[0]
+            raw = np.where(count > 0, count * one, 0.0)
+            busy = _link_busy(per_byte, at, choice, live, count * message, rows)
+            priced.append((term, count, message, one, bucket, raw, busy))
+    return priced
+
+
+def _add(columns: dict, name: str, rows: np.ndarray | None, values: np.ndarray) -> None:
+    """``columns[name] += values``, on ``rows`` of it only when given."""
+    if rows is None:
+        columns[name] = columns[name] + values
+    else:
+        columns[name][rows] += values
+
+
+def _reshaped(out: dict, rows: tuple) -> dict:
+    """Every column (and every column of a {link: column} dict) in the rows' shape."""
+    return {
+        name: {link: c.reshape(rows) for link, c in value.items()}
+        if isinstance(value, dict)
+        else value.reshape(rows)
+        for name, value in out.items()
+    }
+
+
 def axis_times_vectorized(
     job: Job,
     cluster: Cluster | str,
@@ -217,7 +307,8 @@ def axis_times_vectorized(
     Integer columns: ``tp, cp, pp, dp, ep, vpp, micro_batch_size, num_microbatches`` (None:
     global batch / (dp · micro_batch_size), as Layout resolves it), ``zero_stage``; boolean
     ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "full"),
-    ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``.
+    ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``
+    (``recompute`` and ``schedule`` may come as :class:`planner.codes.Labels` of the rows).
     Optional float columns ``forward_s``, ``backward_s`` give compute
     per micro-batch on the busiest rank for the overlap rules; without them exposed = raw.
 
@@ -241,8 +332,12 @@ def axis_times_vectorized(
     )
     rows = tp.shape
     sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
-    full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
-    schedule = np.broadcast_to(np.asarray(schedule), rows)
+    if isinstance(recompute, Labels):
+        full = recompute.isin(("full",)).astype(np.int64).reshape(rows)
+    else:
+        full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
+    if not isinstance(schedule, Labels):
+        schedule = np.broadcast_to(np.asarray(schedule), rows)
     for name in _distinct(schedule):
         get_schedule(str(name))  # an unknown name raises its one-line error
     chunks = chunks_column(schedule, vpp)
@@ -255,97 +350,118 @@ def axis_times_vectorized(
     else:
         m, remainder = np.divmod(job.global_batch_size, dp * b)
         batch_ok = remainder == 0
-    compute = None
-    if forward_s is not None and backward_s is not None:
+    compute = None  # None: every term exposed (also where compute runs the collectives)
+    accelerator = load_accelerator(cluster.accelerator)
+    if forward_s is not None and backward_s is not None and accelerator.overlaps_communication:
         compute = (
             np.asarray(forward_s, dtype=float),
             np.asarray(backward_s, dtype=float),
         )
 
-    combos = np.stack([tp, cp, ep, pp, dp], axis=-1).reshape(-1, 5)
-    radix = combos.max(axis=0, initial=0) + 1  # one integer key per row: np.unique on ints is fast
-    keys = np.ravel_multi_index(tuple(combos.T), tuple(radix))
-    unique_keys, inv = np.unique(keys, return_inverse=True)
-    unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
-    inv = inv.reshape(rows)
-    costs = _CostTables(_placements(cluster, unique, order), ep_routing(job.model))
-    v_shape = _is_one_of(schedule, V_SHAPE_SCHEDULES)
-    terms = step_terms(
-        job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, pipeline_layer_split, v_shape
-    )
-    sizes = {
-        "tp": tp,
-        "cp": cp,
-        "ep": ep,
-        "pp": pp,
-        "dp_cp": dp * cp,
-        "edp": dp * cp // np.maximum(ep, 1),
+    # Everything but the exposure depends on the degrees, chunks, micro-batches, SP, full
+    # recompute, ZeRO stage and layer split only: it is worked out on one row per distinct
+    # combination ("key") and broadcast; only terms whose exposure reads the compute times
+    # are split into exposed and hidden per row.
+    count_rows = int(np.prod(rows))
+    flat = {  # every column over the rows, one dimension
+        name: np.broadcast_to(column, rows).reshape(count_rows)
+        for name, column in {
+            "tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "chunks": chunks, "b": b, "m": m,
+            "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
+            "batch_ok": batch_ok,
+        }.items()
+    }  # fmt: skip
+    split = pipeline_layer_split
+    if np.ndim(split):
+        flat["split"] = np.broadcast_to(np.asarray(split), rows).reshape(count_rows)
+    key_rows, inv = distinct_rows(*(flat[k] for k in flat if k != "batch_ok"))
+    key = {name: column[key_rows] for name, column in flat.items()}
+    split_key = key["split"] if np.ndim(split) else split
+    priced = _priced_terms(job, cluster, order, key, split_key)
+    ep_overlap_rows = np.broadcast_to(ep_overlap, rows).reshape(count_rows)
+    if compute is not None:
+        compute = tuple(np.broadcast_to(x, rows).reshape(count_rows) for x in compute)
+    # Axes whose exposure reads the compute times are summed per row; the others per key.
+    per_row = {
+        term.axis
+        for term, *_ in priced
+        if compute is not None
+        and not (term.rule == "cp_exposed" or (term.rule == "exposed" and not tp_comm_overlap))
     }
-    out = {}
+    out, exposed_by_axis = {}, {}
     for axis in AXES:
-        out[f"{axis}_bytes_per_step"] = np.zeros(rows)
-        out[f"{axis}_time_s"] = np.zeros(rows)
-        out[f"{axis}_exposed_time_s"] = np.zeros(rows)
+        out[f"{axis}_bytes_per_step"] = np.zeros(len(key_rows))
+        out[f"{axis}_time_s"] = np.zeros(len(key_rows))
+        exposed_by_axis[axis] = np.zeros(count_rows if axis in per_row else len(key_rows))
     link_exposed: dict[str, dict[str, np.ndarray]] = {}  # link → axis → busy seconds
     link_hidden: dict[str, dict[str, np.ndarray]] = {}
+    pooled = sum(raw for term, *_, raw, _ in priced if term.rule == "ep")  # one DualPipe window
+    sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
+    sizes, factors = _group_sizes(key), {}  # bytes sent per byte, per (op, group)
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
-        timed = []
-        for term in terms:
-            count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
-            if not count.any():
-                continue
-            alpha, beta, per_byte = costs(AXIS_GROUPS[term.axis], term.op)
-            message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
-            # One collective's time, on the rows that run it (the others count 0 of them).
-            live = np.flatnonzero(count > 0)
-            at = inv.ravel()[live]
-            priced = alpha[at], beta[at]
-            one, choice = _cheapest(*priced, live, message, rows)
-            bucket = one
-            if np.any(term.bucket_bytes):
-                bucket = _cheapest(*priced, live, term.bucket_bytes, rows)[0]
-            raw = np.where(count > 0, count * one, 0.0)
-            busy = _link_busy(per_byte, at, choice, live, count * message, rows)
-            timed.append((term, count, message, one, bucket, raw, busy))
-        pooled = sum(raw for term, *_, raw, _ in timed if term.rule == "ep")  # one DualPipe window
-        accelerator = load_accelerator(cluster.accelerator)
-        sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
-        windows = compute if accelerator.overlaps_communication else None  # None: all exposed
-        for term, count, message, one, bucket, raw, busy in timed:
-            n = sizes["pp"] if term.op == "p2p" else sizes[AXIS_GROUPS[term.axis]]
-            exposed = exposed_time(term.rule, raw, one, bucket, m, pp, chunks, windows,
-                                   tp_comm_overlap, ep_overlap,
-                                   pooled if term.rule == "ep" else None,
-                                   sm_share)  # fmt: skip
-            out[f"{term.axis}_bytes_per_step"] += count * message * volume_factor(term.op, n)
+        for term, count, message, one, bucket, raw, busy in priced:
+            group = "pp" if term.op == "p2p" else AXIS_GROUPS[term.axis]
+            if (term.op, group) not in factors:
+                factors[term.op, group] = volume_factor(term.op, sizes[group])
+            out[f"{term.axis}_bytes_per_step"] += count * message * factors[term.op, group]
             out[f"{term.axis}_time_s"] += raw
-            out[f"{term.axis}_exposed_time_s"] += np.where(count > 0, exposed, 0.0)
+            if term.axis in per_row:  # on the rows that run the term (the others add 0)
+                live = np.flatnonzero((count > 0)[inv])
+                at = inv[live]
+                exposed = exposed_time(
+                    term.rule, raw[at], one[at], bucket[at], flat["m"][live], flat["pp"][live],
+                    flat["chunks"][live], tuple(x[live] for x in compute), tp_comm_overlap,
+                    ep_overlap_rows[live], pooled[at] if term.rule == "ep" else None, sm_share,
+                )  # fmt: skip
+                raw, busy = raw[at], {link: seconds[at] for link, seconds in busy.items()}
+            else:
+                live = None  # exposed = raw under these rules: as without compute times
+                exposed = exposed_time(term.rule, raw, one, bucket, key["m"], key["pp"],
+                                       key["chunks"], None)  # fmt: skip
+                exposed = np.where(count > 0, exposed, 0.0)
+            _add(exposed_by_axis, term.axis, live, exposed)
             # Each link's busy time splits as the term's time does: exposed and hidden.
             exposed_share = np.where(raw > 0, np.minimum(exposed / np.where(raw > 0, raw, 1), 1), 1)
+            size = count_rows if live is not None else len(key_rows)
             for link, seconds in busy.items():
-                for split, share in (
+                for split_by, share in (
                     (link_exposed, exposed_share),
                     (link_hidden, 1 - exposed_share),
                 ):
-                    axes = split.setdefault(link, {})
-                    axes[term.axis] = axes.get(term.axis, 0.0) + seconds * share
-    valid = placeable(cluster, job.model.num_layers, tp, cp, pp, dp, ep, chunks,
-                      pipeline_layer_split) & batch_ok  # fmt: skip
-    for key, column in out.items():
-        out[key] = np.where(valid, column, np.nan)
+                    axes = split_by.setdefault(link, {})
+                    if term.axis not in axes:
+                        axes[term.axis] = np.zeros(size)
+                    _add(axes, term.axis, live, seconds * share)
+    valid = placeable(cluster, job.model.num_layers, key["tp"], key["cp"], key["pp"], key["dp"],
+                      key["ep"], key["chunks"], split_key)[inv] & flat["batch_ok"]  # fmt: skip
+
+    def rowwise(column: np.ndarray, axis: str) -> np.ndarray:
+        """A per-key or per-row column of ``axis`` over the rows."""
+        return column if axis in per_row else column[inv]
+
+    for axis in AXES:
+        out[f"{axis}_bytes_per_step"] = out[f"{axis}_bytes_per_step"][inv]
+        out[f"{axis}_time_s"] = out[f"{axis}_time_s"][inv]
+        out[f"{axis}_exposed_time_s"] = rowwise(exposed_by_axis[axis], axis)
+    for key_name, column in out.items():
+        out[key_name] = np.where(valid, column, np.nan)
     out["total_time_s"] = sum(out[f"{axis}_time_s"] for axis in AXES)
     out["total_exposed_time_s"] = sum(out[f"{axis}_exposed_time_s"] for axis in AXES)
-    window = m * (compute[0] + compute[1]) if compute is not None else np.zeros(rows)
+    for split_by in (link_exposed, link_hidden):
+        for axes in split_by.values():
+            for axis in axes:
+                axes[axis] = rowwise(axes[axis], axis)
+    window = flat["m"] * (compute[0] + compute[1]) if compute is not None else np.zeros(count_rows)
     contention = sum(
         (sharing_delay(link_exposed[link], link_hidden[link], window) for link in link_exposed),
-        np.zeros(rows),
+        np.zeros(count_rows),
     )
     out["link_contention_s"] = np.where(valid, contention, np.nan)
-    out["num_microbatches"] = np.broadcast_to(m, rows)
+    out["num_microbatches"] = flat["m"]
     out["valid"] = valid
     out["link_busy_s"], out["link_busiest_axis_s"] = {}, {}
     for link in link_exposed:
         per_axis = [link_exposed[link][a] + link_hidden[link][a] for a in link_exposed[link]]
         out["link_busy_s"][link] = np.where(valid, sum(per_axis), np.nan)
         out["link_busiest_axis_s"][link] = np.where(valid, np.maximum.reduce(per_axis), np.nan)
-    return out
+    return _reshaped(out, rows)

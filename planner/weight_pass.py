@@ -50,16 +50,19 @@ WHOLE_INPUTS = (
 INTERMEDIATES = ("mlp.intermediate", "moe.expert_intermediate", "moe.shared_intermediate")
 
 
-def output_gradient_bytes(model: ModelSpec, shape: ActivationShape, moe_layer: bool) -> float:
+def output_gradient_bytes(
+    model: ModelSpec, shape: ActivationShape, moe_layer: bool, linears=None
+) -> float:
     """Bytes of ``dY`` of every weight GEMM of one layer on one rank, for one micro-batch.
 
     Rows are the rank's tokens before the sequence-parallel split (the GEMMs run on the
     gathered sequence), times each module's token share and copies; widths are the
     module's output features on one TP rank (:meth:`planner.linears.Linear.local_shape`).
+    ``linears``: the layer's :func:`planner.linears.layer_linears`, when the caller has them.
     """
     tokens, e = shape.local_tokens, shape.element_bytes
     total = 0.0
-    for linear in layer_linears(model, moe_layer, shape.tp):
+    for linear in linears or layer_linears(model, moe_layer, shape.tp):
         _, out = linear.local_shape(shape.tp)
         total += tokens * linear.token_share * linear.count * out * e
     return total
@@ -75,10 +78,15 @@ def weight_input_bytes(model: ModelSpec, shape: ActivationShape, moe_layer: bool
 
 
 def weight_pass_bytes_per_layer(
-    model: ModelSpec, shape: ActivationShape, moe_layer: bool, kept: WeightPassMemory = "inputs"
+    model: ModelSpec,
+    shape: ActivationShape,
+    moe_layer: bool,
+    kept: WeightPassMemory = "inputs",
+    linears=None,
 ) -> float:
-    """``M_W`` of one layer on one rank for one micro-batch (see the module docstring)."""
-    grads = output_gradient_bytes(model, shape, moe_layer)
+    """``M_W`` of one layer on one rank for one micro-batch (see the module docstring);
+    ``linears``: the layer's :func:`planner.linears.layer_linears`, when the caller has them."""
+    grads = output_gradient_bytes(model, shape, moe_layer, linears)
     if kept == "graph":
         whole = shape.model_copy(update={"recompute": "none"})
         return sum(layer_activation_tensors(model, whole, moe_layer).values()) + grads

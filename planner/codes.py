@@ -1,0 +1,151 @@
+"""Columns as integer codes (each row's index into the column's distinct values), and the
+distinct value tuples of several columns, for work done once per distinct value.
+
+The search's string columns (schedule, recompute policy, layer split) hold a handful of
+distinct values over 10^5 rows or more; hashing such a column costs more than a numpy
+operation on an integer column, and the evaluation asks about each column many times.
+:class:`Labels` hashes a column once (or takes the codes the search built it from) and
+answers those questions — which rows hold one of these values, the rows of each value, the
+value every row holds — from the codes. Its rows are the plain strings again on demand.
+
+:func:`unique_rows` and :func:`distinct_rows` find the distinct value tuples of several
+columns (small integers through a lookup table, no sort) and each row's index into them,
+so that a quantity that depends on those columns only is computed once per tuple and
+broadcast back to the rows by that index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True, eq=False)
+class Labels:
+    """A column as codes (a string column, or indices into a table's rows): ``values[codes[i]]``
+    is row ``i``'s value."""
+
+    codes: np.ndarray  # int64, one per row
+    values: tuple  # the distinct values (some may be held by no row after a selection)
+
+    @classmethod
+    def of(cls, column) -> Labels:
+        """The column as labels (a column already coded is returned as it is)."""
+        if isinstance(column, Labels):
+            return column
+        codes, uniques = pd.factorize(np.asarray(column).reshape(-1))
+        return cls(codes.astype(np.int64), tuple(uniques.tolist()))
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The rows' values, for numpy (``np.asarray(labels)``)."""
+        values = self.strings()
+        return values if dtype is None else values.astype(dtype)
+
+    def __getitem__(self, rows):
+        """One row's value (an integer index), else the selected rows as labels."""
+        if isinstance(rows, (int, np.integer)):
+            return self.values[self.codes[rows]]
+        return Labels(self.codes[rows], self.values)
+
+    @property
+    def present(self) -> list:
+        """The values some row holds, in the order of :attr:`values`."""
+        held = np.bincount(self.codes, minlength=len(self.values)) > 0
+        return [value for value, on in zip(self.values, held, strict=True) if on]
+
+    def isin(self, names) -> np.ndarray:
+        """Rows whose value is one of ``names``."""
+        return np.array([value in names for value in self.values], dtype=bool)[self.codes]
+
+    def groups(self) -> list[tuple[object, np.ndarray]]:
+        """(value, indices of the rows holding it, ascending) for each value some row holds."""
+        return [
+            (value, rows)
+            for code, value in enumerate(self.values)
+            if len(rows := np.flatnonzero(self.codes == code))
+        ]
+
+    def strings(self) -> np.ndarray:
+        """The rows' values as a numpy object array."""
+        return np.array([*self.values, None], dtype=object)[:-1][self.codes]
+
+
+def coded(index: np.ndarray, count: int) -> Labels:
+    """A column of indices into ``count`` things (a table's rows) as labels."""
+    return Labels(index, range(count))
+
+
+def _codes(column) -> tuple[np.ndarray, int]:
+    """Integer codes of the rows' values (equal values, equal codes) and a bound on them.
+
+    Labels bring their codes; small non-negative integers (and booleans) are their own
+    codes; larger ones are looked up in a table as long as their range (no hashing, no
+    sort); anything else is hashed (:func:`pandas.factorize`)."""
+    if isinstance(column, Labels):
+        return column.codes, len(column.values)
+    values = np.asarray(column).reshape(-1)
+    if values.dtype.kind in "biu" and len(values):
+        low, high = int(values.min()), int(values.max())
+        if low >= 0 and high < 64:
+            return values, high + 1
+        if low >= 0 and high <= 4 * len(values) + 1024:
+            present = np.zeros(high + 1, dtype=bool)
+            present[values] = True
+            uniques = np.flatnonzero(present)
+            lookup = np.zeros(high + 1, dtype=np.int64)
+            lookup[uniques] = np.arange(len(uniques))
+            return lookup[values], len(uniques)
+    codes, uniques = pd.factorize(values)  # hashing: O(rows)
+    return codes, len(uniques)
+
+
+def _compressed(key: np.ndarray, size: int) -> tuple[np.ndarray, int]:
+    """Each row's index into the distinct values of ``key`` (integers below ``size``), and
+    how many there are: a lookup table when ``size`` is small, else hashing."""
+    if size <= 4 * len(key) + 1024:  # a table: no hashing, no sort
+        present = np.zeros(size, dtype=bool)
+        present[key] = True
+        unique_keys = np.flatnonzero(present)
+        lookup = np.zeros(size, dtype=np.int64)
+        lookup[unique_keys] = np.arange(len(unique_keys))
+        return lookup[key], len(unique_keys)
+    inverse, unique_keys = pd.factorize(key)  # hashing: O(rows)
+    return inverse.astype(np.int64, copy=False), len(unique_keys)
+
+
+def distinct_rows(*columns) -> tuple[np.ndarray, np.ndarray]:
+    """One row holding each distinct value tuple of the columns, and each row's index into
+    those rows (work done on them is broadcast back by it)."""
+    key, size = None, 1
+    for column in columns:
+        codes, bound = _codes(column)
+        bound = max(bound, 1)
+        if key is None:
+            key, size = codes.astype(np.int64, copy=False), bound
+            continue
+        if size * bound > 4 * len(key) + 1024:  # renumber first: keys stay table-sized
+            key, size = _compressed(key, size)
+        key, size = key * bound + codes, size * bound
+    inverse, count = _compressed(key, size)
+    chosen = np.zeros(count, dtype=np.int64)
+    chosen[inverse] = np.arange(len(inverse))
+    return chosen, inverse
+
+
+def unique_rows(*columns) -> tuple[list[tuple], np.ndarray]:
+    """Distinct value tuples of the given columns and each row's index into them.
+
+    Each column is turned into integer codes first, so strings cost no more than ints."""
+    chosen, inverse = distinct_rows(*columns)
+    values = [
+        column[chosen].strings()
+        if isinstance(column, Labels)
+        else np.asarray(column).reshape(-1)[chosen]
+        for column in columns
+    ]
+    return list(zip(*(v.tolist() for v in values), strict=True)), inverse

@@ -103,10 +103,13 @@ def accelerator_spec(
             "slowest rank"
         )
     if functional_collective_overhead_s is not None:
+        from validate.calibrate import REPETITIONS
+
         overhead["functional_collective_overhead_s"] = (
             f"measured: {method}, validate.calibrate.measure_functional_overhead: torch "
             f"functional all-reduce, all-gather and reduce-scatter of 4 KiB on {ranks} ranks "
-            "minus the same c10d call, median of 5 each, median over the three, slowest rank"
+            f"minus the same c10d call, each the median of {REPETITIONS} calls after a "
+            "barrier, median over the three, slowest rank"
         )
     attention_fields, attention_sources = {}, {}
     if attention:
@@ -220,7 +223,13 @@ def link_spec(fits, ranks: int, method: str) -> LinkTier:
 
     p2p = fit("p2p", 2)
     rate = 1.0 / p2p.beta_s_per_byte
-    source = f"measured: {method}, gloo over loopback, median of 5 per size, fit t = a + b*S"
+    from validate.calibrate import BURST_GEMMS, REPETITIONS
+
+    source = (
+        f"measured: {method}, gloo over loopback, each call after a barrier and a burst of "
+        f"{BURST_GEMMS} 128x64x192 GEMMs (as a training step's collectives follow compute), "
+        f"median of {REPETITIONS} per size, fit t = a + b*S"
+    )
     efficiency, sources, clamped = {"p2p": 1.0}, {}, []
 
     def put(key, value, what):

@@ -21,6 +21,9 @@ DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
 #: A pipeline runtime's compute actions: a forward, a full backward, or a split backward's
 #: input-gradient and weight-gradient parts.
 PipelineAction = Literal["forward", "backward", "input_grad", "weight_grad"]
+#: A data-parallel wrapper's own host time: FSDP per wrapped unit, DDP per call, per pass.
+DataParallelCost = Literal["fsdp_unit_forward", "fsdp_unit_backward", "ddp_forward",
+                           "ddp_backward"]  # fmt: skip
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 
 #: Prefix of a source string that marks a documented default rather than a measurement.
@@ -161,6 +164,12 @@ class Accelerator(SourcedSpec):
         description="host seconds a pipeline runtime spends per action beyond the action's "
         "operations (torch.distributed.pipelining: buffers, autograd calls), per kind: "
         "forward, backward (full), input_grad and weight_grad (split backward); unset: 0",
+    )
+    data_parallel_overhead_s: dict[DataParallelCost, float] = Field(
+        default_factory=dict,
+        description="host seconds a data-parallel wrapper spends beyond its operations "
+        "(hooks, bookkeeping): FSDP per wrapped unit, DDP per call, in forward and in "
+        "backward; unset: 0",
     )
     overlaps_communication: bool = Field(
         True,

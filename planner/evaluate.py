@@ -369,18 +369,30 @@ def data_parallel_form(zero: np.ndarray, dp_cp: np.ndarray) -> np.ndarray:
     return np.where(zero >= 2, FSDP, np.where(dp_cp > 1, DDP, NO_WRAPPER))
 
 
-def _with_wrapper_ops(form, R: dict, op_overhead_s: float, F, B):
-    """F and B plus the data-parallel wrapper's own operations per micro-batch
-    (:mod:`planner.op_counts`): DDP's gradient hook per parameter tensor in backward,
-    FSDP2's pre/post hooks per wrapped layer and for the root module."""
+def _with_wrapper_ops(form, R: dict, accelerator, op_overhead_s: float, F, B):
+    """F and B plus the data-parallel wrapper's own work per micro-batch: its operations
+    (:mod:`planner.op_counts`: DDP's gradient hook per parameter tensor in backward,
+    FSDP2's pre/post hooks per wrapped layer and for the root module) and its host time
+    beyond them (:attr:`hwspecs.schema.Accelerator.data_parallel_overhead_s`: per wrapped
+    unit for FSDP, per call for DDP)."""
     form = np.asarray(form)[:, None]
-    ddp = (form == DDP) * op_overhead_s
-    fsdp = (form == FSDP) * op_overhead_s
-    units = R["paced_dense_layers"] + _held(R, "paced_moe_layers", 1.0)
+    ddp, fsdp = form == DDP, form == FSDP
+    host = accelerator.data_parallel_overhead_s
+    layers = R["paced_dense_layers"] + _held(R, "paced_moe_layers", 1.0)
     unit, root = op_counts.FSDP_UNIT_OPS, op_counts.FSDP_ROOT_OPS
-    F = F + fsdp * (units * unit.forward + root.forward)
-    B = B + fsdp * (units * unit.input_grad + root.input_grad)
-    B = B + ddp * R["param_tensors"] * op_counts.DDP_BACKWARD_OPS_PER_TENSOR
+    F = F + fsdp * (
+        (layers * unit.forward + root.forward) * op_overhead_s
+        + (layers + 1) * host.get("fsdp_unit_forward", 0.0)
+    )
+    B = B + fsdp * (
+        (layers * unit.input_grad + root.input_grad) * op_overhead_s
+        + (layers + 1) * host.get("fsdp_unit_backward", 0.0)
+    )
+    F = F + ddp * host.get("ddp_forward", 0.0)
+    B = B + ddp * (
+        R["param_tensors"] * op_counts.DDP_BACKWARD_OPS_PER_TENSOR * op_overhead_s
+        + host.get("ddp_backward", 0.0)
+    )
     return F, B
 
 
@@ -557,7 +569,7 @@ def _pipeline_columns(c: dict, S: dict, R: dict, accelerator, rates) -> tuple[np
     B = on_slots("bd", "bm", "b_emb", "b_head")
     W = on_slots("wd", "wm", "w_emb", "w_head")
     if rates.op_overhead_s:
-        F, B = _with_wrapper_ops(c["form"], R, rates.op_overhead_s, F, B)
+        F, B = _with_wrapper_ops(c["form"], R, accelerator, rates.op_overhead_s, F, B)
     F, B, W = _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W)
     Rc = on_slots("rd", "rm")
     busiest = np.argmax(F + B + W + Rc, axis=1)

@@ -73,6 +73,7 @@ H100_HOST = H100.model_copy(
         "sharded_op_overhead_s": 9e-5,
         "functional_collective_overhead_s": 1e-3,
         "pipeline_action_overhead_s": {"forward": 1e-3, "input_grad": 2e-3, "weight_grad": 3e-3},
+        "data_parallel_overhead_s": {"fsdp_unit_forward": 4e-4, "ddp_forward": 6e-4},
     }
 )
 

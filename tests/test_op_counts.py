@@ -182,14 +182,18 @@ def test_columns_with_overhead_equal_the_per_rank_sums(layout):
 # ----- torch's parallel forms: DTensor TP, FSDP2, DTensor optimizer steps -------------------
 
 SHARDED_S, FUNCTIONAL_S = 9e-5, 1e-3
+WRAPPER_S = {"fsdp_unit_forward": 3e-4, "fsdp_unit_backward": 5e-4, "ddp_forward": 7e-4,
+             "ddp_backward": 2e-4}  # fmt: skip
 H100_TORCH = H100_EAGER.model_copy(
     update={
         "sharded_op_overhead_s": SHARDED_S,
         "functional_collective_overhead_s": FUNCTIONAL_S,
+        "data_parallel_overhead_s": WRAPPER_S,
         "sources": {
             **H100_EAGER.sources,
             "sharded_op_overhead_s": "test: a made-up figure",
             "functional_collective_overhead_s": "test: a made-up figure",
+            "data_parallel_overhead_s": "test: made-up figures",
         },
     }
 )
@@ -231,7 +235,19 @@ def test_fsdp_units_and_dtensor_parameters_add_their_operations(tmp_path):
     layers = job.model.num_layers
     unit, root = op_counts.FSDP_UNIT_OPS, op_counts.FSDP_ROOT_OPS
     forward = fsdp.stage_times_s["forward"] - ddp.stage_times_s["forward"]
-    assert forward == pytest.approx((layers * unit.forward + root.forward) * OVERHEAD_S)
+    fsdp_forward = (layers * unit.forward + root.forward) * OVERHEAD_S + (layers + 1) * WRAPPER_S[
+        "fsdp_unit_forward"
+    ]  # each layer and the root
+    assert forward == pytest.approx(fsdp_forward - WRAPPER_S["ddp_forward"])
+    tensors_ddp = op_counts.rank_param_tensors(job.model, None, layers, 0, 1, 1)
+    backward = fsdp.stage_times_s["input_grad"] - ddp.stage_times_s["input_grad"]
+    fsdp_backward = (layers * unit.input_grad + root.input_grad) * OVERHEAD_S + (
+        layers + 1
+    ) * WRAPPER_S["fsdp_unit_backward"]
+    ddp_backward = (
+        tensors_ddp * op_counts.DDP_BACKWARD_OPS_PER_TENSOR * OVERHEAD_S + WRAPPER_S["ddp_backward"]
+    )
+    assert backward == pytest.approx(fsdp_backward - ddp_backward)
     # The optimizer steps the same tensors, now DTensors: 9 of AdamW's 11 operations each.
     tensors = op_counts.rank_param_tensors(job.model, None, layers, 0, 1, 1)
     assert op_counts.optimizer_sharded_ops_per_tensor("adamw") == 9

@@ -13,7 +13,8 @@ What is measured, one thread per rank as the validation runs use:
 * **pipeline runtime overhead** per action kind (forward, full backward, input and weight
   gradient) of torch's pipeline schedules (:func:`measure_pipeline_action_overheads`);
 * **DTensor and functional-collective overheads** (:func:`measure_sharded_op_overhead`,
-  :func:`measure_functional_overhead`);
+  :func:`measure_functional_overhead`) and the **data-parallel wrappers'** own host time
+  (FSDP2 per wrapped unit, DDP per call: :func:`measure_wrapper_overheads`);
 * **per-operation overhead**: forward, backward and AdamW step of a tiny op mix
   (:class:`OpMix`: linears, a norm, SwiGLU, attention, cross-entropy at negligible FLOPs,
   not one of the validated workloads) over the ATen operations it dispatches, counted with a
@@ -186,6 +187,7 @@ def calibrate(
             c.sharded_op_overhead_s,
             c.functional_collective_overhead_s,
             c.pipeline_action_overhead_s,
+            c.data_parallel_overhead_s,
         )
         for n, c in computes.items()
         if n in ranks
@@ -549,6 +551,78 @@ def _label_actions(stage, label: list) -> None:
         setattr(stage, name, labelled)
 
 
+#: The reference model at negligible size, wrapped per layer: data-parallel wrapper costs.
+WRAPPER_PROBE = PIPELINE_PROBE.model_copy(update={"name": "wrapper-probe", "num_layers": 4})
+
+
+def measure_wrapper_overheads(op_overhead_s: float, steps: int = 20) -> dict[str, float]:
+    """Host seconds a data-parallel wrapper spends beyond the operations it dispatches:
+    FSDP2 per wrapped unit (each layer and the root) and DDP per call, each in forward and
+    in backward (``fsdp_unit_forward``, ``fsdp_unit_backward``, ``ddp_forward``,
+    ``ddp_backward``).
+
+    Each rank wraps :data:`WRAPPER_PROBE` over a group of itself alone, so no collective
+    moves data (their cost is the link's): the wrapped pass's median time less the plain
+    pass's, less the operations the wrapper adds (counted) at ``op_overhead_s``.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    from validate.workloads.model import build_model, cross_entropy, synthetic_batch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
+        tokens, labels = synthetic_batch(WRAPPER_PROBE, 2, 0)
+        measured = {}
+        for kind in ("plain", "ddp", "fsdp"):
+            model = build_model(WRAPPER_PROBE)
+            if kind == "ddp":
+                model = DistributedDataParallel(model, process_group=alone)
+            elif kind == "fsdp":
+                mesh = DeviceMesh.from_group(alone, "cpu")
+                for layer in model.layers.values():
+                    fully_shard(layer, mesh=mesh)
+                fully_shard(model, mesh=mesh)
+            held = {}
+
+            def forward(model=model, held=held):
+                held["loss"] = cross_entropy(model(tokens), labels)
+
+            def backward(held=held):
+                held["loss"].backward()
+
+            for _ in range(3):
+                forward()
+                backward()
+            ops = (count_dispatched_ops(forward), count_dispatched_ops(backward))
+            seconds = ([], [])
+            for _ in range(steps):
+                for i, fn in enumerate((forward, backward)):
+                    start = time.perf_counter()
+                    fn()
+                    seconds[i].append(time.perf_counter() - start)
+            measured[kind] = [(statistics.median(t), n) for t, n in zip(seconds, ops, strict=True)]
+    finally:
+        torch.set_num_threads(threads)
+
+    def extra(kind: str, index: int, calls: int) -> float:
+        (seconds, ops), (plain_s, plain_ops) = measured[kind][index], measured["plain"][index]
+        return max(seconds - plain_s - (ops - plain_ops) * op_overhead_s, 0.0) / calls
+
+    units = WRAPPER_PROBE.num_layers + 1  # each layer and the root
+    return {
+        "fsdp_unit_forward": extra("fsdp", 0, units),
+        "fsdp_unit_backward": extra("fsdp", 1, units),
+        "ddp_forward": extra("ddp", 0, 1),
+        "ddp_backward": extra("ddp", 1, 1),
+    }
+
+
 def measure_op_overhead() -> float:
     """Seconds per dispatched operation: the op mix's step time over its operation count."""
     import torch
@@ -576,6 +650,7 @@ class ComputeMeasurement(BaseModel):
     sharded_op_overhead_s: float | None = None
     functional_collective_overhead_s: float | None = None
     pipeline_action_overhead_s: dict[str, float] = {}
+    data_parallel_overhead_s: dict[str, float] = {}
 
 
 def measure_compute(workloads: tuple[Workload, ...], sync=_no_sync) -> dict:
@@ -626,6 +701,10 @@ def slowest_rank(world_size: int, per_rank: list[dict]) -> ComputeMeasurement:
         functional_collective_overhead_s=max(
             rank["functional_collective_overhead_s"] for rank in per_rank
         ),
+        data_parallel_overhead_s={
+            key: max(rank["data_parallel_overhead_s"][key] for rank in per_rank)
+            for key in per_rank[0].get("data_parallel_overhead_s", {})
+        },
         pipeline_action_overhead_s={  # each kind from the ranks that measured it
             kind: max(
                 rank["pipeline_action_overhead_s"][kind]
@@ -731,6 +810,10 @@ def _collective_rank(
             dist.barrier()
             compute["pipeline_action_overhead_s"] = measure_pipeline_action_overheads(
                 world_size, compute["op_overhead_s"]
+            )
+            dist.barrier()
+            compute["data_parallel_overhead_s"] = measure_wrapper_overheads(
+                compute["op_overhead_s"]
             )
         times: dict[str, object] = {}
         for size in MESSAGE_BYTES:

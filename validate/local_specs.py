@@ -65,6 +65,7 @@ def accelerator_spec(
     sharded_op_overhead_s: float | None = None,
     functional_collective_overhead_s: float | None = None,
     pipeline_action_overhead_s: dict[str, float] | None = None,
+    data_parallel_overhead_s: dict[str, float] | None = None,
 ) -> Accelerator:
     by_dtype = {}
     for dtype in ("fp32", "bf16"):
@@ -101,6 +102,15 @@ def accelerator_spec(
             "dispatched operations x op_overhead_s, median over the actions that wait for no "
             "peer (first stage's forwards, last stage's backwards, all weight gradients), "
             "slowest rank"
+        )
+    if data_parallel_overhead_s:
+        overhead["data_parallel_overhead_s"] = (
+            f"measured: {method}, validate.calibrate.measure_wrapper_overheads: FSDP2 "
+            "(each of 4 layers and the root) and DDP around the reference model at hidden "
+            f"size 8, each of {ranks} ranks over a group of itself at once, 1 thread: the "
+            "wrapped forward's and backward's median time over 20 less the plain one's, less "
+            "the operations the wrapper adds (counted) x op_overhead_s, per unit (FSDP2) or "
+            "call (DDP), slowest rank"
         )
     if functional_collective_overhead_s is not None:
         from validate.calibrate import REPETITIONS
@@ -150,6 +160,7 @@ def accelerator_spec(
         sharded_op_overhead_s=sharded_op_overhead_s,
         functional_collective_overhead_s=functional_collective_overhead_s,
         pipeline_action_overhead_s=pipeline_action_overhead_s or {},
+        data_parallel_overhead_s=data_parallel_overhead_s or {},
         overlaps_communication=False,
         **attention_fields,
         notes=(

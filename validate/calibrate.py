@@ -26,7 +26,9 @@ What is measured, one thread per rank as the validation runs use:
   (least squares on relative error); no ring factor is assumed, since gloo on loopback does
   not follow them (its reduce-scatter is an all-reduce plus a copy). Each timed call follows
   a fixed burst of compute (:func:`compute_burst`, about 1 ms) started together after a
-  barrier, as a training step's collectives follow compute: measured right after a barrier,
+  barrier, as a training step's collectives follow compute, and each size's time is the
+  mean over :data:`REPETITIONS` calls of the slowest rank (a step pays the sum, so the
+  long tail counts): measured right after a barrier,
   the same calls took 2–5× less time than they do inside the validation steps (an
   all-to-all of 64 KiB on 2 ranks: 0.24–0.27 ms after a barrier, 0.29–1.43 ms after 1 ms of
   compute, three runs), so barrier-aligned fits under-predicted every layout.
@@ -63,7 +65,7 @@ from validate.spec import Workload
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 MESSAGE_BYTES = (2**12, 2**15, 2**18, 2**20, 2**22)
-REPETITIONS = 9
+REPETITIONS = 15
 
 
 class GemmPoint(BaseModel):
@@ -768,7 +770,9 @@ def measure_world(
         seconds = []
         for size in sizes:
             reps = zip(*(per_rank[r][f"{name}@{size}"] for r in per_rank), strict=True)
-            seconds.append(statistics.median(max(rep) for rep in reps))
+            # The mean, not the median: a step pays the sum of its collectives, and on
+            # this machine their latency has a long tail.
+            seconds.append(statistics.fmean(max(rep) for rep in reps))
         alpha, beta = fit_alpha_beta(sizes, seconds)
         fits.append(
             CollectiveFit(collective=collective, world_size=world_size,

@@ -239,7 +239,7 @@ def link_spec(fits, ranks: int, method: str) -> LinkTier:
     source = (
         f"measured: {method}, gloo over loopback, each call after a barrier and a burst of "
         f"{BURST_GEMMS} 128x64x192 GEMMs (as a training step's collectives follow compute), "
-        f"median of {REPETITIONS} per size, fit t = a + b*S"
+        f"mean of {REPETITIONS} per size (slowest rank each), fit t = a + b*S"
     )
     efficiency, sources, clamped = {"p2p": 1.0}, {}, []
 

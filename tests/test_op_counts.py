@@ -52,7 +52,7 @@ def _tiny_job(workload) -> Job:
 def test_closed_form_counts_what_torch_dispatches_for_the_reference_model(name):
     torch = pytest.importorskip("torch")
     import validate.run as runs
-    from validate.calibrate import count_dispatched_ops
+    from validate.host_costs import count_dispatched_ops
     from validate.workloads.data_parallel import adamw
     from validate.workloads.model import build_model, cross_entropy, synthetic_batch
 

@@ -427,7 +427,7 @@ def test_measured_attention_becomes_the_accelerators_attention_efficiencies():
 
 
 def test_op_mix_overhead_is_a_positive_time_per_counted_operation():
-    from validate.calibrate import count_dispatched_ops, measure_op_overhead, op_mix
+    from validate.host_costs import count_dispatched_ops, measure_op_overhead, op_mix
 
     step, _ = op_mix()
     assert count_dispatched_ops(step) > 100  # forward, backward and AdamW of 5 tensors

@@ -10,15 +10,11 @@ What is measured, one thread per rank as the validation runs use:
   forward's, FlashAttention's convention), the attention efficiencies the GPU catalog takes
   from FlashAttention's published figures;
 * **memory bandwidth**: ``copy_`` of a 64 MiB tensor, read + write bytes over time;
-* **pipeline runtime overhead** per action kind (forward, full backward, input and weight
-  gradient) of torch's pipeline schedules (:func:`measure_pipeline_action_overheads`);
-* **DTensor and functional-collective overheads** (:func:`measure_sharded_op_overhead`,
-  :func:`measure_functional_overhead`) and the **data-parallel wrappers'** own host time
-  (FSDP2 per wrapped unit, DDP per call: :func:`measure_wrapper_overheads`);
-* **per-operation overhead**: forward, backward and AdamW step of a tiny op mix
-  (:class:`OpMix`: linears, a norm, SwiGLU, attention, cross-entropy at negligible FLOPs,
-  not one of the validated workloads) over the ATen operations it dispatches, counted with a
-  ``TorchDispatchMode``: the fixed host cost :mod:`planner.op_counts` multiplies;
+* **host costs** of the eager framework (:mod:`validate.host_costs`): per dispatched
+  operation (a tiny op mix, not one of the validated workloads), per DTensor operation, per
+  pipeline action kind of torch's runtime, and the data-parallel wrappers' own time (FSDP2
+  per wrapped unit, DDP per call); and per functional collective beyond the ``c10d`` call
+  (:func:`measure_functional_overhead`);
 * **collectives over gloo** for each world size: all-reduce, all-gather, reduce-scatter and
   all-to-all over message sizes (nccl-tests' sizes: the all-reduce buffer, the all-gather
   output, the reduce-scatter input, the all-to-all send buffer), and point-to-point
@@ -28,10 +24,9 @@ What is measured, one thread per rank as the validation runs use:
   a fixed burst of compute (:func:`compute_burst`, about 1 ms) started together after a
   barrier, as a training step's collectives follow compute, and each size's time is the
   mean over :data:`REPETITIONS` calls of the slowest rank (a step pays the sum, so the
-  long tail counts): measured right after a barrier,
-  the same calls took 2–5× less time than they do inside the validation steps (an
-  all-to-all of 64 KiB on 2 ranks: 0.24–0.27 ms after a barrier, 0.29–1.43 ms after 1 ms of
-  compute, three runs), so barrier-aligned fits under-predicted every layout.
+  long tail counts). Measured right after a barrier, the same calls took 2–5× less time
+  than inside a training step (an all-to-all of 64 KiB on 2 ranks: 0.24–0.27 ms after a
+  barrier, 0.29–1.43 ms after 1 ms of compute, three runs).
 
 Compute figures are measured in the ranks of each world size at once (``n`` processes
 sharing the machine's cores, as the validation runs do), as throughput over a time window,
@@ -60,8 +55,15 @@ import numpy as np
 from pydantic import BaseModel
 
 from hwspecs.schema import Accelerator, Cluster, LinkTier
+from validate.host_costs import (
+    measure_op_overhead,
+    measure_pipeline_action_overheads,
+    measure_sharded_op_overhead,
+    measure_wrapper_overheads,
+)
 from validate.local_specs import accelerator_spec, cluster_spec, link_spec, write_specs
 from validate.spec import Workload
+from validate.timing import throughput_seconds
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 MESSAGE_BYTES = (2**12, 2**15, 2**18, 2**20, 2**22)
@@ -236,27 +238,6 @@ def workload_gemm_shapes(
     ]
 
 
-#: Seconds each throughput sample runs for: long against the scheduler's time slices, so
-#: ranks sharing a core show their share (a single short call would not).
-WINDOW_S = 0.03
-
-
-def _throughput_seconds(fn, window_s: float = WINDOW_S, repetitions: int = 3) -> float:
-    """Seconds per call of ``fn``: calls over a window of ``window_s``, median of samples."""
-    fn()
-    samples = []
-    for _ in range(repetitions):
-        calls, start = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= window_s:
-                break
-        samples.append(elapsed / calls)
-    return statistics.median(samples)
-
-
 def _no_sync() -> None:
     pass
 
@@ -275,7 +256,7 @@ def measure_gemms(workload: Workload, dtypes=("fp32", "bf16"), sync=_no_sync) ->
                 torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
                 a, b = torch.randn(m, k, dtype=torch_dtype), torch.randn(k, n, dtype=torch_dtype)
                 sync()
-                seconds = _throughput_seconds(lambda a=a, b=b: torch.mm(a, b))
+                seconds = throughput_seconds(lambda a=a, b=b: torch.mm(a, b))
                 points.append(
                     GemmPoint(what=f"{workload.name}.{what}", m=m, k=k, n=n, dtype=dtype,
                               seconds=seconds, flops_per_s=2 * m * k * n / seconds)
@@ -316,9 +297,9 @@ def measure_attention(workload: Workload, sync=_no_sync) -> AttentionPoint:
 
         sync()
         with torch.no_grad():
-            forward_s = _throughput_seconds(forward)
+            forward_s = throughput_seconds(forward)
         sync()
-        both_s = _throughput_seconds(forward_backward)
+        both_s = throughput_seconds(forward_backward)
         flops = sum(
             op.forward
             for op in attention_core_ops(workload.model_spec(), workload.seq_len, 1, causal=True)
@@ -341,302 +322,7 @@ def measure_memory_bandwidth(num_bytes: int = 64 * 2**20) -> float:
     try:
         src = torch.ones(num_bytes // 4)
         dst = torch.empty_like(src)
-        return 2 * num_bytes / _throughput_seconds(lambda: dst.copy_(src))
-    finally:
-        torch.set_num_threads(threads)
-
-
-def op_mix():
-    """A tiny training step of common operations at negligible FLOPs: (step, model).
-
-    RMSNorm, a SwiGLU MLP, causal attention, a residual, an output linear with
-    cross-entropy, backward, and AdamW (``foreach=False``) with ``zero_grad(set_to_none=
-    False)`` — the operation kinds the workloads dispatch, on (2, 4, 8) tensors.
-    """
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    class OpMix(nn.Module):
-        def __init__(self, d: int = 8):
-            super().__init__()
-            self.gate = nn.Linear(d, 2 * d, bias=False)
-            self.up = nn.Linear(d, 2 * d, bias=False)
-            self.down = nn.Linear(2 * d, d, bias=False)
-            self.norm = nn.Parameter(torch.ones(d))
-            self.out = nn.Linear(d, 16, bias=False)
-
-        def forward(self, x, labels):
-            normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.norm
-            h = x + self.down(F.silu(self.gate(normed)) * self.up(normed))
-            q = h.view(2, 4, 2, 4).transpose(1, 2)
-            attended = F.scaled_dot_product_attention(q, q, q, is_causal=True)
-            h = h + attended.transpose(1, 2).reshape(2, 4, 8)
-            return F.cross_entropy(self.out(h).flatten(0, 1), labels.flatten())
-
-    generator = torch.Generator().manual_seed(0)
-    model = OpMix()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    x = torch.randn(2, 4, 8, generator=generator)
-    labels = torch.randint(16, (2, 4), generator=generator)
-
-    def step() -> None:
-        model(x, labels).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
-
-    return step, model
-
-
-def count_dispatched_ops(fn) -> int:
-    """ATen operations ``fn`` dispatches (every call a ``TorchDispatchMode`` sees)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Counter(TorchDispatchMode):
-        count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Counter.count += 1
-            return func(*args, **(kwargs or {}))
-
-    with Counter():
-        fn()
-    return Counter.count
-
-
-def measure_sharded_op_overhead(op_overhead_s: float, world_size: int) -> float:
-    """Seconds per DTensor operation: AdamW (``foreach=False``) steps and ``zero_grad`` on
-    ``Shard(0)`` DTensor parameters over all ranks (no communication), the step's time less
-    its plain operations at ``op_overhead_s``, over its DTensor operations."""
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        mesh = init_device_mesh("cpu", (world_size,))
-        generator = torch.Generator().manual_seed(0)
-        params = []
-        for _ in range(8):
-            whole = torch.randn(4 * world_size, 8, generator=generator)
-            param = torch.nn.Parameter(distribute_tensor(whole, mesh, [Shard(0)]))
-            param.grad = distribute_tensor(torch.randn_like(whole), mesh, [Shard(0)])
-            params.append(param)
-        optimizer = torch.optim.AdamW(params, lr=1e-3, foreach=False)
-
-        def step() -> None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=False)
-
-        counts = {"dtensor": 0, "plain": 0}
-
-        class Counter(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                flat = [*args, *(kwargs or {}).values()]
-                counts["dtensor" if any(isinstance(a, DTensor) for a in flat) else "plain"] += 1
-                return func(*args, **(kwargs or {}))
-
-        for _ in range(3):
-            step()
-        with Counter():
-            step()
-        seconds = _throughput_seconds(step, window_s=0.1)
-        plain, dtensor = counts["plain"], counts["dtensor"]
-        return max(seconds - plain * op_overhead_s, 0.0) / dtensor
-    finally:
-        torch.set_num_threads(threads)
-
-
-#: The reference layer at negligible size: one per pipeline stage for the action overheads.
-PIPELINE_PROBE = Workload(
-    name="pipeline-probe", num_layers=2, hidden_size=8, ffn_hidden_size=16,
-    num_attention_heads=2, num_kv_heads=1, vocab_size=16, seq_len=4,
-)  # fmt: skip
-#: (schedule, chunks per rank) the action overheads are measured on: full backward, split.
-PIPELINE_PROBE_SCHEDULES = (("1f1b", 1), ("zbv", 2))
-
-
-def measure_pipeline_action_overheads(
-    world_size: int, op_overhead_s: float, steps: int = 5
-) -> dict[str, float]:
-    """Host seconds torch's pipeline runtime spends per action beyond its operations:
-    ``forward``, ``backward`` (full), ``input_grad`` and ``weight_grad`` (split backward).
-
-    A pipeline over all ranks of the reference layer at negligible size (one layer per
-    stage) runs 1F1B and ZBV with 2·ranks micro-batches; each action's duration
-    (:class:`validate.instrument.ActionRecorder`) less its dispatched operations (counted
-    per stage and kind) at ``op_overhead_s``, the median over the actions that wait for no
-    peer: forwards of the first stage, backwards of the last, every weight gradient.
-    """
-    import torch
-
-    from planner.layout import Layout
-    from validate.spec import RunSpec
-    from validate.workloads.mesh import build_groups
-    from validate.workloads.train import build_trainer
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    extra: dict[str, list[float]] = {}
-    kinds = {"F": "forward", "BW": "backward", "B": "input_grad", "W": "weight_grad"}
-    try:
-        for schedule, chunks in PIPELINE_PROBE_SCHEDULES:
-            m = 2 * world_size
-            workload = PIPELINE_PROBE.model_copy(update={"num_layers": world_size * chunks})
-            layout = Layout(pp=world_size, vpp=chunks, schedule=schedule, num_microbatches=m,
-                            zero_stage=0)  # fmt: skip
-            spec = RunSpec(name=f"probe-{schedule}", workload=workload, layout=layout)
-            trainer = build_trainer(spec, build_groups(layout, "cpu"), torch.device("cpu"))
-            last = world_size * chunks - 1
-            counter = _action_op_counter()
-            for stage in trainer.stages:
-                _label_actions(stage, counter.label)
-            for step in range(3):
-                trainer.step(step)
-            with counter:
-                trainer.step(3)
-            ops = counter.ops
-            for step in range(steps):
-                trainer.recorder.events.clear()
-                trainer.step(4 + step)
-                for event in trainer.recorder.events:
-                    kind, stage = event["kind"], event["stage"]
-                    waits = (kind == "F" and stage != 0) or (kind in ("B", "BW") and stage != last)
-                    if waits:
-                        continue
-                    seconds = event["end_s"] - event["start_s"]
-                    dispatched = ops.get((stage, kind), 0) / m
-                    extra.setdefault(kinds[kind], []).append(seconds - dispatched * op_overhead_s)
-    finally:
-        torch.set_num_threads(threads)
-    return {kind: max(statistics.median(values), 0.0) for kind, values in extra.items()}
-
-
-def _action_op_counter():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class ActionOpCounter(TorchDispatchMode):
-        """Operations dispatched while each (stage, kind) action runs (``label[0]``)."""
-
-        def __init__(self):
-            super().__init__()
-            self.label: list[tuple[int, str] | None] = [None]
-            self.ops: dict[tuple[int, str], int] = {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if self.label[0] is not None:
-                self.ops[self.label[0]] = self.ops.get(self.label[0], 0) + 1
-            return func(*args, **(kwargs or {}))
-
-    return ActionOpCounter()
-
-
-def _label_actions(stage, label: list) -> None:
-    """Make ``label[0]`` (stage, kind) while one of ``stage``'s compute actions runs."""
-    methods = {"forward_one_chunk": "F", "backward_one_chunk": None,
-               "backward_weight_one_chunk": "W"}  # fmt: skip
-    for name, kind in methods.items():
-        inner = getattr(stage, name)
-
-        def labelled(*args, inner=inner, kind=kind, **kwargs):
-            if kind is None:  # full or split backward, as the recorder names them
-                full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
-                kind = "BW" if full else "B"
-            previous, label[0] = label[0], (stage.stage_index, kind)
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                label[0] = previous
-
-        setattr(stage, name, labelled)
-
-
-#: The reference model at negligible size, wrapped per layer: data-parallel wrapper costs.
-WRAPPER_PROBE = PIPELINE_PROBE.model_copy(update={"name": "wrapper-probe", "num_layers": 4})
-
-
-def measure_wrapper_overheads(op_overhead_s: float, steps: int = 20) -> dict[str, float]:
-    """Host seconds a data-parallel wrapper spends beyond the operations it dispatches:
-    FSDP2 per wrapped unit (each layer and the root) and DDP per call, each in forward and
-    in backward (``fsdp_unit_forward``, ``fsdp_unit_backward``, ``ddp_forward``,
-    ``ddp_backward``).
-
-    Each rank wraps :data:`WRAPPER_PROBE` over a group of itself alone, so no collective
-    moves data (their cost is the link's): the wrapped pass's median time less the plain
-    pass's, less the operations the wrapper adds (counted) at ``op_overhead_s``.
-    """
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel
-
-    from validate.workloads.model import build_model, cross_entropy, synthetic_batch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
-        tokens, labels = synthetic_batch(WRAPPER_PROBE, 2, 0)
-        measured = {}
-        for kind in ("plain", "ddp", "fsdp"):
-            model = build_model(WRAPPER_PROBE)
-            if kind == "ddp":
-                model = DistributedDataParallel(model, process_group=alone)
-            elif kind == "fsdp":
-                mesh = DeviceMesh.from_group(alone, "cpu")
-                for layer in model.layers.values():
-                    fully_shard(layer, mesh=mesh)
-                fully_shard(model, mesh=mesh)
-            held = {}
-
-            def forward(model=model, held=held):
-                held["loss"] = cross_entropy(model(tokens), labels)
-
-            def backward(held=held):
-                held["loss"].backward()
-
-            for _ in range(3):
-                forward()
-                backward()
-            ops = (count_dispatched_ops(forward), count_dispatched_ops(backward))
-            seconds = ([], [])
-            for _ in range(steps):
-                for i, fn in enumerate((forward, backward)):
-                    start = time.perf_counter()
-                    fn()
-                    seconds[i].append(time.perf_counter() - start)
-            measured[kind] = [(statistics.median(t), n) for t, n in zip(seconds, ops, strict=True)]
-    finally:
-        torch.set_num_threads(threads)
-
-    def extra(kind: str, index: int, calls: int) -> float:
-        (seconds, ops), (plain_s, plain_ops) = measured[kind][index], measured["plain"][index]
-        return max(seconds - plain_s - (ops - plain_ops) * op_overhead_s, 0.0) / calls
-
-    units = WRAPPER_PROBE.num_layers + 1  # each layer and the root
-    return {
-        "fsdp_unit_forward": extra("fsdp", 0, units),
-        "fsdp_unit_backward": extra("fsdp", 1, units),
-        "ddp_forward": extra("ddp", 0, 1),
-        "ddp_backward": extra("ddp", 1, 1),
-    }
-
-
-def measure_op_overhead() -> float:
-    """Seconds per dispatched operation: the op mix's step time over its operation count."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        step, _ = op_mix()
-        for _ in range(3):
-            step()
-        ops = count_dispatched_ops(step)
-        return _throughput_seconds(step, window_s=0.1) / ops
+        return 2 * num_bytes / throughput_seconds(lambda: dst.copy_(src))
     finally:
         torch.set_num_threads(threads)
 

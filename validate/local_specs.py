@@ -42,7 +42,7 @@ FACTORS = {
     "p2p": lambda n: 1.0,
 }
 MAX_EFFICIENCY = 1.5  # LinkTier accepts (0, 1.5]
-WINDOW_MS = 30  # validate.calibrate.WINDOW_S
+WINDOW_MS = 30  # validate.timing.WINDOW_S
 
 
 def _cpu_field(name: str, default: str) -> str:
@@ -82,21 +82,21 @@ def accelerator_spec(
     overhead = {}
     if op_overhead_s is not None:
         overhead = {
-            "op_overhead_s": f"measured: {method}, validate.calibrate.op_mix (forward, backward "
+            "op_overhead_s": f"measured: {method}, validate.host_costs.op_mix (forward, backward "
             f"and AdamW step at negligible FLOPs) on each of {ranks} concurrent ranks, 1 "
             "thread: seconds per step over its ATen operations (TorchDispatchMode count), "
             "slowest rank, 100 ms windows, median of 3"
         }
     if sharded_op_overhead_s is not None:
         overhead["sharded_op_overhead_s"] = (
-            f"measured: {method}, validate.calibrate.measure_sharded_op_overhead (AdamW "
+            f"measured: {method}, validate.host_costs.measure_sharded_op_overhead (AdamW "
             f"foreach=False steps and zero_grad on Shard(0) DTensor parameters over {ranks} "
             "ranks, no communication) on each rank at once, 1 thread: (step time - plain "
             "operations x op_overhead_s) / DTensor operations, slowest rank"
         )
     if pipeline_action_overhead_s:
         overhead["pipeline_action_overhead_s"] = (
-            f"measured: {method}, validate.calibrate.measure_pipeline_action_overheads: "
+            f"measured: {method}, validate.host_costs.measure_pipeline_action_overheads: "
             f"torch 1F1B and ZBV over {ranks} ranks, one reference layer of hidden size 8 per "
             "stage, 2 x ranks micro-batches, 5 steps: each action's duration less its "
             "dispatched operations x op_overhead_s, median over the actions that wait for no "
@@ -105,7 +105,7 @@ def accelerator_spec(
         )
     if data_parallel_overhead_s:
         overhead["data_parallel_overhead_s"] = (
-            f"measured: {method}, validate.calibrate.measure_wrapper_overheads: FSDP2 "
+            f"measured: {method}, validate.host_costs.measure_wrapper_overheads: FSDP2 "
             "(each of 4 layers and the root) and DDP around the reference model at hidden "
             f"size 8, each of {ranks} ranks over a group of itself at once, 1 thread: the "
             "wrapped forward's and backward's median time over 20 less the plain one's, less "

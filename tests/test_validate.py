@@ -483,3 +483,87 @@ def test_cli_validate_prints_predicted_vs_measured_and_writes_html(
     )
     assert run["measured"]["order_matches_planner"] is True
     assert "measured" in html.read_text()
+
+
+# ----- the parallel forms' own operations (planner.op_counts), counted again ---------------
+
+
+def _per_layer(spec, layers: tuple[int, int]) -> dict:
+    """One layer's {phase: {kind: operations}}: the census at two layer counts, differenced."""
+    from validate.op_census import census
+
+    low, high = (
+        census(spec.model_copy(update={"workload": spec.workload.model_copy(
+            update={"num_layers": n})}))
+        for n in layers
+    )  # fmt: skip
+    span = layers[1] - layers[0]
+    return {
+        phase: {kind: (high[phase][kind] - low[phase][kind]) / span for kind in high[phase]}
+        for phase in high
+    }
+
+
+def _census_cases():
+    from planner import op_counts as oc
+
+    dense, moe = oc.DENSE_LAYER_OPS, oc.MOE_LAYER_OPS
+    backward = dense.input_grad + dense.weight_grad
+    tp_sp, tp = oc.tensor_parallel_ops(True), oc.tensor_parallel_ops(False)
+    ddp = oc.DDP_BACKWARD_OPS_PER_TENSOR * 9  # the reference layer's 9 parameter tensors
+    # (spec, layer counts, {phase: {kind: per layer}}) — totals are plain + DTensor.
+    return {
+        "tp-sp": (
+            RunSpec(name="tp-sp", layout=Layout(tp=2, sequence_parallel=True, zero_stage=0)),
+            (1, 3),
+            {"forward": (dense.forward + tp_sp.added.forward, tp_sp.on_dtensors.forward,
+                         tp_sp.collectives.forward),
+             "backward": (backward + tp_sp.added.input_grad, sum(tp_sp.on_dtensors[1:]),
+                          tp_sp.collectives.input_grad)},
+        ),
+        "tp": (
+            RunSpec(name="tp", layout=Layout(tp=2, sequence_parallel=False, zero_stage=0)),
+            (1, 3),
+            {"forward": (dense.forward + tp.added.forward, tp.on_dtensors.forward,
+                         tp.collectives.forward),
+             "backward": (backward + tp.added.input_grad, sum(tp.on_dtensors[1:]),
+                          tp.collectives.input_grad)},
+        ),
+        "fsdp2": (
+            RunSpec(name="fsdp2", layout=Layout(dp=2, zero_stage=3)),
+            (1, 3),
+            {"forward": (dense.forward + oc.FSDP_UNIT_OPS.forward, 0, 1),
+             "backward": (backward + oc.FSDP_UNIT_OPS.input_grad, 0, 2)},
+        ),
+        "ddp": (
+            RunSpec(name="ddp", layout=Layout(dp=2, zero_stage=0)),
+            (1, 3),
+            {"forward": (dense.forward, 0, 0), "backward": (backward + ddp, 0, 0)},
+        ),
+        "cp": (
+            RunSpec(name="cp", layout=Layout(cp=2, zero_stage=0)),
+            (1, 3),
+            {"forward": (dense.forward + oc.CP_LAYER_OPS.forward, 0, 1),
+             "backward": (backward + ddp + oc.CP_LAYER_OPS.input_grad, 0, 2)},
+        ),
+        "ep": (  # MoE layers after the one dense layer; DDP on the 7 non-expert tensors
+            RunSpec(name="ep", workload=TINY_MOE, layout=Layout(dp=2, ep=2, zero_stage=0)),
+            (2, 4),
+            {"forward": (moe.forward + oc.EP_LAYER_OPS.forward, 0, 2),
+             "backward": (moe.input_grad + moe.weight_grad + 14 + oc.EP_LAYER_OPS.input_grad,
+                          0, 2)},
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("form", ["tp-sp", "tp", "fsdp2", "ddp", "cp", "ep"])
+def test_parallel_forms_dispatch_the_operations_the_planner_counts(form):
+    """planner.op_counts' per-layer figures for each parallel form, against torch 2.13's
+    implementation counted again by layer-count difference (validate.op_census)."""
+    spec, layers, expected = _census_cases()[form]
+    measured = _per_layer(spec, layers)
+    for phase, (total, on_dtensors, collectives) in expected.items():
+        counts = measured[phase]
+        assert counts["plain"] + counts["dtensor"] == total, (phase, counts)
+        assert counts["dtensor"] == on_dtensors, (phase, counts)
+        assert counts["collective"] == collectives, (phase, counts)

@@ -511,6 +511,9 @@ def _census_cases():
     backward = dense.input_grad + dense.weight_grad
     tp_sp, tp = oc.tensor_parallel_ops(True), oc.tensor_parallel_ops(False)
     ddp = oc.DDP_BACKWARD_OPS_PER_TENSOR * 9  # the reference layer's 9 parameter tensors
+    # AdamW and zero_grad on the layer's 9 tensors, all but the step counter's on DTensors
+    sharded_step = (9 * oc.optimizer_ops_per_tensor("adamw"),
+                    9 * oc.optimizer_sharded_ops_per_tensor("adamw"), 0)  # fmt: skip
     # (spec, layer counts, {phase: {kind: per layer}}) — totals are plain + DTensor.
     return {
         "tp-sp": (
@@ -519,7 +522,8 @@ def _census_cases():
             {"forward": (dense.forward + tp_sp.added.forward, tp_sp.on_dtensors.forward,
                          tp_sp.collectives.forward),
              "backward": (backward + tp_sp.added.input_grad, sum(tp_sp.on_dtensors[1:]),
-                          tp_sp.collectives.input_grad)},
+                          tp_sp.collectives.input_grad),
+             "optimizer": sharded_step},
         ),
         "tp": (
             RunSpec(name="tp", layout=Layout(tp=2, sequence_parallel=False, zero_stage=0)),
@@ -533,7 +537,8 @@ def _census_cases():
             RunSpec(name="fsdp2", layout=Layout(dp=2, zero_stage=3)),
             (1, 3),
             {"forward": (dense.forward + oc.FSDP_UNIT_OPS.forward, 0, 1),
-             "backward": (backward + oc.FSDP_UNIT_OPS.input_grad, 0, 2)},
+             "backward": (backward + oc.FSDP_UNIT_OPS.input_grad, 0, 2),
+             "optimizer": sharded_step},
         ),
         "ddp": (
             RunSpec(name="ddp", layout=Layout(dp=2, zero_stage=0)),

@@ -21,9 +21,10 @@ counts them again). Reference pieces:
 
 Other model kinds are counted by the difference of their pieces from the reference
 (:data:`LINEAR_OPS` per linear more or fewer; LayerNorm, GELU, learned positions, biases
-by their own counts, standalone). Shapes do not change counts, so CP and EP splits do not
-either. Two parallel forms add their own, counted the same way on torch's implementations
-(``validate/workloads/tensor_parallel.py`` and ``data_parallel.py``, 2 ranks):
+by their own counts, standalone). Shapes do not change counts, so how TP, CP and EP split
+a layer does not either; the parallel forms' own operations are counted the same way on
+torch's implementations in ``validate/workloads`` (2 ranks, one layer by layer-count
+difference: :mod:`validate.op_census`, which ``tests/test_validate.py`` runs again):
 
 * **DTensor TP** (:func:`tensor_parallel_ops`): per layer and for the ends, the operations
   it adds (redistributions, views), how many operations run on DTensors (each pays
@@ -31,7 +32,9 @@ either. Two parallel forms add their own, counted the same way on torch's implem
   functional collectives it issues (:attr:`~hwspecs.schema.Accelerator.
   functional_collective_overhead_s` each). Autograd runs a layer's backward as one pass;
   the weight-gradient operations are put on DTensors (every one touches a sharded weight),
-  the rest under the input gradient. MoE layers take the dense layer's figures.
+  the rest under the input gradient. MoE layers take the dense layer's figures. The
+  planner steps every TP parameter as a DTensor; without sequence parallelism torch
+  leaves the two norms' weights plain (2 of a layer's 9 tensors).
 * **FSDP2** (ZeRO-2/3, :data:`FSDP_UNIT_OPS`): each wrapped unit's pre/post-forward and
   pre/post-backward work (unshard copy-in, reshard, gradient copy-out), per layer and for
   the root module (embedding, final norm and head).

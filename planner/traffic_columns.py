@@ -133,6 +133,8 @@ class _CostTables:
             for link in busy_links
         }
         usable = np.flatnonzero(np.isfinite(alpha).any(axis=0))
+        if not len(usable):  # no combination can be placed: one column, priced at inf
+            usable = np.arange(1)
         return alpha[:, usable], beta[:, usable], {k: v[:, usable] for k, v in links.items()}
 
 

@@ -348,3 +348,11 @@ def test_an_accelerator_that_computes_its_collectives_exposes_every_term(tmp_pat
     )  # fmt: skip
     for entry in report.axes:
         assert columns[f"{entry.axis}_exposed_time_s"] == pytest.approx(entry.exposed_time_s)
+
+
+def test_columns_of_rows_that_cannot_be_placed_are_invalid_not_an_error():
+    job = job_for("llama3-8b", seq_len=4096, tokens=4096 * 64)
+    alone = axis_times_vectorized(job, "dgx-h100", tp=np.array([8]), dp=np.array([4096]))
+    mixed = axis_times_vectorized(job, "dgx-h100", tp=np.array([8, 8]), dp=np.array([4096, 2]))
+    assert not alone["valid"][0] and np.isnan(alone["dp_time_s"][0])
+    assert list(mixed["valid"]) == [False, True] and mixed["dp_time_s"][1] > 0

@@ -21,9 +21,9 @@ What is measured, one thread per rank as the validation runs use:
   ping-pong on 2 ranks. Each (collective, world size) gets its own fit ``t = α + β·S``
   (least squares on relative error); no ring factor is assumed, since gloo on loopback does
   not follow them (its reduce-scatter is an all-reduce plus a copy). Each timed call follows
-  a fixed burst of compute (:func:`compute_burst`, about 1 ms) started together after a
+  a fixed burst of compute (:func:`validate.timing.compute_burst`, about 1 ms) started together after a
   barrier, as a training step's collectives follow compute, and each size's time is the
-  mean over :data:`REPETITIONS` calls of the slowest rank (a step pays the sum, so the
+  mean over :data:`validate.timing.REPETITIONS` calls of the slowest rank (a step pays the sum, so the
   long tail counts). Measured right after a barrier, the same calls took 2–5× less time
   than inside a training step (an all-to-all of 64 KiB on 2 ranks: 0.24–0.27 ms after a
   barrier, 0.29–1.43 ms after 1 ms of compute, three runs).
@@ -63,11 +63,10 @@ from validate.host_costs import (
 )
 from validate.local_specs import accelerator_spec, cluster_spec, link_spec, write_specs
 from validate.spec import Workload
-from validate.timing import throughput_seconds
+from validate.timing import compute_burst, throughput_seconds, timed_calls
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 MESSAGE_BYTES = (2**12, 2**15, 2**18, 2**20, 2**22)
-REPETITIONS = 15
 
 
 class GemmPoint(BaseModel):
@@ -516,14 +515,8 @@ def _collective_rank(
                 full = torch.ones(size // 4)
                 calls["p2p"] = lambda full=full: _ping_pong(full, rank)
             for name, call in calls.items():
-                call()
-                samples = []
-                for _ in range(REPETITIONS):
-                    dist.barrier()
-                    burst()  # as in a training step: the call follows compute
-                    start = time.perf_counter()
-                    call()
-                    samples.append(time.perf_counter() - start)
+                # as in a training step: each call follows compute
+                samples = timed_calls(call, dist.barrier, burst)
                 if name == "p2p":
                     samples = [t / 2 for t in samples]  # one way of a round trip
                 times[f"{name}@{size}"] = samples
@@ -541,7 +534,7 @@ def measure_functional_overhead(size: int = MESSAGE_BYTES[0]) -> float:
     """Extra seconds of a collective issued through torch's functional collectives (as
     DTensor redistributes) over the same ``c10d`` call: the median over all-gather,
     reduce-scatter and all-reduce of ``size`` bytes on the whole world, each the median of
-    :data:`REPETITIONS` (a barrier before every call), of (functional − c10d)."""
+    :data:`validate.timing.REPETITIONS` (a barrier before every call), of (functional − c10d)."""
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
@@ -561,37 +554,9 @@ def measure_functional_overhead(size: int = MESSAGE_BYTES[0]) -> float:
     for name, call in functional.items():
         seconds = {}
         for kind, fn in (("functional", call), ("c10d", plain[name])):
-            fn()
-            samples = []
-            for _ in range(REPETITIONS):
-                dist.barrier()
-                start = time.perf_counter()
-                fn()
-                samples.append(time.perf_counter() - start)
-            seconds[kind] = statistics.median(samples)
+            seconds[kind] = statistics.median(timed_calls(fn, dist.barrier))
         extra.append(seconds["functional"] - seconds["c10d"])
     return max(statistics.median(extra), 0.0)
-
-
-#: GEMMs of the compute burst before each timed collective: about 1 ms at one thread.
-BURST_GEMMS = 20
-
-
-def compute_burst():
-    """A fixed amount of compute (``BURST_GEMMS`` workload-sized GEMMs) to run before each
-    timed collective, as a training step's collectives follow compute: every rank starts
-    it together (a barrier before it) and arrives at the collective as its cores allow."""
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    a = torch.randn(128, 64, generator=generator)
-    b = torch.randn(64, 192, generator=generator)
-
-    def burst() -> None:
-        for _ in range(BURST_GEMMS):
-            torch.mm(a, b)
-
-    return burst
 
 
 def pair_groups(world_size: int):

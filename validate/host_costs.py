@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from validate.op_census import labelled_counter
 from validate.spec import Workload
 from validate.timing import throughput_seconds
 
@@ -89,8 +90,7 @@ def measure_sharded_op_overhead(op_overhead_s: float, world_size: int) -> float:
     its plain operations at ``op_overhead_s``, over its DTensor operations."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.distributed.tensor import Shard, distribute_tensor
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -109,20 +109,14 @@ def measure_sharded_op_overhead(op_overhead_s: float, world_size: int) -> float:
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
 
-        counts = {"dtensor": 0, "plain": 0}
-
-        class Counter(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                flat = [*args, *(kwargs or {}).values()]
-                counts["dtensor" if any(isinstance(a, DTensor) for a in flat) else "plain"] += 1
-                return func(*args, **(kwargs or {}))
-
         for _ in range(3):
             step()
-        with Counter():
+        counter = labelled_counter()
+        counter.label[0] = "step"
+        with counter:
             step()
         seconds = throughput_seconds(step, window_s=0.1)
-        plain, dtensor = counts["plain"], counts["dtensor"]
+        plain, dtensor = counter.counts["step"]["plain"], counter.counts["step"]["dtensor"]
         return max(seconds - plain * op_overhead_s, 0.0) / dtensor
     finally:
         torch.set_num_threads(threads)
@@ -169,14 +163,14 @@ def measure_pipeline_action_overheads(
             spec = RunSpec(name=f"probe-{schedule}", workload=workload, layout=layout)
             trainer = build_trainer(spec, build_groups(layout, "cpu"), torch.device("cpu"))
             last = world_size * chunks - 1
-            counter = _action_op_counter()
+            counter = labelled_counter()
             for stage in trainer.stages:
                 _label_actions(stage, counter.label)
             for step in range(3):
                 trainer.step(step)
             with counter:
                 trainer.step(3)
-            ops = counter.ops
+            ops = {label: sum(kinds.values()) for label, kinds in counter.counts.items()}
             for step in range(steps):
                 trainer.recorder.events.clear()
                 trainer.step(4 + step)
@@ -191,25 +185,6 @@ def measure_pipeline_action_overheads(
     finally:
         torch.set_num_threads(threads)
     return {kind: max(statistics.median(values), 0.0) for kind, values in extra.items()}
-
-
-def _action_op_counter():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class ActionOpCounter(TorchDispatchMode):
-        """Operations dispatched while each (stage, kind) action runs (``label[0]``)."""
-
-        def __init__(self):
-            super().__init__()
-            self.label: list[tuple[int, str] | None] = [None]
-            self.ops: dict[tuple[int, str], int] = {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if self.label[0] is not None:
-                self.ops[self.label[0]] = self.ops.get(self.label[0], 0) + 1
-            return func(*args, **(kwargs or {}))
-
-    return ActionOpCounter()
 
 
 def _label_actions(stage, label: list) -> None:

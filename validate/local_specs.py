@@ -32,6 +32,7 @@ import platform
 from pathlib import Path
 
 from hwspecs.schema import Accelerator, Cluster, ClusterTier, CollectiveFit, LinkTier
+from validate.timing import BURST_GEMMS, REPETITIONS
 
 #: nccl-tests bus-bandwidth factor per collective (planner.comm.volume_factor).
 FACTORS = {
@@ -113,8 +114,6 @@ def accelerator_spec(
             "call (DDP), slowest rank"
         )
     if functional_collective_overhead_s is not None:
-        from validate.calibrate import REPETITIONS
-
         overhead["functional_collective_overhead_s"] = (
             f"measured: {method}, validate.calibrate.measure_functional_overhead: torch "
             f"functional all-reduce, all-gather and reduce-scatter of 4 KiB on {ranks} ranks "
@@ -234,8 +233,6 @@ def link_spec(fits, ranks: int, method: str) -> LinkTier:
 
     p2p = fit("p2p", 2)
     rate = 1.0 / p2p.beta_s_per_byte
-    from validate.calibrate import BURST_GEMMS, REPETITIONS
-
     source = (
         f"measured: {method}, gloo over loopback, each call after a barrier and a burst of "
         f"{BURST_GEMMS} 128x64x192 GEMMs (as a training step's collectives follow compute), "

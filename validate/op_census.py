@@ -68,12 +68,13 @@ def _census_rank(rank: int, spec_json: str, world_size: int, init_file: str, rep
         trainer = build_trainer(spec, build_groups(spec.layout, "cpu"), torch.device("cpu"))
         for step in range(2):
             trainer.step(step)
-        counter = _phase_counter()
+        counter = labelled_counter()
         dist.barrier()
         with counter:
-            _phased_step(trainer, counter.phase, 2)
+            _phased_step(trainer, counter.label, 2)
         if rank == 0:
-            reports.put(("ok", counter.counts))
+            counts = {phase: counter.counts.get(phase, dict.fromkeys(KINDS, 0)) for phase in PHASES}
+            reports.put(("ok", counts))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
@@ -108,33 +109,41 @@ def _phased_step(trainer, phase: list, step: int) -> None:
     phase[0] = None
 
 
-def _phase_counter():
+def operation_kind(func, args, kwargs) -> str | None:
+    """``plain``, ``dtensor`` (an operand is a DTensor) or ``collective`` (``c10d`` or
+    functional); None for a functional collective's wait or autograd wrapper, which are
+    not operations of their own."""
     from torch.distributed.tensor import DTensor
+
+    namespace, name = getattr(func, "namespace", ""), str(func)
+    if namespace == "_c10d_functional" and ("wait" in name or "_wrap_" in name):
+        return None
+    if namespace in ("c10d", "_c10d_functional"):
+        return "collective"
+    flat = [*args, *(kwargs or {}).values()]
+    flat += [x for a in flat if isinstance(a, (list, tuple)) for x in a]
+    return "dtensor" if any(isinstance(a, DTensor) for a in flat) else "plain"
+
+
+def labelled_counter():
+    """A ``TorchDispatchMode`` counting operations by :func:`operation_kind` under the
+    label ``counter.label[0]`` names (nothing while it is None): ``counter.counts[label]``
+    is ``{kind: operations}``."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class PhaseCounter(TorchDispatchMode):
-        """Operations per (phase, kind) while ``phase[0]`` names a phase."""
-
+    class LabelledCounter(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.phase: list[str | None] = [None]
-            self.counts = {phase: dict.fromkeys(KINDS, 0) for phase in PHASES}
+            self.label: list = [None]
+            self.counts: dict = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if self.phase[0] is not None:
-                namespace, name = getattr(func, "namespace", ""), str(func)
-                flat = [*args, *(kwargs or {}).values()]
-                flat += [x for a in flat if isinstance(a, (list, tuple)) for x in a]
-                if namespace == "_c10d_functional" and ("wait" in name or "_wrap_" in name):
-                    kind = ""  # waits and autograd wrappers: not operations of their own
-                elif namespace in ("c10d", "_c10d_functional"):
-                    kind = "collective"
-                elif any(isinstance(a, DTensor) for a in flat):
-                    kind = "dtensor"
-                else:
-                    kind = "plain"
-                if kind:
-                    self.counts[self.phase[0]][kind] += 1
+            label = self.label[0]
+            if label is not None:
+                kind = operation_kind(func, args, kwargs)
+                if kind is not None:
+                    per_kind = self.counts.setdefault(label, dict.fromkeys(KINDS, 0))
+                    per_kind[kind] += 1
             return func(*args, **(kwargs or {}))
 
-    return PhaseCounter()
+    return LabelledCounter()

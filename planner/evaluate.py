@@ -59,8 +59,8 @@ INT_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_mic
 MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "slot",
                       "mirror_dense_layers", "mirror_moe_layers")  # fmt: skip
 PACE_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head", "param_tensors")
-OPTIMIZER_STRUCT_KEYS = ("optimizer_bytes", "newton_schulz_flops", "newton_schulz_bytes",
-                         "muon_params", "param_tensors")  # fmt: skip
+OPTIMIZER_STRUCT_KEYS = ("optimizer_bytes", "optimizer_expert_bytes", "newton_schulz_flops",
+                         "newton_schulz_bytes", "muon_params", "param_tensors")  # fmt: skip
 #: Outputs of the memory model; every other output is timed.
 MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
@@ -492,7 +492,7 @@ def _time_columns(
         for column in optimizer_columns(
             R, zero[step_rows], zero_group[step_rows], rates.hbm_bytes_per_s,
             accelerator.achievable_matmul_flops_per_s("bf16"), dp_rate[step_rows],
-            dispatch_s=dispatch_s,
+            dispatch_s=dispatch_s, ep=c["ep"][step_rows],
         )
     )  # fmt: skip
 

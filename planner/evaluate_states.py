@@ -59,8 +59,11 @@ def adapter_precision(precision: PrecisionSpec, spec: FinetuneSpec) -> Precision
     )
 
 
-def _trainable(job: Job, params: float, layers: tuple[float, float], tp: int, ep: int):
-    """(trainable parameters, Muon matrices (rows, cols, count), update precision) of a rank."""
+def _trainable(
+    job: Job, params: tuple[float, float], layers: tuple[float, float], tp: int, ep: int
+):
+    """(trainable parameters, the routed experts' among them, Muon matrices (rows, cols,
+    count), update precision) of a rank holding ``params`` (dense, expert)."""
     model, spec = job.model, job.finetune
     shapes: list[tuple[float, float, float]] = []
     muon = job.precision.optimizer == "muon"
@@ -71,12 +74,14 @@ def _trainable(job: Job, params: float, layers: tuple[float, float], tp: int, ep
             for linear in layer_linears(model, moe_layer, tp):
                 width_in, width_out = linear.local_shape(tp)
                 shapes.append((width_out, width_in, num_layers * linear.local_count(ep)))
-        return params, shapes, job.precision
-    adapters = 0.0
+        return sum(params), params[1], shapes, job.precision
+    adapters = expert_adapters = 0.0
     for moe_layer, num_layers in zip((False, True), layers, strict=True):
         if not num_layers:
             continue
-        adapters += num_layers * sum(layer_adapter_params(model, spec, moe_layer, tp, ep))
+        dense_part, expert_part = layer_adapter_params(model, spec, moe_layer, tp, ep)
+        adapters += num_layers * (dense_part + expert_part)
+        expert_adapters += num_layers * expert_part
         if not muon or spec.recipe == "vera":  # VeRA trains vectors d and b: AdamW under Muon
             continue
         r = spec.lora_rank
@@ -84,7 +89,7 @@ def _trainable(job: Job, params: float, layers: tuple[float, float], tp: int, ep
             width_in, width_out = linear.local_shape(tp)
             copies = num_layers * linear.local_count(ep)
             shapes += [(r, width_in, copies), (width_out, r, copies)]
-    return adapters, shapes, adapter_precision(job.precision, spec)
+    return adapters, expert_adapters, shapes, adapter_precision(job.precision, spec)
 
 
 def slot_states(
@@ -100,7 +105,8 @@ def slot_states(
     counted in both directions for DualPipe): the optimizer's unsharded cost and, under an
     adapter recipe, the state terms. Each distinct rank is worked out once."""
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
-    keys = ["optimizer_bytes", "newton_schulz_flops", "newton_schulz_bytes", "muon_params"]
+    keys = ["optimizer_bytes", "optimizer_expert_bytes", "newton_schulz_flops",
+            "newton_schulz_bytes", "muon_params"]  # fmt: skip
     if tuned:
         keys += [f"{part}_{term}" for part in STATE_PARTS for term in ("fixed", "dense", "expert")]
     shape = np.shape(dense_params)
@@ -122,13 +128,16 @@ def slot_states(
 
 def _rank_states(job, tuned, tp, ep, dense, expert, dense_layers, moe_layers) -> dict[str, float]:
     layers = (float(dense_layers), float(moe_layers))
-    params, shapes, precision = _trainable(job, dense + expert, layers, tp, ep)
+    params, expert_params, shapes, precision = _trainable(job, (dense, expert), layers, tp, ep)
     muon = precision.optimizer == "muon"
     matrices = math.fsum(r * c * n for r, c, n in shapes) if muon else 0.0
     # max(): the matrices are the rank's parameters summed another way (rounding only).
     cost = optimizer_step_cost(precision, max(params, matrices), shapes if muon else ())
     values = {
         "optimizer_bytes": cost.bytes_moved,
+        # The routed experts' part, by parameter count (exact for AdamW, whose bytes per
+        # parameter are uniform): ZeRO shards it over dp·cp/ep ranks, not dp·cp.
+        "optimizer_expert_bytes": cost.bytes_moved * expert_params / params if params else 0.0,
         "newton_schulz_flops": cost.newton_schulz_flops,
         "newton_schulz_bytes": cost.newton_schulz_bytes,
         "muon_params": cost.muon_params_per_gpu,
@@ -160,20 +169,29 @@ def optimizer_columns(
     comm_bytes_per_s: np.ndarray,
     muon_scheme: str = "gather",
     dispatch_s: np.ndarray | float = 0.0,
+    ep: np.ndarray | int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(update seconds, Muon gather seconds) per row, for the slot whose step is longest.
 
-    Under ZeRO ≥ 1 a rank updates its ``1/(dp·cp)`` slice; Muon's Newton–Schulz share and
-    gathered bytes follow :func:`planner.optimizers.muon_distribution` over the same group.
-    ``dispatch_s`` (per slot): the step's fixed per-operation cost, whatever the shard.
+    Under ZeRO ≥ 1 a rank updates its ``1/(dp·cp)`` slice of the dense parameters and its
+    ``1/(dp·cp/ep)`` slice of the routed experts' (the expert-data-parallel group, as the
+    memory model shards them); Muon's Newton–Schulz share and gathered bytes follow
+    :func:`planner.optimizers.muon_distribution` over the dp·cp group. ``dispatch_s`` (per
+    slot): the step's fixed per-operation cost, whatever the shard.
     """
     share = np.where(zero >= 1, 1.0 / zero_group, 1.0)
+    expert_group = np.maximum(zero_group // np.asarray(ep), 1)
+    expert_share = np.where(zero >= 1, 1.0 / expert_group, 1.0)
     comm_factor, ns_share = np.zeros(len(zero)), np.ones(len(zero))
     if slots["muon_params"].any():
         pairs, inverse = np.unique(np.stack([zero_group, zero]), axis=1, return_inverse=True)
         found = np.array([muon_distribution(int(g), int(z), muon_scheme) for g, z in pairs.T])
         comm_factor, ns_share = found[inverse.reshape(-1)].T
-    elementwise = slots["optimizer_bytes"] * share[:, None] / hbm_bytes_per_s
+    expert_bytes = slots["optimizer_expert_bytes"]
+    elementwise = (
+        (slots["optimizer_bytes"] - expert_bytes) * share[:, None]
+        + expert_bytes * expert_share[:, None]
+    ) / hbm_bytes_per_s
     newton_schulz = ns_share[:, None] * np.maximum(
         slots["newton_schulz_flops"] / matmul_flops_per_s,
         slots["newton_schulz_bytes"] / hbm_bytes_per_s,

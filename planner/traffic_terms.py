@@ -44,7 +44,9 @@ and drain transfers plus any steady-state excess over m·(F+B); DP gradients hid
 last micro-batch's backward except the last bucket (one layer); ZeRO-1/2 weight all-gathers
 hide behind the next step's first forward except the first bucket; FSDP all-gathers are
 prefetched behind m·(F+B) except the first, its reduce-scatters behind m·B except the
-last; EP is exposed unless the schedule overlaps it (dualpipe, dualpipev: behind m·(F+B)).
+last; EP is exposed unless the schedule overlaps it (dualpipe, dualpipev: behind m·(F+B),
+the all-to-alls of the F&B-paired chunks only; the warm-up forwards and drain backwards
+that run alone expose theirs).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import numpy as np
 
 from planner.job import Job
 from planner.precision import DTYPE_BYTES
+from planner.schedules.closed_form import dualpipe_paired_share
 
 #: Schedules that overlap one micro-batch's EP all-to-all with another's compute
 #: (DeepSeek-V3 §3.2.1 DualPipe; the V form keeps the F&B overlap).
@@ -73,8 +76,9 @@ RULES: dict[str, str] = {
     "dp_param": "hidden behind the next step's first forward except the first bucket",
     "fsdp_gather": "prefetched behind m·(F+B) except the first layer's gather",
     "fsdp_grad": "hidden behind m·B except the last layer's reduce-scatter",
-    "ep": "exposed unless the schedule overlaps it (dualpipe, dualpipev: all EP terms together "
-    "behind m·(F+B), which runs on the SMs the all-to-all kernels leave)",
+    "ep": "exposed unless the schedule overlaps it (dualpipe, dualpipev: the F&B-paired chunks' "
+    "EP terms together behind m·(F+B), which runs on the SMs the all-to-all kernels leave; "
+    "the unpaired warm-up and drain chunks' exposed)",
 }
 NO_COMPUTE_RULE = "no compute times given: exposed = raw"
 NO_OVERLAP_RULE = (
@@ -354,17 +358,22 @@ def ep_overlap_sm_share(compute_units: int | None) -> float:
     return EP_OVERLAP_COMM_SMS / compute_units if compute_units else 0.0
 
 
-def shared_exposure(raw, pooled, window, sm_share=0.0):
-    """This term's share of ``max(0, pooled − window)``: ``raw · max(0, 1 − window/pooled)``.
+def shared_exposure(raw, pooled, window, sm_share=0.0, paired=1.0):
+    """This term's share of the pooled collectives' exposed time.
 
     A window (DualPipe's m·(F+B) for the EP all-to-alls) hides the collectives that share
     it together, not each term on its own, so the exposure is shared out in proportion to
     each term's raw time. While the collectives run, compute keeps only ``1 − sm_share`` of
     the SMs (:data:`EP_OVERLAP_COMM_SMS`): a step of compute C and collectives T takes
     ``max(T, C + sm_share·T)``, so the exposed time is ``max(sm_share·T, T − window)``.
+    Only the chunks that run in an F&B pair overlap (``paired``, the share of them:
+    :func:`planner.schedules.closed_form.dualpipe_paired_share`); the all-to-alls of the
+    chunks that run alone wait for their own compute and are exposed whole:
+    ``(1 − paired)·T + paired·max(sm_share·T, T − window)``.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
-        exposed = np.maximum(sm_share * pooled, pooled - window)
+        overlapped = np.maximum(sm_share * pooled, pooled - window)
+        exposed = (1.0 - paired) * pooled + paired * overlapped
         return np.where(pooled > 0, raw * exposed / pooled, 0.0)
 
 
@@ -394,7 +403,8 @@ def exposed_time(
         return np.minimum(raw, critical + np.maximum(0.0, raw - busy))
     if rule == "ep":
         pooled = raw if pooled is None else pooled
-        return np.where(ep_overlap, shared_exposure(raw, pooled, busy, sm_share), raw)
+        paired = dualpipe_paired_share(pp, m, chunks)
+        return np.where(ep_overlap, shared_exposure(raw, pooled, busy, sm_share, paired), raw)
     window = {"dp_grad": backward, "dp_param": forward, "fsdp_gather": busy,
               "fsdp_grad": m * backward}[rule]  # fmt: skip
     return np.minimum(raw, np.maximum(bucket, raw - window))

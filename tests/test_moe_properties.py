@@ -14,6 +14,7 @@ from planner import api
 from planner.compute import GpuRates, layer_op_times
 from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
+from planner.finetune_costs import routed_expert_params
 from planner.job import Job
 from planner.layout import Layout
 from planner.memory import (
@@ -23,6 +24,7 @@ from planner.memory import (
     params_per_virtual_stage,
 )
 from planner.model import load_model
+from planner.optimizers import optimizer_step_cost
 from planner.traffic import axis_traffic
 
 MOE_MODELS = ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3")
@@ -106,3 +108,19 @@ def test_deepseek_v3_columns_and_memory_report_agree_on_the_published_layout():
     report = memory_report(job, layout, h800)
     assert row["memory_per_gpu_bytes"][0] == pytest.approx(report.total_bytes)
     assert report.fits
+
+
+@pytest.mark.parametrize("ep", [1, 2, 8])
+def test_zero_shards_the_expert_optimizer_step_over_the_expert_data_parallel_group(ep):
+    """Under ZeRO-1 a rank steps 1/dp of the dense parameters and 1/(dp/ep) of the routed
+    experts it holds (the groups the memory model shards their states over): 1/ep of them,
+    so 1/dp of every parameter, whatever ep."""
+    job = api.build_job("mixtral-8x7b", 4096, global_batch_size=64)
+    layout = api.build_layout(tp=1, pp=1, dp=8, ep=ep, zero_stage=1)
+    result = api.estimate(job, layout, "dgx-h100")
+    model = job.model
+    experts = routed_expert_params(model)
+    per_param = optimizer_step_cost(job.precision, 1.0).bytes_moved
+    rank_params = (model.num_params() - experts) / 8 + experts / ep / (8 // ep)
+    hbm = GpuRates.of(H100, job.precision.gemm_dtype).hbm_bytes_per_s
+    assert result.time_breakdown_s["optimizer"] == pytest.approx(rank_params * per_param / hbm)

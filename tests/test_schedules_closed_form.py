@@ -200,6 +200,23 @@ def test_peak_activations_follow_the_published_counts():
     assert cf.peak_activation_microbatches("zbv", 4, 8).tolist() == [4] * 4
 
 
+@pytest.mark.parametrize("name", ["dualpipe", "dualpipev"])
+def test_dualpipe_paired_share_counts_the_generated_pairs(name):
+    """The share of a rank's forward chunks run in an F&B pair, on the rank with fewest,
+    equals the count on the generated schedule (the reference DualPipe's eight steps)."""
+    chunks = 2 if name == "dualpipev" else 1
+    for pp in (2, 4, 6, 8, 16):
+        for m in range(2 * pp, 6 * pp + 1, 2):
+            schedule = generate_schedule(name, pp, m, chunks)
+            counted = min(
+                sum(a.fb_pair for a in acts if a.kind == "F") / sum(a.kind == "F" for a in acts)
+                for acts in schedule
+            )
+            assert cf.dualpipe_paired_share(pp, m, chunks) == pytest.approx(counted), (pp, m)
+    shares = cf.dualpipe_paired_share(np.array([4, 8]), np.array([8, 64]), chunks)
+    assert shares.shape == (2,) and np.all((shares > 0) & (shares < 1))
+
+
 def test_parameter_copies():
     assert {name: cf.parameter_copies(name) for name in SCHEDULES} == {
         name: 2 if name == "dualpipe" else 1 for name in SCHEDULES

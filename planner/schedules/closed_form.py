@@ -127,11 +127,31 @@ def _dualpipe_step(half, per_phase, F, B, W, c, overlap, hops):
     )
 
 
+def _fewest_pairs(half, per_phase):
+    """F&B pairs on the rank with fewest (an end rank): steps 4 and 5 of the reference
+    ``DualPipe.step`` give ``2·(per_phase − 2·half + position + 1) + (half − position − 1)``
+    at position 0, less the middle ranks' one unoverlapped pair when ``half = 1``."""
+    return 2 * per_phase - 3 * half + 1 - (half == 1)
+
+
+def dualpipe_paired_share(pp, num_microbatches, chunks):
+    """Share of a DualPipe(V) rank's forward chunks that run inside an F&B pair, on the rank
+    with fewest pairs: ``chunks = 1`` DualPipe (``pp/2`` positions, ``m/2`` micro-batches
+    per direction), ``2`` DualPipeV (``pp`` positions, ``m`` per phase). The other chunks —
+    warm-up forwards, drain backwards — run alone, so nothing overlaps their all-to-alls.
+    Works on numpy arrays; 0 where the schedule has no pairs."""
+    half = np.asarray(pp) * chunks // 2
+    per_phase = np.asarray(num_microbatches) * chunks // 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = _fewest_pairs(half, per_phase) / (2.0 * per_phase)
+    return np.clip(np.nan_to_num(share), 0.0, 1.0)
+
+
 def _dualpipe_busy(half, per_phase, F, B, W, overlap):
     """Busiest rank: all its passes minus what overlap hides in its fewest F&B slots."""
-    fewest_pairs = 2 * per_phase - 3 * half + 1 - (half == 1)
     full = B + W
-    return 2 * per_phase * (F + full) - fewest_pairs * overlap * np.minimum(F, full)
+    pairs = _fewest_pairs(half, per_phase)
+    return 2 * per_phase * (F + full) - pairs * overlap * np.minimum(F, full)
 
 
 def _check(schedule: str, pp, num_microbatches, vpp, **options):

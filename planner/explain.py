@@ -38,9 +38,11 @@ def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -
     if found.smallest_memory is not None:
         small = found.smallest_memory
         usable = accelerator.hbm_bytes * (1 - mem_headroom) / gib
-        lines.append(
-            f"smallest layout that did not fit needs {small['memory_per_gpu_bytes'] / gib:.2f} GiB per GPU, "
-            f"{usable:.2f} GiB available (tp {small['tp']}, cp {small['cp']}, pp {small['pp']}, "
+        needed = small["memory_per_gpu_bytes"] / gib
+        lines.append(  # the excess too: the two can round to the same GiB
+            f"smallest layout that did not fit needs {needed:.2f} GiB per GPU, "
+            f"{usable:.2f} GiB available, {(needed - usable) * 1024:,.1f} MiB over "
+            f"(tp {small['tp']}, cp {small['cp']}, pp {small['pp']}, "
             f"dp {small['dp']}, {small['schedule']}, recompute {small['recompute']})"
         )
     return lines

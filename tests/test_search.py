@@ -1,6 +1,7 @@
 """The layout search and `llmplan plan` / `llmplan estimate`."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -143,6 +144,10 @@ def test_plan_explain_csv_html_and_emit(capsys, tmp_path):
     )
     assert code == 0, err
     assert "rejected" in out and "--tensor-model-parallel-size" in out
+    # The nearest miss says by how much it missed (the two GiB figures can round alike).
+    text = " ".join(out.split())
+    over = re.search(r"needs [\d.]+ GiB per GPU, [\d.]+ GiB available, ([\d,.]+) MiB over", text)
+    assert over and float(over[1].replace(",", "")) > 0
     assert csv.read_text().count("\n") > 10
     assert "Pareto front" in html.read_text()
     code, out, _ = small_plan(capsys, "--emit", "torchtitan")

@@ -103,6 +103,14 @@ def deepseek_v3() -> None:
         f"{'predicted':<12} {memory:>16} {result.mfu_causal:>11.1%} "
         f"{result.tokens_per_s_per_gpu:>13,.0f}"
     )
+    points = (result.mfu_causal - run["mfu_causal"]) * 100
+    speed = result.tokens_per_s_per_gpu / run["tokens_per_s_per_gpu"] - 1
+    print(
+        f"gap: {points:+.1f} MFU points (target ±5), tokens/s {speed:+.0%} (target ±20%); "
+        f"step {result.step_time_s:.2f} s, of which EP exposed "
+        f"{result.time_breakdown_s['ep_exposed']:.2f} s, bubble "
+        f"{result.time_breakdown_s['pipeline_bubble']:.2f} s"
+    )
 
 
 if __name__ == "__main__":

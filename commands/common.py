@@ -57,6 +57,22 @@ WeightPassFlag = Annotated[
         "gradients (inputs: zero-bubble paper, Megatron) or the whole graph (graph: torchtitan)"
     ),
 ]
+MoeImbalanceFlag = Annotated[
+    float | None,
+    typer.Option(
+        min=1.0,
+        help="MoE, dropless routing: routed tokens on the busiest EP rank over the balanced "
+        "share (default: the model's, 1.0)",
+    ),
+]
+MoeCapacityFlag = Annotated[
+    float | None,
+    typer.Option(
+        min=0.01,
+        help="MoE: capacity-based routing at this capacity factor (padded buffers computed "
+        "and exchanged; default: dropless)",
+    ),
+]
 MemoryMeasuresFlag = Annotated[
     MeasureSet | None,
     typer.Option(

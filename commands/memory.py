@@ -12,6 +12,8 @@ from commands.common import (
     JsonFlag,
     MasterDtype,
     MemoryMeasuresFlag,
+    MoeCapacityFlag,
+    MoeImbalanceFlag,
     Optimizer,
     Precision,
     PrecisionFlag,
@@ -187,6 +189,8 @@ def memory(
     precision: PrecisionFlag = None,
     memory_measures: MemoryMeasuresFlag = None,
     weight_pass_memory: WeightPassFlag = WeightPass.inputs,
+    moe_imbalance: MoeImbalanceFlag = None,
+    moe_capacity_factor: MoeCapacityFlag = None,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
     flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention")] = True,
@@ -237,6 +241,8 @@ def memory(
         finetune=finetune,
         memory_measures=option_value(memory_measures),
         weight_pass_memory=option_value(weight_pass_memory),
+        moe_imbalance=moe_imbalance,
+        moe_capacity_factor=moe_capacity_factor,
     )
     layout = api.build_layout(
         tp=tp,

@@ -12,6 +12,8 @@ from commands.common import (
     GradDtype,
     JsonFlag,
     MemoryMeasuresFlag,
+    MoeCapacityFlag,
+    MoeImbalanceFlag,
     Optimizer,
     PrecisionFlag,
     Recompute,
@@ -48,6 +50,8 @@ def _plan_job(
     finetune=None,
     memory_measures=None,
     weight_pass_memory=None,
+    moe_imbalance=None,
+    moe_capacity_factor=None,
 ):
     from planner import api
 
@@ -64,6 +68,8 @@ def _plan_job(
         finetune=finetune,
         memory_measures=option_value(memory_measures),
         weight_pass_memory=option_value(weight_pass_memory),
+        moe_imbalance=moe_imbalance,
+        moe_capacity_factor=moe_capacity_factor,
     )
 
 
@@ -104,6 +110,8 @@ def plan(
     precision: PrecisionFlag = None,
     memory_measures: MemoryMeasuresFlag = None,
     weight_pass_memory: WeightPassFlag = WeightPass.inputs,
+    moe_imbalance: MoeImbalanceFlag = None,
+    moe_capacity_factor: MoeCapacityFlag = None,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
     recipe: RecipeFlag = Recipe.full,
@@ -150,6 +158,8 @@ def plan(
             finetune,
             memory_measures,
             weight_pass_memory,
+            moe_imbalance,
+            moe_capacity_factor,
         )
         pins = {
             "tp": int_list(tp, "tp"),
@@ -338,6 +348,8 @@ def estimate(
     precision: PrecisionFlag = None,
     memory_measures: MemoryMeasuresFlag = None,
     weight_pass_memory: WeightPassFlag = WeightPass.inputs,
+    moe_imbalance: MoeImbalanceFlag = None,
+    moe_capacity_factor: MoeCapacityFlag = None,
     optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
     grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
     recipe: RecipeFlag = Recipe.full,
@@ -366,6 +378,8 @@ def estimate(
         finetune,
         memory_measures,
         weight_pass_memory,
+        moe_imbalance,
+        moe_capacity_factor,
     )
     layout = api.build_layout(
         tp=tp,

@@ -44,6 +44,8 @@ class ActivationShape(BaseModel):
     recompute: str = "none"
     element_bytes: float = 2.0
     measures: MemoryMeasures = MemoryMeasures()
+    #: Expert parallelism: decides the busiest rank's routed load (ModelSpec.routed_load_factor).
+    ep: int = 1
 
     @property
     def local_tokens(self) -> float:
@@ -116,9 +118,10 @@ def mlp_tensors(model: ModelSpec, shape: ActivationShape, moe_layer: bool) -> di
     if not moe_layer:
         tensors["mlp.intermediate"] = _mlp_intermediates(model, tokens, model.ffn_hidden_size, e, t)
     else:
-        k, f = model.num_experts_per_token, model.moe_ffn_hidden_size
+        # The busiest EP rank's routed copies (balanced routing: k per token).
+        k = model.num_experts_per_token * model.routed_load_factor(shape.ep)
+        f = model.moe_ffn_hidden_size
         tensors["moe.router_logits"] = tokens * model.num_routed_experts * 4 * rep
-        # Each token is copied to k experts (balanced routing: each rank receives k·tokens).
         tensors["moe.expert_input"] = tokens * k * h * e * rep
         tensors["moe.expert_intermediate"] = _mlp_intermediates(model, tokens * k, f, e, t)
         tensors["moe.expert_output"] = tokens * k * h * e * rep
@@ -233,7 +236,8 @@ def backward_working_bytes(model: ModelSpec, shape: ActivationShape) -> float:
     per_token = 3 if model.mlp_kind == "swiglu" else 2
     widest = model.ffn_hidden_size
     if model.is_moe:
-        routed = model.num_experts_per_token * (model.moe_ffn_hidden_size or 0)
+        routed = model.num_experts_per_token * model.routed_load_factor(shape.ep)
+        routed *= model.moe_ffn_hidden_size or 0
         dense = model.ffn_hidden_size if model.num_dense_layers else 0
         widest = max(dense, routed, model.num_shared_experts * (model.moe_ffn_hidden_size or 0))
     return tokens * per_token * widest * e / t

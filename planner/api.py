@@ -234,6 +234,8 @@ def build_job(
     finetune=None,
     memory_measures: str | None = None,
     weight_pass_memory: str | None = None,
+    moe_imbalance: float | None = None,
+    moe_capacity_factor: float | None = None,
 ):
     """A Job from CLI-style values (batch as tokens or as sequences, not both).
 
@@ -241,14 +243,26 @@ def build_job(
     ``precision`` and ``memory_measures`` default to the model's published training
     recipe (``training_precision``, ``training_memory_measures``), else bf16-mixed and none.
     ``weight_pass_memory``: what zero-bubble schedules keep from B to W
-    (:mod:`planner.weight_pass`).
+    (:mod:`planner.weight_pass`). ``moe_imbalance`` / ``moe_capacity_factor``: override the
+    model's routing load (:meth:`planner.model.ModelSpec.routed_load_factor`).
     """
     from planner.job import Job
     from planner.measures import memory_measures as measures_named
-    from planner.model import load_model
+    from planner.model import ModelSpec, load_model
     from planner.precision import PrecisionSpec
 
     spec_model = load_model(model)
+    routing = {
+        name: value
+        for name, value in (("moe_imbalance", moe_imbalance),
+                            ("moe_capacity_factor", moe_capacity_factor))
+        if value is not None
+    }  # fmt: skip
+    if routing:
+        if not spec_model.is_moe:
+            flags = ", ".join("--" + name.replace("_", "-") for name in routing)
+            raise PlanError(f"{flags}: {spec_model.name} is not a mixture-of-experts model")
+        spec_model = _validated(ModelSpec, **{**spec_model.model_dump(), **routing})
     precision = precision or spec_model.training_precision or "bf16-mixed"
     memory_measures = memory_measures or spec_model.training_memory_measures or "none"
 
@@ -479,6 +493,9 @@ def plan(
         "finetune": job.finetune.model_dump() if job.finetune is not None else None,
         "space": space.model_dump() if space else None,
     }
+    if job.model.is_moe:  # the routing load the plan assumed
+        query["moe_imbalance"] = job.model.moe_imbalance
+        query["moe_capacity_factor"] = job.model.moe_capacity_factor
     result = PlanResult(
         query=query,
         candidates_evaluated=found.candidates_evaluated,

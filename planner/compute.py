@@ -25,7 +25,7 @@ from planner.finetune import (
     targeted_linears,
 )
 from planner.flops import attention_core_ops
-from planner.linears import layer_linears
+from planner.linears import layer_linears, token_rows
 from planner.model import ModelSpec
 
 
@@ -247,7 +247,7 @@ def layer_op_times(
         core_bytes += scores * e * (3 if model.dropout > 0 else 2)
     ops.append(attention_core_time(core_flops, core_bytes, flash_attention, rates))
     ops.extend(_mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e))
-    ffn = _activation_width(model, moe_layer) / tp
+    ffn = _activation_width(model, moe_layer, ep) / tp
     activation_bytes = tokens * ffn * e * (3 if model.mlp_kind == "swiglu" else 2)
     norm_and_residual = sp_tokens * h * e * (2 * 2 + 2 * 3)
     rotary = 2 * tokens * (q_local + kv_local) * e if model.position_embedding == "rope" else 0.0
@@ -288,12 +288,13 @@ def attention_core_time(
     )
 
 
-def _activation_width(model: ModelSpec, moe_layer: bool) -> float:
-    """Width of the MLP activation per token (routed top-k and shared experts for MoE)."""
+def _activation_width(model: ModelSpec, moe_layer: bool, ep: int = 1) -> float:
+    """Width of the MLP activation per token (routed top-k and shared experts for MoE; the
+    routed copies at the busiest EP rank's load, :meth:`ModelSpec.routed_load_factor`)."""
     if not moe_layer:
         return model.ffn_hidden_size
-    experts = model.num_experts_per_token + model.num_shared_experts
-    return experts * model.moe_ffn_hidden_size
+    routed = model.num_experts_per_token * model.routed_load_factor(ep)
+    return (routed + model.num_shared_experts) * model.moe_ffn_hidden_size
 
 
 def _mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e) -> list[OpTime]:
@@ -301,7 +302,8 @@ def _mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e) -> list[OpTime]:
     if not moe_layer:
         return [gemm_time("mlp", tokens, h, m * model.ffn_hidden_size / tp, rates, e)]
     f = model.moe_ffn_hidden_size
-    routed_tokens = tokens * model.num_experts_per_token
+    # The busiest EP rank's routed copies (balanced: tokens·k; ModelSpec.routed_load_factor).
+    routed_tokens = tokens * model.num_experts_per_token * model.routed_load_factor(ep)
     local_experts = model.num_routed_experts / ep
     # Grouped GEMM over the local experts: FLOPs follow the routed tokens, weights all local experts.
     routed = gemm_time(
@@ -378,7 +380,7 @@ def adapter_op_times(
     for linear in targeted_linears(model, spec, moe_layer, tp):
         width_in, width_out = linear.local_shape(tp)
         copies = linear.local_count(ep)
-        rows = tokens * linear.token_share * linear.count / copies
+        rows = token_rows(linear, model, tokens, ep) / copies
         key = f"{spec.recipe}.{linear.path}"
         a = gemm_time(f"{key}.A", rows, width_in, r, rates, e, copies)
         b = gemm_time(f"{key}.B", rows, r, width_out, rates, e, copies)
@@ -516,7 +518,7 @@ def fp8_quantization_time(
         if linear.name in KEPT_IN_BF16 or linear.block == "router":
             continue
         width_in, width_out = linear.local_shape(tp)
-        rows = tokens * linear.token_share * linear.count
+        rows = token_rows(linear, model, tokens, ep)
         shared = (linear.block, linear.prefix, linear.in_features)  # column-parallel siblings
         inputs[linear.path if linear.tp_split == "row" else shared] = rows * width_in
         dy_elements += rows * width_out

@@ -94,7 +94,7 @@ def shape_table(
         shape = act.ActivationShape(
             seq_len=job.seq_len, micro_batch_size=b, tp=t, cp=c, sequence_parallel=s,
             flash_attention=job.flash_attention, recompute=r, element_bytes=e,
-            measures=measures,
+            measures=measures, ep=x,
         )  # fmt: skip
         if (t, c, x, s, b) not in fixed:
             fixed[t, c, x, s, b] = len(free_rows)

@@ -73,6 +73,7 @@ def explain_estimate(result, job) -> list[str]:
                 f"{axis}: {result.comm_bytes_per_step[axis] / 1e9:,.2f} GB per GPU per step, raw {raw:.3f} s, "
                 f"exposed {result.time_breakdown_s[axis + '_exposed']:.3f} s"
             )
+    lines += _moe_lines(result, job)
     lines.append(
         f"link contention: {result.time_breakdown_s['link_contention']:.3f} s = Σ_links Σ_b "
         f"exposed[b] · min(1, hidden traffic of the other axes on that link / compute window "
@@ -84,6 +85,33 @@ def explain_estimate(result, job) -> list[str]:
         f"MFU = {result.tokens_per_s_per_gpu:,.0f} tokens/s × {flops / 1e9:,.1f} GFLOP/token "
         f"(6N + 12·L·h·s) / {accelerator.peak_tflops(result.mfu_dtype)} TFLOP/s = {100 * result.mfu:.1f}%"
     )
+    return lines
+
+
+def _moe_lines(result, job) -> list[str]:
+    """The routing load an MoE estimate assumed and what DualPipe's F&B overlap bought."""
+    from planner.schedules.closed_form import dualpipe_paired_share
+    from planner.traffic_terms import EP_OVERLAP_SCHEDULES
+
+    model, lay = job.model, result.layout
+    if not model.is_moe:
+        return []
+    routing = (
+        f"capacity factor {model.moe_capacity_factor} (padded buffers)"
+        if model.moe_capacity_factor is not None
+        else f"dropless, busiest EP rank at {model.routed_load_factor(lay.ep):g}× the balanced load"
+    )
+    lines = [f"routing: {routing}; top-{model.num_experts_per_token} of {model.num_routed_experts}"]
+    raw = result.comm_time_s.get("ep", 0.0)
+    if lay.schedule in EP_OVERLAP_SCHEDULES and raw:
+        chunks = 2 if lay.schedule == "dualpipev" else 1
+        paired = float(dualpipe_paired_share(lay.pp, result.num_microbatches, chunks))
+        exposed = result.time_breakdown_s["ep_exposed"]
+        lines.append(
+            f"{lay.schedule} overlap: {paired:.1%} of the end ranks' forward chunks run in F&B "
+            f"pairs and hide their all-to-alls behind the paired compute; it hides "
+            f"{raw - exposed:.3f} s of the {raw:.3f} s EP all-to-all time"
+        )
     return lines
 
 

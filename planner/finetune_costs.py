@@ -43,7 +43,7 @@ from planner.finetune import (
     vera_projection_params,
 )
 from planner.flops import OpFlops, gemm_op, model_ops_per_sequence, sum_ops
-from planner.linears import Linear, layer_kinds_count, layer_linears
+from planner.linears import Linear, layer_kinds_count, layer_linears, token_rows
 from planner.model import ModelSpec
 from planner.precision import DTYPE_BYTES, BytesPerParam, PrecisionSpec, zero_shard_factors
 
@@ -195,7 +195,7 @@ def adapter_activation_tensors(
     tokens, e, r = shape.local_tokens, shape.element_bytes, spec.lora_rank
     tensors: dict[str, float] = {}
     for linear in targeted_linears(model, spec, moe_layer, shape.tp):
-        rows = tokens * linear.token_share * linear.count
+        rows = token_rows(linear, model, tokens, shape.ep)
         width_in, width_out = linear.local_shape(shape.tp)
         if linear.tp_split != "row":
             width_in *= shape.replicated_share

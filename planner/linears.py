@@ -179,6 +179,14 @@ def mlp_linears(model: ModelSpec, moe_layer: bool) -> list[Linear]:
     return linears
 
 
+def token_rows(linear: Linear, model: ModelSpec, tokens: float, ep: int = 1) -> float:
+    """Rows all copies of ``linear`` see for ``tokens`` on one rank: the token share times
+    the copies, routed experts at the busiest EP rank's load
+    (:meth:`planner.model.ModelSpec.routed_load_factor`)."""
+    rows = tokens * linear.token_share * linear.count
+    return rows * model.routed_load_factor(ep) if linear.routed_expert else rows
+
+
 def layer_linears(model: ModelSpec, moe_layer: bool, tp: int = 1) -> list[Linear]:
     """Every linear module of one layer."""
     return attention_linears(model, tp) + mlp_linears(model, moe_layer)

@@ -239,6 +239,7 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         recompute=layout.recompute,
         element_bytes=precision.activation_bytes,
         measures=job.active_memory_measures,
+        ep=layout.ep,
     )
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     dense_tensors = act.layer_activation_tensors(model, shape, moe_layer=False)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import PlanError, unknown_name_error
@@ -69,6 +70,19 @@ class ModelSpec(BaseModel):
         "(DeepSeek-V3 §2.1.2, M = 4); None: unlimited",
     )
     num_mtp_modules: int = Field(0, ge=0, description="multi-token-prediction modules")
+    moe_capacity_factor: float | None = Field(
+        None,
+        gt=0,
+        description="expert capacity over the balanced load (GShard §2.2, Switch §2.2): each "
+        "expert computes and exchanges buffers of capacity_factor·tokens·k/E rows, tokens "
+        "beyond it dropped; None: dropless routing",
+    )
+    moe_imbalance: float = Field(
+        1.0,
+        ge=1.0,
+        description="dropless routing: routed token copies on the busiest expert-parallel "
+        "rank over the balanced share (1.0: balanced); the step waits for that rank",
+    )
     # How the model was trained when published: jobs that choose nothing take these.
     training_precision: PrecisionName | None = Field(
         None, description="precision recipe of the published training run"
@@ -118,6 +132,11 @@ class ModelSpec(BaseModel):
                 raise ValueError("num_experts_per_token exceeds num_routed_experts")
             if self.num_dense_layers > self.num_layers:
                 raise ValueError("num_dense_layers exceeds num_layers")
+        if self.moe_capacity_factor is not None and self.moe_imbalance != 1.0:
+            raise ValueError(
+                "give moe_capacity_factor (capacity-based routing) or moe_imbalance (dropless), "
+                "not both: a capacity caps the busiest expert's load"
+            )
         if self.training_memory_measures not in (None, *MEASURE_SETS):
             raise ValueError(f"training_memory_measures must be one of: {', '.join(MEASURE_SETS)}")
         if self.position_embedding == "learned" and not self.max_position_embeddings:
@@ -125,6 +144,18 @@ class ModelSpec(BaseModel):
         return self
 
     # ----- shapes ---------------------------------------------------------------------
+
+    def routed_load_factor(self, ep: int | np.ndarray = 1) -> float | np.ndarray:
+        """Routed token copies one expert-parallel rank computes and exchanges, over the
+        balanced share ``tokens·k/ep``: the capacity factor under capacity-based routing
+        (the padded buffers are computed and sent whatever ``ep``), else the imbalance
+        where ``ep > 1`` (the busiest rank gates the all-to-all; on one rank the experts
+        share it and the total is the balanced one). Works on numpy arrays of ``ep``."""
+        if self.moe_capacity_factor is not None:
+            factor = np.full(np.shape(ep), self.moe_capacity_factor)
+        else:
+            factor = np.where(np.asarray(ep) > 1, self.moe_imbalance, 1.0)
+        return factor if np.ndim(ep) else float(factor)
 
     @property
     def is_moe(self) -> bool:

@@ -276,7 +276,9 @@ def step_terms(
              "pp_steady"),
     ]  # fmt: skip
     if model.is_moe:
-        routed_tokens = b * s / (cp * tp) * model.num_experts_per_token * h
+        # The busiest rank's receive (ModelSpec.routed_load_factor) gates each all-to-all.
+        load = model.routed_load_factor(ep)
+        routed_tokens = b * s / (cp * tp) * model.num_experts_per_token * load * h
         dispatch_b = DTYPE_BYTES["fp8"] if precision.gemm_dtype == "fp8" else act_b
         per_layer = shape.moe_layers * m * on(ep > 1)
         terms += [

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Literal
 
 from planner.activations import ActivationShape, layer_activation_tensors
-from planner.linears import layer_linears
+from planner.linears import layer_linears, token_rows
 from planner.measures import FP8_BYTES, MemoryMeasures
 from planner.model import ModelSpec
 
@@ -64,7 +64,7 @@ def output_gradient_bytes(
     total = 0.0
     for linear in linears or layer_linears(model, moe_layer, shape.tp):
         _, out = linear.local_shape(shape.tp)
-        total += tokens * linear.token_share * linear.count * out * e
+        total += token_rows(linear, model, tokens, shape.ep) * out * e
     return total
 
 

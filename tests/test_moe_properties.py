@@ -11,10 +11,14 @@ from hypothesis import strategies as st
 
 from hwspecs.catalog import load_accelerator, load_cluster
 from planner import api
+from planner.activations import ActivationShape, layer_activation_tensors
 from planner.compute import GpuRates, layer_op_times
+from planner.errors import PlanError
 from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
+from planner.explain import explain_estimate
 from planner.finetune_costs import routed_expert_params
+from planner.flops import model_flops_per_token
 from planner.job import Job
 from planner.layout import Layout
 from planner.memory import (
@@ -124,3 +128,81 @@ def test_zero_shards_the_expert_optimizer_step_over_the_expert_data_parallel_gro
     rank_params = (model.num_params() - experts) / 8 + experts / ep / (8 // ep)
     hbm = GpuRates.of(H100, job.precision.gemm_dtype).hbm_bytes_per_s
     assert result.time_breakdown_s["optimizer"] == pytest.approx(rank_params * per_param / hbm)
+
+
+def _with_routing(name: str, **routing):
+    return load_model(name).model_validate({**load_model(name).model_dump(), **routing})
+
+
+@settings(max_examples=15, deadline=None)
+@given(name=st.sampled_from(MOE_MODELS), load=st.floats(1.0, 2.0), ep_power=st.integers(1, 3))
+def test_routed_load_scales_the_busiest_ranks_expert_work_and_nothing_else(name, load, ep_power):
+    """Dropless imbalance r: the busiest EP rank's routed-expert GEMMs, its all-to-all bytes
+    and its routed activations grow r-fold; attention, shared experts and the model FLOPs
+    MFU counts do not change."""
+    base, skewed = load_model(name), _with_routing(name, moe_imbalance=load)
+    ep = 2**ep_power
+    rates = GpuRates.of(H100, "bf16")
+
+    def ops(model) -> dict:
+        found = layer_op_times(model, 4096, 1, 1, 1, ep, False, True, True, rates)
+        return {op.name: op for op in found}
+
+    balanced, busiest = ops(base), ops(skewed)
+    routed = "moe.routed_experts"
+    assert busiest[routed].forward_flops == pytest.approx(load * balanced[routed].forward_flops)
+    for name_ in balanced.keys() - {routed, "elementwise.mlp_activation"}:
+        assert busiest[name_] == balanced[name_]
+    job = Job(model=base, seq_len=4096, global_batch_tokens=4096 * 64)
+    layout = Layout(tp=1, pp=1, dp=8, ep=ep, zero_stage=1)
+    skewed_job = job.model_copy(update={"model": skewed})
+
+    def ep_bytes(j) -> float:
+        return next(a for a in axis_traffic(j, layout, "dgx-h100").axes if a.axis == "ep")
+
+    assert ep_bytes(skewed_job).bytes_per_step == pytest.approx(load * ep_bytes(job).bytes_per_step)
+    shape = ActivationShape(seq_len=4096, micro_batch_size=1, ep=ep)
+    expert = ("moe.expert_input", "moe.expert_output")
+    plain = layer_activation_tensors(base, shape, moe_layer=True)
+    heavy = layer_activation_tensors(skewed, shape, moe_layer=True)
+    for tensor in expert:
+        assert heavy[tensor] == pytest.approx(load * plain[tensor])
+    assert heavy["mlp.norm_input"] == plain["mlp.norm_input"]
+    assert model_flops_per_token(skewed, 4096) == model_flops_per_token(base, 4096)
+
+
+def test_imbalance_needs_expert_parallelism_a_capacity_factor_does_not():
+    """On one rank the experts share the imbalance (the total is balanced); capacity
+    buffers are computed padded whatever ep."""
+    rates = GpuRates.of(H100, "bf16")
+
+    def routed_flops(model) -> float:
+        ops = layer_op_times(model, 4096, 1, 1, 1, 1, False, True, True, rates)
+        return next(op.forward_flops for op in ops if op.name == "moe.routed_experts")
+
+    base = routed_flops(load_model("mixtral-8x7b"))
+    assert routed_flops(_with_routing("mixtral-8x7b", moe_imbalance=1.5)) == base
+    assert routed_flops(_with_routing("mixtral-8x7b", moe_capacity_factor=1.25)) == pytest.approx(
+        1.25 * base
+    )
+
+
+def test_routing_flags_are_checked():
+    with pytest.raises(PlanError, match="not both"):
+        api.build_job("deepseek-v3", 4096, global_batch_size=64, moe_imbalance=1.2,
+                      moe_capacity_factor=1.5)  # fmt: skip
+    with pytest.raises(PlanError, match="not a mixture-of-experts model"):
+        api.build_job("llama3-8b", 4096, global_batch_size=64, moe_imbalance=1.2)
+    job = api.build_job("deepseek-v3", 4096, global_batch_size=64, moe_imbalance=1.2)
+    assert job.model.moe_imbalance == 1.2 and job.model.routed_load_factor(64) == 1.2
+
+
+def test_estimate_explains_the_routing_load_and_what_dualpipe_hides():
+    job = api.build_job("deepseek-v3", 4096, global_batch_size=15360, moe_imbalance=1.2)
+    layout = api.build_layout(tp=1, pp=16, ep=64, dp=128, schedule="dualpipe", zero_stage=1)
+    result = api.estimate(job, layout, "dgx-h800", 2048)
+    text = " ".join(explain_estimate(result, job))
+    assert "busiest EP rank at 1.2× the balanced load" in text
+    raw, exposed = result.comm_time_s["ep"], result.time_breakdown_s["ep_exposed"]
+    assert "80.8% of the end ranks' forward chunks" in text  # 97 of 120 (DualPipe steps 4-5)
+    assert f"hides {raw - exposed:.3f} s of the {raw:.3f} s" in text

@@ -46,6 +46,16 @@ class ActivationShape(BaseModel):
     measures: MemoryMeasures = MemoryMeasures()
     #: Expert parallelism: decides the busiest rank's routed load (ModelSpec.routed_load_factor).
     ep: int = 1
+    #: The routed experts' TP degree (None: tp). With etp < tp a rank holds ``etp/tp`` of the
+    #: routed rows at width ``f/etp`` (MoE parallel folding, planner.linears.expert_fold).
+    etp: int | None = None
+
+    @property
+    def routed_share(self) -> float:
+        """Share of the routed tokens' [k·tokens, h] tensors (expert input and output) a rank
+        stores: the TP-replicated share, or ``etp/tp`` when the TP ranks fold into EP."""
+        fold = 1 if self.etp is None else self.tp // self.etp
+        return self.replicated_share if fold == 1 else 1.0 / fold
 
     @property
     def local_tokens(self) -> float:
@@ -122,9 +132,11 @@ def mlp_tensors(model: ModelSpec, shape: ActivationShape, moe_layer: bool) -> di
         k = model.num_experts_per_token * model.routed_load_factor(shape.ep)
         f = model.moe_ffn_hidden_size
         tensors["moe.router_logits"] = tokens * model.num_routed_experts * 4 * rep
-        tensors["moe.expert_input"] = tokens * k * h * e * rep
+        routed = shape.routed_share
+        tensors["moe.expert_input"] = tokens * k * h * e * routed
+        # Rows × etp/tp at width f/etp: the same bytes as rows at f/tp, whatever the etp.
         tensors["moe.expert_intermediate"] = _mlp_intermediates(model, tokens * k, f, e, t)
-        tensors["moe.expert_output"] = tokens * k * h * e * rep
+        tensors["moe.expert_output"] = tokens * k * h * e * routed
         if model.num_shared_experts:
             shared_ffn = model.num_shared_experts * f
             tensors["moe.shared_intermediate"] = _mlp_intermediates(model, tokens, shared_ffn, e, t)

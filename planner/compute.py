@@ -25,7 +25,7 @@ from planner.finetune import (
     targeted_linears,
 )
 from planner.flops import attention_core_ops
-from planner.linears import layer_linears, token_rows
+from planner.linears import expert_fold, layer_linears, token_rows
 from planner.model import ModelSpec
 
 
@@ -206,8 +206,10 @@ def layer_op_times(
     moe_layer: bool,
     rates: GpuRates,
     element_bytes: float = 2.0,
+    etp: int | None = None,
 ) -> list[OpTime]:
-    """Every operation of one transformer layer for one micro-batch on one GPU."""
+    """Every operation of one transformer layer for one micro-batch on one GPU (``etp``:
+    the routed experts' TP degree, None for tp)."""
     tokens = seq_len * micro_batch_size / cp
     h, e = model.hidden_size, element_bytes
     sp_tokens = tokens / tp if sequence_parallel and tp > 1 else tokens
@@ -246,7 +248,8 @@ def layer_op_times(
         scores = model.num_attention_heads / tp * tokens * seq_len
         core_bytes += scores * e * (3 if model.dropout > 0 else 2)
     ops.append(attention_core_time(core_flops, core_bytes, flash_attention, rates))
-    ops.extend(_mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e))
+    ops.extend(_mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e, etp))
+    # Routed rows × etp/tp at width f/etp: the same elements whatever etp (expert_fold).
     ffn = _activation_width(model, moe_layer, ep) / tp
     activation_bytes = tokens * ffn * e * (3 if model.mlp_kind == "swiglu" else 2)
     norm_and_residual = sp_tokens * h * e * (2 * 2 + 2 * 3)
@@ -297,20 +300,25 @@ def _activation_width(model: ModelSpec, moe_layer: bool, ep: int = 1) -> float:
     return (routed + model.num_shared_experts) * model.moe_ffn_hidden_size
 
 
-def _mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e) -> list[OpTime]:
+def _mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e, etp=None) -> list[OpTime]:
+    """The dense MLP's GEMM, or the router, routed experts (grouped GEMM, width m·f/etp over
+    rows tokens·k·load·etp/tp: :func:`planner.linears.expert_fold`) and shared experts."""
     h, m = model.hidden_size, model.mlp_matrices
     if not moe_layer:
         return [gemm_time("mlp", tokens, h, m * model.ffn_hidden_size / tp, rates, e)]
     f = model.moe_ffn_hidden_size
-    # The busiest EP rank's routed copies (balanced: tokens·k; ModelSpec.routed_load_factor).
-    routed_tokens = tokens * model.num_experts_per_token * model.routed_load_factor(ep)
+    # The busiest EP rank's routed copies (balanced: tokens·k; ModelSpec.routed_load_factor),
+    # over the TP ranks folded into EP.
+    routed_tokens = (
+        tokens * model.num_experts_per_token * model.routed_load_factor(ep) / expert_fold(tp, etp)
+    )
     local_experts = model.num_routed_experts / ep
     # Grouped GEMM over the local experts: FLOPs follow the routed tokens, weights all local experts.
     routed = gemm_time(
         "moe.routed_experts",
         routed_tokens / local_experts,
         h,
-        m * f / tp,
+        m * f / (tp if etp is None else etp),
         rates,
         e,
         count=local_experts,
@@ -361,6 +369,7 @@ def adapter_op_times(
     moe_layer: bool,
     rates: GpuRates,
     element_bytes: float = 2.0,
+    etp: int | None = None,
 ) -> list[OpTime]:
     """A recipe's own work in one layer for one micro-batch on one GPU.
 
@@ -378,9 +387,9 @@ def adapter_op_times(
     r, e = spec.lora_rank, element_bytes
     ops: list[OpTime] = []
     for linear in targeted_linears(model, spec, moe_layer, tp):
-        width_in, width_out = linear.local_shape(tp)
+        width_in, width_out = linear.local_shape(tp, etp)
         copies = linear.local_count(ep)
-        rows = token_rows(linear, model, tokens, ep) / copies
+        rows = token_rows(linear, model, tokens, ep, expert_fold(tp, etp)) / copies
         key = f"{spec.recipe}.{linear.path}"
         a = gemm_time(f"{key}.A", rows, width_in, r, rates, e, copies)
         b = gemm_time(f"{key}.B", rows, r, width_out, rates, e, copies)
@@ -398,7 +407,7 @@ def adapter_op_times(
                 )
             )
     if spec.quantized:
-        weights = sum(layer_quantized_params(model, spec, moe_layer, tp, ep))
+        weights = sum(layer_quantized_params(model, spec, moe_layer, tp, ep, etp))
         dequantize_s = weights * dequantization_bytes_per_weight(spec, e) / rates.hbm_bytes_per_s
         ops.append(
             OpTime(
@@ -441,6 +450,7 @@ def mtp_op_times(
     flash_attention: bool,
     rates: GpuRates,
     element_bytes: float = 2.0,
+    etp: int | None = None,
 ) -> list[OpTime]:
     """One DeepSeek-V3 multi-token-prediction module for one micro-batch on one GPU.
 
@@ -454,7 +464,7 @@ def mtp_op_times(
     ops = [gemm_time("projection", tokens, 2 * h, h / tp, rates, element_bytes)]
     ops += layer_op_times(
         model, seq_len, micro_batch_size, tp, cp, ep, sequence_parallel, flash_attention,
-        model.is_moe, rates, element_bytes,
+        model.is_moe, rates, element_bytes, etp,
     )  # fmt: skip
     ops += head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
     return [op.model_copy(update={"name": MTP_PREFIX + op.name}) for op in ops]
@@ -498,7 +508,13 @@ REQUANTIZE_BYTES = 2.0
 
 
 def fp8_quantization_time(
-    model: ModelSpec, tokens: float, tp: int, ep: int, moe_layer: bool, rates: GpuRates
+    model: ModelSpec,
+    tokens: float,
+    tp: int,
+    ep: int,
+    moe_layer: bool,
+    rates: GpuRates,
+    etp: int | None = None,
 ) -> OpTime:
     """The online FP8 quantization around one layer's FP8 GEMMs, for one micro-batch.
 
@@ -517,8 +533,8 @@ def fp8_quantization_time(
     for linear in layer_linears(model, moe_layer, tp):
         if linear.name in KEPT_IN_BF16 or linear.block == "router":
             continue
-        width_in, width_out = linear.local_shape(tp)
-        rows = token_rows(linear, model, tokens, ep)
+        width_in, width_out = linear.local_shape(tp, etp)
+        rows = token_rows(linear, model, tokens, ep, expert_fold(tp, etp))
         shared = (linear.block, linear.prefix, linear.in_features)  # column-parallel siblings
         inputs[linear.path if linear.tp_split == "row" else shared] = rows * width_in
         dy_elements += rows * width_out

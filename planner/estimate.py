@@ -72,9 +72,10 @@ class Estimate(BaseModel):
 
 
 def layout_columns(layout: Layout, num_microbatches: int) -> dict[str, np.ndarray]:
-    """One layout as the one-row columns :func:`evaluate_columns` takes."""
+    """One layout as the one-row columns :func:`evaluate_columns` takes (``etp`` resolved)."""
     fields = layout.model_dump()
     fields["num_microbatches"] = num_microbatches
+    fields["etp"] = layout.expert_tp
     return {key: np.array([value]) for key, value in fields.items()}
 
 

@@ -3,10 +3,10 @@
 This is the one model the search screens with and the single-layout estimate reports.
 Pieces that depend only on a few layout fields are computed once per distinct value of
 those fields and broadcast to the rows (:mod:`planner.codes`): per-layer times and
-activation bytes per (tp, cp, ep, SP, micro-batch, recompute) shape and what each pipeline
+activation bytes per (tp, cp, ep, etp, SP, micro-batch, recompute) shape and what each pipeline
 rank holds per structure (:mod:`planner.evaluate_tables`); activations and the pipeline's
 compute per (structure, shape, m); model states and the optimizer step per (structure,
-ZeRO stage, dp·cp); communication buffers per (tp, cp, pp, ep, ZeRO stage, SP,
+ZeRO stage, dp·cp); communication buffers per (tp, cp, pp, ep, etp, ZeRO stage, SP,
 micro-batch); whether a row can be placed per (structure, cp, dp); collectives per
 (degrees, chunks, micro-batches, SP, recompute, ZeRO stage, split)
 (:mod:`planner.traffic_columns`). Per row only sums, peaks and the exposure of the
@@ -45,6 +45,7 @@ from planner.evaluate_tables import (
 )
 from planner.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.job import Job
+from planner.layout import resolved_etp
 from planner.precision import DTYPE_BYTES, optimizer_states_per_param, unsharded_bytes_per_param
 from planner.schedules import closed_form
 from planner.schedules.registry import SCHEDULES
@@ -90,7 +91,8 @@ def evaluate_columns(
     memory_limit_bytes: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Evaluate rows of layouts. ``columns``: tp, cp, pp, dp, ep, vpp, micro_batch_size,
-    num_microbatches, zero_stage (ints), sequence_parallel (bool), recompute, schedule,
+    num_microbatches, zero_stage (ints), optionally etp (ints; None or absent: tp),
+    sequence_parallel (bool), recompute, schedule,
     pipeline_layer_split (strings, or :class:`planner.codes.Labels`). Returns one array
     per quantity.
 
@@ -147,12 +149,12 @@ def _timed_if_fit(
     job, cluster, accelerator, c, shapes, structs, memory, limit, order, mfu_dtype, rates, tuned
 ):
     """(placeable rows, the placeable rows within ``limit`` bytes, their timed outputs)."""
-    # Placeable or not depends on the structure (tp, ep, pp, vpp, schedule, split), cp, dp.
+    # Placeable or not depends on the structure (tp, ep, etp, pp, vpp, schedule, split), cp, dp.
     some, inverse = distinct_rows(c["structure"], c["cp"], c["dp"])
     valid = placeable(cluster, job.model.num_layers,
                       *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
                       chunks_column(c["schedule"][some], c["vpp"][some]),
-                      one_value_or_column(c["split"][some]))[inverse]  # fmt: skip
+                      one_value_or_column(c["split"][some]), c["etp"][some])[inverse]  # fmt: skip
     rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= limit))
     sub = {key: value[rows] for key, value in c.items()}
     timed = _time_columns(
@@ -165,6 +167,8 @@ def _prepared(columns: dict) -> dict:
     """The layout columns under the names the models read (ints as int64; SP only with TP)."""
     col = {k: np.asarray(columns[k]) for k in (*INT_COLUMNS, "sequence_parallel")}
     c = {k: col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
+    c["etp"] = resolved_etp(columns.get("etp"), c["tp"])  # the routed experts' TP degree
+    c["ep_in_tp"] = c["tp"] // c["etp"]  # TP ranks folded into EP
     c["mbs"], c["m"], c["zero"] = (
         col[k].astype(np.int64) for k in ("micro_batch_size", "num_microbatches", "zero_stage")
     )
@@ -192,11 +196,11 @@ def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple[dict, dict]:
     dp·cp) ones — what model states and the optimizer step depend on (``held``,
     ``states``), all as :class:`planner.codes.Labels` of indices."""
     shapes, shape_inv = shape_table(
-        job, rates, tuned, *(c[k] for k in ("tp", "cp", "ep", "sp", "mbs", "recompute")),
+        job, rates, tuned, *(c[k] for k in ("tp", "cp", "ep", "etp", "sp", "mbs", "recompute")),
         bf16_rates,
     )  # fmt: skip
     structs, struct_inv = structure_table(
-        job, *(c[k] for k in ("tp", "ep", "pp", "vpp", "schedule", "split"))
+        job, *(c[k] for k in ("tp", "ep", "etp", "pp", "vpp", "schedule", "split"))
     )
     c["shape"] = coded(shape_inv, len(shapes["fd"]))
     c["structure"] = coded(struct_inv, len(structs["slot"]))
@@ -249,8 +253,9 @@ def _memory_columns(job: Job, c: dict, shapes: dict, structs: dict, tuned) -> di
         c["ep"][state_rows],
         _gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)),
         tuned,
+        c["ep_in_tp"][state_rows],
     )
-    buffer_keys = ("tp", "cp", "pp", "ep", "zero", "sp", "mbs")  # once per distinct tuple
+    buffer_keys = ("tp", "cp", "pp", "ep", "etp", "zero", "sp", "mbs")  # once per distinct tuple
     buffer_rows, buffer_inv = distinct_rows(*(c[k] for k in buffer_keys))
     comm_buffer = _comm_buffer_columns(
         job.model, job, *(c[k][buffer_rows] for k in buffer_keys), tuned
@@ -279,13 +284,16 @@ def _memory_columns(job: Job, c: dict, shapes: dict, structs: dict, tuned) -> di
     return out
 
 
-def _state_columns(job: Job, zero, zero_group, ep, R: dict, tuned) -> dict[str, np.ndarray]:
+def _state_columns(
+    job: Job, zero, zero_group, ep, R: dict, tuned, ep_in_tp=1
+) -> dict[str, np.ndarray]:
     """Model states per examined rank (weights, gradients, master weights, optimizer
-    states), ZeRO-sharded over the dp·cp group (routed experts over dp·cp / ep)."""
+    states), ZeRO-sharded over the dp·cp group (routed experts over the expert-data-parallel
+    group dp·cp·(tp/etp)/ep, ``ep_in_tp`` = tp/etp: :func:`planner.layout.expert_data_parallel_size`)."""
     model, precision = job.model, job.precision
     states_per_param = optimizer_states_per_param(precision.optimizer, model)
     whole = unsharded_bytes_per_param(precision, states_per_param)
-    expert_group = np.maximum(zero_group // ep, 1)
+    expert_group = np.maximum(zero_group * ep_in_tp // ep, 1)
 
     def shard(part_bytes: float, first_stage: int, group: np.ndarray) -> np.ndarray:
         return part_bytes / np.where(zero >= first_stage, group, 1)
@@ -454,6 +462,7 @@ def _time_columns(
         pp=pp,
         dp=dp,
         ep=ep,
+        etp=c["etp"],
         vpp=vpp,
         micro_batch_size=mbs,
         num_microbatches=m,
@@ -492,7 +501,7 @@ def _time_columns(
         for column in optimizer_columns(
             R, zero[step_rows], zero_group[step_rows], rates.hbm_bytes_per_s,
             accelerator.achievable_matmul_flops_per_s("bf16"), dp_rate[step_rows],
-            dispatch_s=dispatch_s, ep=c["ep"][step_rows],
+            dispatch_s=dispatch_s, ep=c["ep"][step_rows], ep_in_tp=c["ep_in_tp"][step_rows],
         )
     )  # fmt: skip
 
@@ -622,7 +631,7 @@ def _model_flops_per_token(job: Job, tuned, causal: bool) -> float:
     return sum_ops(ops).total / job.seq_len
 
 
-def _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs, tuned=None) -> np.ndarray:
+def _comm_buffer_columns(model, job, tp, cp, pp, ep, etp, zero, sp, mbs, tuned=None) -> np.ndarray:
     """:func:`planner.memory._comm_buffer_bytes` as column arithmetic (same terms)."""
     from planner.memory import layer_params_per_rank
 
@@ -631,16 +640,20 @@ def _comm_buffer_columns(model, job, tp, cp, pp, ep, zero, sp, mbs, tuned=None) 
     replicated = np.where(sp, 1.0 / tp, 1.0)
     total = np.where(pp > 1, 2 * tokens * h * e * replicated, 0.0)
     total = total + np.where(sp, tokens * h * e, 0.0)
-    keys, inverse = unique_rows(tp, ep)
+    keys, inverse = unique_rows(tp, ep, etp)
     if tuned is None:
-        layer = np.array([sum(layer_params_per_rank(model, t, x, model.is_moe)) for t, x in keys])
+        layer = np.array(
+            [sum(layer_params_per_rank(model, t, x, model.is_moe, et)) for t, x, et in keys]
+        )
         weights = layer * DTYPE_BYTES[job.precision.weight_dtype]
         grads = layer * DTYPE_BYTES[job.precision.gradient_dtype]
     else:  # weights as stored (NF4 for QLoRA), gradients the adapters'
         weights, grads = np.array(
             [
-                ft.layer_weight_and_grad_bytes(model, tuned, job.precision, model.is_moe, t, x)
-                for t, x in keys
+                ft.layer_weight_and_grad_bytes(
+                    model, tuned, job.precision, model.is_moe, t, x, None if et == t else et
+                )
+                for t, x, et in keys
             ]
         ).T
     total = total + np.where(zero >= 3, 2 * weights[inverse], 0.0)

@@ -60,10 +60,16 @@ def adapter_precision(precision: PrecisionSpec, spec: FinetuneSpec) -> Precision
 
 
 def _trainable(
-    job: Job, params: tuple[float, float], layers: tuple[float, float], tp: int, ep: int
+    job: Job,
+    params: tuple[float, float],
+    layers: tuple[float, float],
+    tp: int,
+    ep: int,
+    etp: int | None = None,
 ):
     """(trainable parameters, the routed experts' among them, Muon matrices (rows, cols,
-    count), update precision) of a rank holding ``params`` (dense, expert)."""
+    count), update precision) of a rank holding ``params`` (dense, expert); routed experts
+    split by ``etp`` (None: tp)."""
     model, spec = job.model, job.finetune
     shapes: list[tuple[float, float, float]] = []
     muon = job.precision.optimizer == "muon"
@@ -72,21 +78,21 @@ def _trainable(
             if not (muon and num_layers):
                 continue
             for linear in layer_linears(model, moe_layer, tp):
-                width_in, width_out = linear.local_shape(tp)
+                width_in, width_out = linear.local_shape(tp, etp)
                 shapes.append((width_out, width_in, num_layers * linear.local_count(ep)))
         return sum(params), params[1], shapes, job.precision
     adapters = expert_adapters = 0.0
     for moe_layer, num_layers in zip((False, True), layers, strict=True):
         if not num_layers:
             continue
-        dense_part, expert_part = layer_adapter_params(model, spec, moe_layer, tp, ep)
+        dense_part, expert_part = layer_adapter_params(model, spec, moe_layer, tp, ep, etp)
         adapters += num_layers * (dense_part + expert_part)
         expert_adapters += num_layers * expert_part
         if not muon or spec.recipe == "vera":  # VeRA trains vectors d and b: AdamW under Muon
             continue
         r = spec.lora_rank
         for linear in targeted_linears(model, spec, moe_layer, tp):
-            width_in, width_out = linear.local_shape(tp)
+            width_in, width_out = linear.local_shape(tp, etp)
             copies = num_layers * linear.local_count(ep)
             shapes += [(r, width_in, copies), (width_out, r, copies)]
     return adapters, expert_adapters, shapes, adapter_precision(job.precision, spec)
@@ -100,8 +106,9 @@ def slot_states(
     expert_params: np.ndarray,
     dense_layers: np.ndarray,
     moe_layers: np.ndarray,
+    etp: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Per examined rank ([structure, slot] arrays, ``tp`` and ``ep`` per structure, layers
+    """Per examined rank ([structure, slot] arrays, ``tp``, ``ep`` and ``etp`` per structure, layers
     counted in both directions for DualPipe): the optimizer's unsharded cost and, under an
     adapter recipe, the state terms. Each distinct rank is worked out once."""
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
@@ -110,25 +117,34 @@ def slot_states(
     if tuned:
         keys += [f"{part}_{term}" for part in STATE_PARTS for term in ("fixed", "dense", "expert")]
     shape = np.shape(dense_params)
+    etp = np.asarray(tp if etp is None else etp)
     ranks = np.stack(
         [
-            *np.broadcast_arrays(np.asarray(tp)[:, None], np.asarray(ep)[:, None], dense_params),
+            *np.broadcast_arrays(
+                np.asarray(tp)[:, None], np.asarray(ep)[:, None], etp[:, None], dense_params
+            ),
             expert_params,
             dense_layers,
             moe_layers,
         ],
         axis=-1,
-    ).reshape(-1, 6)
+    ).reshape(-1, 7)
     index: dict[tuple, int] = {}  # each distinct rank's row in ``values``
     inverse = np.array([index.setdefault(rank, len(index)) for rank in map(tuple, ranks.tolist())])
-    values = [_rank_states(job, tuned, int(t), int(x), *rank) for t, x, *rank in index]
+    values = [
+        _rank_states(job, tuned, int(t), int(x), *rank[1:], etp=int(rank[0]))
+        for t, x, *rank in index
+    ]
     inverse = inverse.reshape(shape)
     return {key: np.array([value[key] for value in values])[inverse] for key in keys}
 
 
-def _rank_states(job, tuned, tp, ep, dense, expert, dense_layers, moe_layers) -> dict[str, float]:
+def _rank_states(
+    job, tuned, tp, ep, dense, expert, dense_layers, moe_layers, etp=None
+) -> dict[str, float]:
     layers = (float(dense_layers), float(moe_layers))
-    params, expert_params, shapes, precision = _trainable(job, (dense, expert), layers, tp, ep)
+    etp = None if etp == tp else etp
+    params, expert_params, shapes, precision = _trainable(job, (dense, expert), layers, tp, ep, etp)
     muon = precision.optimizer == "muon"
     matrices = math.fsum(r * c * n for r, c, n in shapes) if muon else 0.0
     # max(): the matrices are the rank's parameters summed another way (rounding only).
@@ -136,7 +152,7 @@ def _rank_states(job, tuned, tp, ep, dense, expert, dense_layers, moe_layers) ->
     values = {
         "optimizer_bytes": cost.bytes_moved,
         # The routed experts' part, by parameter count (exact for AdamW, whose bytes per
-        # parameter are uniform): ZeRO shards it over dp·cp/ep ranks, not dp·cp.
+        # parameter are uniform): ZeRO shards it over the dp·cp·(tp/etp)/ep ranks, not dp·cp.
         "optimizer_expert_bytes": cost.bytes_moved * expert_params / params if params else 0.0,
         "newton_schulz_flops": cost.newton_schulz_flops,
         "newton_schulz_bytes": cost.newton_schulz_bytes,
@@ -147,7 +163,7 @@ def _rank_states(job, tuned, tp, ep, dense, expert, dense_layers, moe_layers) ->
         def probe(dense_shard, expert_shard) -> dict[str, float]:
             states = ft.rank_state_bytes(
                 job.model, tuned, job.precision, (dense, expert), layers, tp, ep,
-                (dense_shard, expert_shard),
+                (dense_shard, expert_shard), etp=etp,
             )  # fmt: skip
             return states.memory_parts()
 
@@ -170,17 +186,19 @@ def optimizer_columns(
     muon_scheme: str = "gather",
     dispatch_s: np.ndarray | float = 0.0,
     ep: np.ndarray | int = 1,
+    ep_in_tp: np.ndarray | int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(update seconds, Muon gather seconds) per row, for the slot whose step is longest.
 
     Under ZeRO ≥ 1 a rank updates its ``1/(dp·cp)`` slice of the dense parameters and its
-    ``1/(dp·cp/ep)`` slice of the routed experts' (the expert-data-parallel group, as the
+    ``1/(dp·cp·(tp/etp)/ep)`` slice of the routed experts' (``ep_in_tp``: the tp/etp TP
+    ranks folded into EP; the expert-data-parallel group, as the
     memory model shards them); Muon's Newton–Schulz share and gathered bytes follow
     :func:`planner.optimizers.muon_distribution` over the dp·cp group. ``dispatch_s`` (per
     slot): the step's fixed per-operation cost, whatever the shard.
     """
     share = np.where(zero >= 1, 1.0 / zero_group, 1.0)
-    expert_group = np.maximum(zero_group // np.asarray(ep), 1)
+    expert_group = np.maximum(zero_group * np.asarray(ep_in_tp) // np.asarray(ep), 1)
     expert_share = np.where(zero >= 1, 1.0 / expert_group, 1.0)
     comm_factor, ns_share = np.zeros(len(zero)), np.ones(len(zero))
     if slots["muon_params"].any():

@@ -3,14 +3,14 @@
 Pieces of the columns model that depend on a few layout fields only are computed once per
 distinct value and broadcast to the rows by index (no Python loop per row):
 
-* **shapes** (tp, cp, ep, sequence parallelism, micro-batch size, recompute): one layer's
+* **shapes** (tp, cp, ep, etp, sequence parallelism, micro-batch size, recompute): one layer's
   F, B, W and recompute times (:func:`planner.stage_times.shape_times`) and weight-pass
   bytes, once per shape without the recompute policy, which does not change them; its
   activation bytes and the first / last stages' extra tensors (:mod:`planner.activations`);
-* **structures** (tp, ep, pp, vpp, schedule, layer split): what the examined pipeline ranks
+* **structures** (tp, ep, etp, pp, vpp, schedule, layer split): what the examined pipeline ranks
   ("slots") hold — layers, parameters, embedding and head — and their model-state terms
   (:func:`planner.evaluate_states.slot_states`); layers and ends once per pipeline (pp,
-  vpp, schedule, split), parameters per virtual stage once per (tp, ep, pp, vpp, split).
+  vpp, schedule, split), parameters per virtual stage once per (tp, ep, etp, pp, vpp, split).
 """
 
 from __future__ import annotations
@@ -79,28 +79,29 @@ def _slots(pp: int, layers: np.ndarray) -> np.ndarray:
 
 
 def shape_table(
-    job: Job, rates: GpuRates, tuned, tp, cp, ep, sp, mbs, recompute, bf16_rates=None
+    job: Job, rates: GpuRates, tuned, tp, cp, ep, etp, sp, mbs, recompute, bf16_rates=None
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per distinct layer shape: activation bytes and per-layer times; each row's shape.
 
-    ``bf16_rates``: under an FP8 recipe, the rates of the ops that stay in BF16."""
+    ``etp``: the routed experts' TP degree per row; ``bf16_rates``: under an FP8 recipe,
+    the rates of the ops that stay in BF16."""
     model, e = job.model, job.precision.activation_bytes
-    shapes, shape_inv = unique_rows(tp, cp, ep, sp, mbs, recompute)
+    shapes, shape_inv = unique_rows(tp, cp, ep, etp, sp, mbs, recompute)
     measures = job.active_memory_measures
     fixed: dict[tuple, int] = {}  # times and weight-pass bytes do not depend on the recompute
-    free_rows, free_of, own_rows = [], [], []  # policy: once per (tp, cp, ep, SP, mbs)
+    free_rows, free_of, own_rows = [], [], []  # policy: once per (tp, cp, ep, etp, SP, mbs)
     linears = {}  # each layer kind's linear modules, per tp
-    for t, c, x, s, b, r in shapes:
+    for t, c, x, et, s, b, r in shapes:
         shape = act.ActivationShape(
             seq_len=job.seq_len, micro_batch_size=b, tp=t, cp=c, sequence_parallel=s,
             flash_attention=job.flash_attention, recompute=r, element_bytes=e,
-            measures=measures, ep=x,
+            measures=measures, ep=x, etp=None if et == t else et,
         )  # fmt: skip
-        if (t, c, x, s, b) not in fixed:
-            fixed[t, c, x, s, b] = len(free_rows)
+        if (t, c, x, et, s, b) not in fixed:
+            fixed[t, c, x, et, s, b] = len(free_rows)
             free_rows.append(_recompute_free(job, rates, tuned, bf16_rates, shape, x, linears))
-        times, moe_t, _ = free_rows[fixed[t, c, x, s, b]]
-        free_of.append(fixed[t, c, x, s, b])
+        times, moe_t, _ = free_rows[fixed[t, c, x, et, s, b]]
+        free_of.append(fixed[t, c, x, et, s, b])
         adapters = ft.adapter_layer_bytes(model, tuned, shape)
         act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
         own_rows.append((  # in the order of OWN_SHAPE_KEYS
@@ -140,7 +141,7 @@ def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, linears:
     model, t, b = job.model, shape.tp, shape.micro_batch_size
     times = shape_times(
         model, job.seq_len, b, t, shape.cp, ep, shape.sequence_parallel, job.flash_attention,
-        rates, shape.element_bytes, tuned, bf16_rates, shape.measures,
+        rates, shape.element_bytes, tuned, bf16_rates, shape.measures, shape.etp,
     )  # fmt: skip
     kept = job.weight_pass_memory
 
@@ -202,22 +203,23 @@ def _pipeline_slots(
 
 
 def structure_table(
-    job: Job, tp, ep, pp, vpp, schedule, split
+    job: Job, tp, ep, etp, pp, vpp, schedule, split
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per distinct pipeline structure, [structure, slot] arrays of what the examined ranks
     hold (DualPipe's mirrored direction included); each row's structure.
 
     Layers and ends are worked out once per pipeline (pp, vpp, schedule, split), parameters
-    per virtual stage once per (tp, ep, pp, vpp, split), each distinct rank's states once."""
+    per virtual stage once per (tp, ep, etp, pp, vpp, split), each distinct rank's states
+    once."""
     model = job.model
-    structs, struct_inv = unique_rows(tp, ep, pp, vpp, schedule, split)
+    structs, struct_inv = unique_rows(tp, ep, etp, pp, vpp, schedule, split)
     pipelines: dict[tuple, int] = {}  # (pp, vpp, schedule, split) → its index
     per_pipeline, layouts = [], []
-    stage_params: dict[tuple, tuple] = {}  # (tp, ep, pp, vpp, split) → (dense, expert)
+    stage_params: dict[tuple, tuple] = {}  # (tp, ep, etp, pp, vpp, split) → (dense, expert)
     stage_layers: dict[tuple, tuple] = {}  # (pp, vpp, split) → (dense, MoE) layers per stage
     pipe_of = np.zeros(len(structs), dtype=np.int64)
     dense_params, expert_params = np.zeros((2, len(structs), NUM_SLOTS))
-    for u, (t, x, p, v, sch, spl) in enumerate(structs):
+    for u, (t, x, et, p, v, sch, spl) in enumerate(structs):
         if (p, v, spl) not in stage_layers:
             stage_layers[p, v, spl] = dense_and_moe_layers_per_virtual_stage(model, p, v, spl)
         layers = stage_layers[p, v, spl]
@@ -227,10 +229,11 @@ def structure_table(
             layout = Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl)
             layouts.append((layout, virtual_stage_ranks(sch, p, v)))
         pipe_of[u] = pipe = pipelines[p, v, sch, spl]
-        if (t, x, p, v, spl) not in stage_params:
-            layout = Layout(tp=t, ep=x, pp=p, vpp=v, dp=x, schedule=sch, pipeline_layer_split=spl)
-            stage_params[t, x, p, v, spl] = params_per_virtual_stage(model, layout, layers)
-        dense_stage, expert_stage = stage_params[t, x, p, v, spl]
+        if (t, x, et, p, v, spl) not in stage_params:
+            layout = Layout(tp=t, ep=x, etp=None if et == t else et, pp=p, vpp=v, dp=x,
+                            schedule=sch, pipeline_layer_split=spl)  # fmt: skip
+            stage_params[t, x, et, p, v, spl] = params_per_virtual_stage(model, layout, layers)
+        dense_stage, expert_stage = stage_params[t, x, et, p, v, spl]
         slots = per_pipeline[pipe]["slot"].astype(np.int64)
         dense_params[u] = rank_sums(dense_stage, *layouts[pipe])[slots]  # reads pp, vpp, schedule
         expert_params[u] = rank_sums(expert_stage, *layouts[pipe])[slots]
@@ -239,8 +242,10 @@ def structure_table(
     }
     table["dense_params"], table["expert_params"] = dense_params, expert_params
     both = table.pop("both_dense_layers"), table.pop("both_moe_layers")
-    tp_ep = np.array([(t, x) for t, x, *_ in structs], dtype=np.int64).reshape(-1, 2)
-    table.update(slot_states(job, tp_ep[:, 0], tp_ep[:, 1], dense_params, expert_params, *both))
+    tp_ep = np.array([(t, x, et) for t, x, et, *_ in structs], dtype=np.int64).reshape(-1, 3)
+    table.update(
+        slot_states(job, tp_ep[:, 0], tp_ep[:, 1], dense_params, expert_params, *both, tp_ep[:, 2])
+    )
     # Tensors the optimizer steps (both directions' for DualPipe): its dispatch count.
     table["param_tensors"] = op_counts.rank_param_tensors(
         model, job.finetune, *both, table["emb"], table["head"]

@@ -194,13 +194,16 @@ def check_targets(model: ModelSpec, spec: FinetuneSpec) -> None:
         raise PlanError(f"lora targets {list(spec.lora_targets)} match no module of {model.name}")
 
 
-def module_adapter_params(linear: Linear, spec: FinetuneSpec, tp: int = 1, ep: int = 1) -> float:
+def module_adapter_params(
+    linear: Linear, spec: FinetuneSpec, tp: int = 1, ep: int = 1, etp: int | None = None
+) -> float:
     """Trainable adapter parameters of one module (all its copies on one TP/EP rank).
 
     Under TP the adapter follows its base: column-parallel keeps A whole and splits B,
-    row-parallel splits A and keeps B whole (Megatron/NeMo's parallel LoRA adapters).
+    row-parallel splits A and keeps B whole (Megatron/NeMo's parallel LoRA adapters);
+    routed experts split by ``etp`` (None: tp).
     """
-    rows_in, rows_out = linear.local_shape(tp)
+    rows_in, rows_out = linear.local_shape(tp, etp)
     r = spec.lora_rank
     if spec.recipe == "vera":
         per_copy = r + rows_out  # d (r) and b (out)
@@ -212,12 +215,17 @@ def module_adapter_params(linear: Linear, spec: FinetuneSpec, tp: int = 1, ep: i
 
 
 def layer_adapter_params(
-    model: ModelSpec, spec: FinetuneSpec, moe_layer: bool, tp: int = 1, ep: int = 1
+    model: ModelSpec,
+    spec: FinetuneSpec,
+    moe_layer: bool,
+    tp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
 ) -> tuple[float, float]:
     """(dense, routed-expert) trainable adapter parameters of one layer on one TP/EP rank."""
     dense = expert = 0.0
     for linear in targeted_linears(model, spec, moe_layer, tp):
-        params = module_adapter_params(linear, spec, tp, ep)
+        params = module_adapter_params(linear, spec, tp, ep, etp)
         if linear.routed_expert:
             expert += params
         else:
@@ -248,14 +256,19 @@ def vera_projection_params(model: ModelSpec, spec: FinetuneSpec) -> int:
 
 
 def layer_quantized_params(
-    model: ModelSpec, spec: FinetuneSpec, moe_layer: bool, tp: int = 1, ep: int = 1
+    model: ModelSpec,
+    spec: FinetuneSpec,
+    moe_layer: bool,
+    tp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
 ) -> tuple[float, float]:
     """(dense, routed-expert) NF4 weights of one layer on one rank: every linear under QLoRA."""
     if not spec.quantized:
         return 0.0, 0.0
     dense = expert = 0.0
     for linear in layer_linears(model, moe_layer, tp):
-        rows_in, rows_out = linear.local_shape(tp)
+        rows_in, rows_out = linear.local_shape(tp, etp)
         weights = linear.local_count(ep) * rows_in * rows_out
         if linear.routed_expert:
             expert += weights

@@ -43,7 +43,7 @@ from planner.finetune import (
     vera_projection_params,
 )
 from planner.flops import OpFlops, gemm_op, model_ops_per_sequence, sum_ops
-from planner.linears import Linear, layer_kinds_count, layer_linears, token_rows
+from planner.linears import Linear, expert_fold, layer_kinds_count, layer_linears, token_rows
 from planner.model import ModelSpec
 from planner.precision import DTYPE_BYTES, BytesPerParam, PrecisionSpec, zero_shard_factors
 
@@ -83,6 +83,7 @@ def rank_state_bytes(
     tp: int = 1,
     ep: int = 1,
     shards: tuple[BytesPerParam, BytesPerParam] | None = None,
+    etp: int | None = None,
 ) -> FinetuneStateBytes:
     """Model states of one rank holding ``base_params`` = (dense, routed-expert) parameters.
 
@@ -97,8 +98,8 @@ def rank_state_bytes(
     adapters = [0.0, 0.0]
     for moe_layer, layers in zip((False, True), num_layers, strict=True):
         if layers:
-            q = layer_quantized_params(model, spec, moe_layer, tp, ep)
-            a = layer_adapter_params(model, spec, moe_layer, tp, ep)
+            q = layer_quantized_params(model, spec, moe_layer, tp, ep, etp)
+            a = layer_adapter_params(model, spec, moe_layer, tp, ep, etp)
             quantized = [quantized[i] + layers * q[i] for i in (0, 1)]
             adapters = [adapters[i] + layers * a[i] for i in (0, 1)]
     base_dtype = spec.base_weight_dtype(precision)
@@ -164,14 +165,15 @@ def layer_weight_and_grad_bytes(
     moe_layer: bool,
     tp: int = 1,
     ep: int = 1,
+    etp: int | None = None,
 ) -> tuple[float, float]:
     """One whole layer's weights (as stored: NF4 + constants) and its adapter gradients on one
     TP/EP rank: what a ZeRO-3 gather and a ZeRO ≥ 2 gradient bucket hold for that layer."""
     from planner.memory import layer_params_per_rank
 
-    layer = layer_params_per_rank(model, tp, ep, moe_layer)
+    layer = layer_params_per_rank(model, tp, ep, moe_layer, etp)
     layers = (0.0, 1.0) if moe_layer else (1.0, 0.0)
-    states = rank_state_bytes(model, spec, precision, layer, layers, tp, ep)
+    states = rank_state_bytes(model, spec, precision, layer, layers, tp, ep, etp=etp)
     vera = vera_projection_params(model, spec) * DTYPE_BYTES[spec.adapter_weight_dtype]
     return states.memory_parts()["weights"] - vera, states.adapter_gradients
 
@@ -195,8 +197,8 @@ def adapter_activation_tensors(
     tokens, e, r = shape.local_tokens, shape.element_bytes, spec.lora_rank
     tensors: dict[str, float] = {}
     for linear in targeted_linears(model, spec, moe_layer, shape.tp):
-        rows = token_rows(linear, model, tokens, shape.ep)
-        width_in, width_out = linear.local_shape(shape.tp)
+        rows = token_rows(linear, model, tokens, shape.ep, expert_fold(shape.tp, shape.etp))
+        width_in, width_out = linear.local_shape(shape.tp, shape.etp)
         if linear.tp_split != "row":
             width_in *= shape.replicated_share
         key = f"{spec.recipe}.{linear.path}"
@@ -212,8 +214,8 @@ def adapter_activation_tensors(
     return tensors
 
 
-def _largest_local_matrix(linears: list[Linear], tp: int) -> float:
-    return max((math.prod(linear.local_shape(tp)) for linear in linears), default=0.0)
+def _largest_local_matrix(linears: list[Linear], tp: int, etp: int | None = None) -> float:
+    return max((math.prod(linear.local_shape(tp, etp)) for linear in linears), default=0.0)
 
 
 def adapter_working_bytes(
@@ -226,12 +228,15 @@ def adapter_working_bytes(
     e = shape.element_bytes
     if spec.quantized:
         parts["dequantized_weight"] = (
-            _largest_local_matrix(layer_linears(model, moe_layer, shape.tp), shape.tp) * e
+            _largest_local_matrix(layer_linears(model, moe_layer, shape.tp), shape.tp, shape.etp)
+            * e
         )
     if spec.recipe == "dora":
         parts["dora_weight_norm"] = (
             2
-            * _largest_local_matrix(targeted_linears(model, spec, moe_layer, shape.tp), shape.tp)
+            * _largest_local_matrix(
+                targeted_linears(model, spec, moe_layer, shape.tp), shape.tp, shape.etp
+            )
             * e
         )
     if shape.recompute == "full":

@@ -33,6 +33,13 @@ class Layout(BaseModel):
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1)
     ep: int = Field(1, ge=1, description="expert parallel; divides dp·cp")
+    etp: int | None = Field(
+        None,
+        ge=1,
+        description="expert tensor parallel (Megatron-Core --expert-tensor-parallel-size): "
+        "1 or tp; None means tp. With 1 the routed experts are whole on every rank and the "
+        "TP ranks fold into the EP group (MoE parallel folding)",
+    )
     vpp: int = Field(1, ge=1, description="virtual pipeline stages (chunks) per rank")
     micro_batch_size: int = Field(1, ge=1, description="sequences per micro-batch")
     num_microbatches: int | None = Field(
@@ -54,6 +61,16 @@ class Layout(BaseModel):
         return self.tp * self.cp * self.pp * self.dp
 
     @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel degree of the routed experts: ``etp``, or ``tp`` when not given."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_zero_group_size(self) -> int:
+        """Ranks over which ZeRO shards routed-expert states: the expert-data-parallel group."""
+        return int(expert_data_parallel_size(self.dp, self.cp, self.tp, self.ep, self.expert_tp))
+
+    @property
     def zero_group_size(self) -> int:
         """Ranks over which ZeRO shards dense model states: dp·cp (CP ranks hold the same weights)."""
         return self.dp * self.cp
@@ -71,6 +88,25 @@ class Layout(BaseModel):
                 f"dp {self.dp} × micro_batch_size {self.micro_batch_size}"
             )
         return global_batch_size // per_replica
+
+
+def resolved_etp(etp, tp) -> np.ndarray:
+    """The routed experts' TP degree per row: ``etp`` where given, ``tp`` where it is None
+    (or 0 in an integer column); numpy columns or scalars."""
+    if etp is None:
+        return np.asarray(tp, dtype=np.int64)
+    column = np.asarray(etp)
+    if column.dtype == object:  # None where a layout leaves etp out
+        column = np.array([0 if v is None else v for v in column.ravel()]).reshape(column.shape)
+    return np.where(column > 0, column, tp).astype(np.int64)
+
+
+def expert_data_parallel_size(dp, cp, tp, ep, etp):
+    """Ranks holding the same routed experts (ZeRO shards their states over them):
+    ``dp·cp·(tp/etp)/ep``, i.e. dp·cp over the part of the EP group carved out of it
+    (Megatron-Core's expert-data-parallel group under MoE parallel folding); at least 1.
+    Works on numpy columns."""
+    return np.maximum(dp * cp * (tp // etp) // ep, 1)
 
 
 def layers_per_virtual_stage(
@@ -147,13 +183,12 @@ def check_layout(layout: Layout, model, seq_len: int | None = None) -> None:
             f"tp {layout.tp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}"
         )
     layers_per_virtual_stage(model.num_layers, layout.pp, layout.vpp, layout.pipeline_layer_split)
+    check_expert_tp(layout.tp, layout.ep, layout.dp * layout.cp, layout.etp)
     if layout.ep > 1:
         if not model.is_moe:
             raise PlanError(
                 f"ep {layout.ep} needs a mixture-of-experts model; {model.name} is dense"
             )
-        if (layout.dp * layout.cp) % layout.ep:
-            raise PlanError(f"ep {layout.ep} does not divide dp·cp = {layout.dp * layout.cp}")
         if model.num_routed_experts % layout.ep:
             raise PlanError(
                 f"ep {layout.ep} does not divide num_routed_experts {model.num_routed_experts}"
@@ -173,6 +208,28 @@ def check_layout(layout: Layout, model, seq_len: int | None = None) -> None:
             f"sequence parallelism needs seq_len/cp = {seq_len // layout.cp} divisible "
             f"by tp {layout.tp}"
         )
+
+
+def check_expert_tp(tp: int, ep: int, dp_cp: int, etp: int | None) -> int:
+    """Check ``etp`` against tp, ep and dp·cp; return the TP ranks folded into EP (tp/etp).
+
+    Megatron-Core's MoE parallel folding (``--expert-tensor-parallel-size``): etp is tp
+    (the experts split like the dense MLP) or 1 (whole experts; the tp/etp TP ranks join
+    the EP group, whose other ``ep/(tp/etp)`` ranks are carved out of dp·cp).
+    """
+    etp = tp if etp is None else etp
+    if etp not in (1, tp):
+        raise PlanError(f"etp must be 1 or tp (={tp}); got {etp}")
+    fold = tp // etp
+    if ep % fold:
+        raise PlanError(
+            f"ep {ep} is not a multiple of tp/etp = {fold} (with etp 1 the TP ranks are part "
+            f"of each EP group)"
+        )
+    if dp_cp % (ep // fold):
+        carved = f"ep/(tp/etp) = {ep // fold}" if fold > 1 else f"ep {ep}"
+        raise PlanError(f"{carved} does not divide dp·cp = {dp_cp} (EP is carved out of dp·cp)")
+    return fold
 
 
 #: Schedules whose ranks each hold two chunks in a V: rank r holds stages r and 2·pp−1−r.

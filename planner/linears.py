@@ -62,8 +62,11 @@ class Linear(BaseModel):
         """Weight elements of all copies."""
         return self.in_features * self.out_features * self.count
 
-    def local_shape(self, tp: int) -> tuple[float, float]:
-        """(in, out) features of one copy on one TP rank."""
+    def local_shape(self, tp: int, etp: int | None = None) -> tuple[float, float]:
+        """(in, out) features of one copy on one TP rank; a routed expert is split by
+        ``etp`` instead when given (expert tensor parallelism, :func:`expert_fold`)."""
+        if self.routed_expert and etp is not None:
+            tp = etp
         if self.tp_split == "column":
             out = self.out_features_per_rank or self.out_features / tp
             return float(self.in_features), float(out)
@@ -179,12 +182,26 @@ def mlp_linears(model: ModelSpec, moe_layer: bool) -> list[Linear]:
     return linears
 
 
-def token_rows(linear: Linear, model: ModelSpec, tokens: float, ep: int = 1) -> float:
+def expert_fold(tp: int, etp: int | None = None) -> int:
+    """TP ranks folded into the EP group: ``tp/etp`` (1 when etp is None or tp).
+
+    Megatron-Core's MoE parallel folding: with ``etp = 1`` each TP rank sends its own
+    sequence-parallel slice of the tokens through the EP all-to-all, so a routed expert's
+    rows on one rank are ``etp/tp`` of what TP-split experts see, at the full width
+    (:meth:`Linear.local_shape` with ``etp``); per-rank FLOPs do not change.
+    """
+    return 1 if etp is None else tp // etp
+
+
+def token_rows(
+    linear: Linear, model: ModelSpec, tokens: float, ep: int = 1, fold: int = 1
+) -> float:
     """Rows all copies of ``linear`` see for ``tokens`` on one rank: the token share times
     the copies, routed experts at the busiest EP rank's load
-    (:meth:`planner.model.ModelSpec.routed_load_factor`)."""
+    (:meth:`planner.model.ModelSpec.routed_load_factor`) and over the ``fold`` TP ranks
+    folded into EP (:func:`expert_fold`)."""
     rows = tokens * linear.token_share * linear.count
-    return rows * model.routed_load_factor(ep) if linear.routed_expert else rows
+    return rows * model.routed_load_factor(ep) / fold if linear.routed_expert else rows
 
 
 def layer_linears(model: ModelSpec, moe_layer: bool, tp: int = 1) -> list[Linear]:

@@ -128,15 +128,16 @@ def attention_params_per_rank(model: ModelSpec, tp: int) -> float:
 
 
 def layer_params_per_rank(
-    model: ModelSpec, tp: int, ep: int, moe_layer: bool
+    model: ModelSpec, tp: int, ep: int, moe_layer: bool, etp: int | None = None
 ) -> tuple[float, float]:
-    """(dense, expert) parameters of one layer on one rank; routed experts split by ep·tp."""
+    """(dense, expert) parameters of one layer on one rank; routed experts split by ep·etp
+    (``etp`` None: tp; Megatron-Core's expert tensor parallelism), shared experts by tp."""
     dense = 2 * model.norm_params() + attention_params_per_rank(model, tp)
     if not moe_layer:
         return dense + model.mlp_params() / tp, 0.0
     expert = model.mlp_params(model.moe_ffn_hidden_size)
     dense += model.router_params() + model.num_shared_experts * expert / tp
-    return dense, model.num_routed_experts * expert / (ep * tp)
+    return dense, model.num_routed_experts * expert / (ep * (tp if etp is None else etp))
 
 
 def params_per_virtual_stage(
@@ -148,19 +149,23 @@ def params_per_virtual_stage(
         model, layout.pp, layout.vpp, layout.pipeline_layer_split
     )
     dense_layer, _ = layer_params_per_rank(model, layout.tp, layout.ep, moe_layer=False)
-    moe_dense, moe_expert = layer_params_per_rank(model, layout.tp, layout.ep, moe_layer=True)
+    moe_dense, moe_expert = layer_params_per_rank(
+        model, layout.tp, layout.ep, moe_layer=True, etp=layout.etp
+    )
     dense = num_dense * dense_layer + num_moe * moe_dense
     expert = num_moe * moe_expert
     dense[0] += model.embedding_params() / layout.tp
     head = model.lm_head_params() or (model.vocab_size * model.hidden_size if layout.pp > 1 else 0)
     dense[-1] += head / layout.tp + model.norm_params()
-    mtp_dense, mtp_expert = mtp_params_per_rank(model, layout.tp, layout.ep)
+    mtp_dense, mtp_expert = mtp_params_per_rank(model, layout.tp, layout.ep, layout.etp)
     dense[-1] += mtp_dense
     expert[-1] += mtp_expert
     return dense, expert
 
 
-def mtp_params_per_rank(model: ModelSpec, tp: int, ep: int) -> tuple[float, float]:
+def mtp_params_per_rank(
+    model: ModelSpec, tp: int, ep: int, etp: int | None = None
+) -> tuple[float, float]:
     """(dense, expert) parameters of the model's MTP modules on the last stage's rank.
 
     DeepSeek-V3 §2.2 / §3.2.3: each module's projection ``2h → h`` (split by TP), its
@@ -168,7 +173,7 @@ def mtp_params_per_rank(model: ModelSpec, tp: int, ep: int) -> tuple[float, floa
     """
     if not model.num_mtp_modules:
         return 0.0, 0.0
-    dense, expert = layer_params_per_rank(model, tp, ep, model.is_moe)
+    dense, expert = layer_params_per_rank(model, tp, ep, model.is_moe, etp)
     dense += 2 * model.hidden_size**2 / tp + 3 * model.norm_params()
     return model.num_mtp_modules * dense, model.num_mtp_modules * expert
 
@@ -210,7 +215,7 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
     dense_bpp = sharded_bytes_per_param(
         precision, layout.zero_stage, layout.zero_group_size, states
     )
-    expert_group = max(layout.zero_group_size // layout.ep, 1)
+    expert_group = layout.expert_zero_group_size
     expert_bpp = sharded_bytes_per_param(precision, layout.zero_stage, expert_group, states)
 
     dense_stage, expert_stage = params_per_virtual_stage(model, layout)
@@ -240,6 +245,7 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         element_bytes=precision.activation_bytes,
         measures=job.active_memory_measures,
         ep=layout.ep,
+        etp=layout.etp,
     )
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     dense_tensors = act.layer_activation_tensors(model, shape, moe_layer=False)
@@ -327,6 +333,7 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
                 layout.tp,
                 layout.ep,
                 shards,
+                etp=layout.etp,
             )
             parts |= states.memory_parts()
             buffers = {k: v * bool(act_layers[rank]) for k, v in adapter_working.items()}
@@ -387,12 +394,14 @@ def _comm_buffer_bytes(model: ModelSpec, layout: Layout, shape, precision, tuned
         total += 2 * shape.local_tokens * h * e * shape.replicated_share
     if shape.sequence_parallel:
         total += shape.local_tokens * h * e
-    dense_layer, expert_layer = layer_params_per_rank(model, layout.tp, layout.ep, model.is_moe)
+    dense_layer, expert_layer = layer_params_per_rank(
+        model, layout.tp, layout.ep, model.is_moe, layout.etp
+    )
     layer_weights = (dense_layer + expert_layer) * DTYPE_BYTES[precision.weight_dtype]
     layer_grads = (dense_layer + expert_layer) * DTYPE_BYTES[precision.gradient_dtype]
     if tuned is not None:
         layer_weights, layer_grads = ft.layer_weight_and_grad_bytes(
-            model, tuned, precision, model.is_moe, layout.tp, layout.ep
+            model, tuned, precision, model.is_moe, layout.tp, layout.ep, layout.etp
         )
     if layout.zero_stage >= 3:
         total += 2 * layer_weights

@@ -93,8 +93,10 @@ def shape_times(
     finetune: FinetuneSpec | None = None,
     bf16_rates: GpuRates | None = None,
     measures=None,
+    etp: int | None = None,
 ) -> ShapeTimes:
-    """Per-layer, embedding and head times for one (tp, cp, ep, SP, micro-batch) shape.
+    """Per-layer, embedding and head times for one (tp, cp, ep, SP, micro-batch) shape
+    (``etp``: the routed experts' TP degree, None for tp).
 
     Under an adapter recipe (``finetune`` training adapters) every base weight is frozen:
     its GEMMs keep their forward and input gradient but lose the weight gradient, the
@@ -118,14 +120,16 @@ def shape_times(
     )
 
     def layer(moe_layer: bool) -> LayerTimes:
-        ops = layer_op_times(*args, moe_layer=moe_layer, rates=rates, element_bytes=element_bytes)
+        ops = layer_op_times(
+            *args, moe_layer=moe_layer, rates=rates, element_bytes=element_bytes, etp=etp
+        )
         if bf16_rates is not None:
             at_bf16 = layer_op_times(
-                *args, moe_layer=moe_layer, rates=bf16_rates, element_bytes=element_bytes
+                *args, moe_layer=moe_layer, rates=bf16_rates, element_bytes=element_bytes, etp=etp
             )
             ops = keep_in_bf16(ops, at_bf16)
             tokens = seq_len * micro_batch_size / cp
-            ops = [*ops, fp8_quantization_time(model, tokens, tp, ep, moe_layer, rates)]
+            ops = [*ops, fp8_quantization_time(model, tokens, tp, ep, moe_layer, rates, etp)]
         rerun = 0.0
         if measures is not None and measures.any:
             norm_tokens = seq_len * micro_batch_size / cp / (tp if sequence_parallel else 1)
@@ -145,7 +149,7 @@ def shape_times(
         if tuned:
             ops = [frozen(op) for op in ops] + adapter_op_times(
                 model, finetune, seq_len, micro_batch_size, tp, cp, ep, moe_layer, rates,
-                element_bytes,
+                element_bytes, etp,
             )  # fmt: skip
         return LayerTimes.of(ops, rerun)
 
@@ -159,9 +163,9 @@ def shape_times(
     if bf16_rates is not None:  # the output head stays BF16
         head = keep_in_bf16(head, head_op_times(*head_args, bf16_rates, element_bytes))
     if model.num_mtp_modules:  # MTP sits with the head (DeepSeek-V3 §3.2.3)
-        mtp = mtp_op_times(*args, rates, element_bytes)
+        mtp = mtp_op_times(*args, rates, element_bytes, etp)
         if bf16_rates is not None:
-            mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes))
+            mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes, etp))
         head = head + mtp * model.num_mtp_modules
     if rates.op_overhead_s:
         tp_ends = op_counts.tensor_parallel_ops(sequence_parallel, ends=True) if tp > 1 else None

@@ -6,9 +6,11 @@ and rank ``r`` runs on device ``r`` of the cluster (see :mod:`planner.network` f
 numbering and the bandwidth model). Expert parallelism is carved out of the ``cp·dp``
 ranks: its ``gcd(ep, cp)`` inner part shares the CP factor and the rest (``ep / gcd``) is a
 mesh factor of its own at the place ``ep`` takes in the order (just inside dp when the
-order leaves ``ep`` out). Besides the mesh axes, two derived groups carry gradients: ``dp_cp``
-(dense weights are replicated over dp·cp; ZeRO shards over it) and ``edp`` (expert weights,
-dp·cp/ep). Placements are cached per (cluster, gpus, order, sizes), and each group's
+order leaves ``ep`` out). With expert tensor parallelism ``etp = 1 < tp`` (Megatron-Core's
+MoE parallel folding) the tp axis splits into ``tpt`` (etp, inner) and ``tpe`` (tp/etp): the
+EP group is ``tpe`` × the ``ep/(tp/etp)`` ranks carved out of cp·dp as above. Besides the
+mesh axes, two derived groups carry gradients: ``dp_cp`` (dense weights are replicated over
+dp·cp; ZeRO shards over it) and ``edp`` (expert weights, dp·cp·(tp/etp)/ep). Placements are cached per (cluster, gpus, order, sizes), and each group's
 answer per the shape of the mesh it sees (so axes of different layouts with the same groups
 share it), so the search can evaluate many layouts cheaply.
 """
@@ -29,7 +31,12 @@ if TYPE_CHECKING:
     import networkx
 
 from planner.errors import PlanError
-from planner.layout import DEFAULT_MESH_ORDER, Layout
+from planner.layout import (
+    DEFAULT_MESH_ORDER,
+    Layout,
+    check_expert_tp,
+    expert_data_parallel_size,
+)
 from planner.network import (
     ClusterView,
     Level,
@@ -43,12 +50,12 @@ MESH_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp")
 #: Process groups the traffic model uses: the mesh axes, the dense-gradient group dp·cp
 #: (CP ranks hold the same weights) and the expert-data-parallel group dp·cp/ep.
 GROUP_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp", "dp_cp", "edp")
-#: Mesh factors each group is made of (cpe = cp ∩ ep, cpr = rest of cp, dpe = dp ∩ ep,
-#: dpr = rest of dp).
+#: Mesh factors each group is made of (tpt = the routed experts' TP part, etp; tpe = tp ∩ ep,
+#: tp/etp; cpe = cp ∩ ep, cpr = rest of cp, dpe = dp ∩ ep, dpr = rest of dp).
 GROUP_FACTORS: dict[str, tuple[str, ...]] = {
-    "tp": ("tp",),
+    "tp": ("tpt", "tpe"),
     "cp": ("cpe", "cpr"),
-    "ep": ("cpe", "dpe"),
+    "ep": ("tpe", "cpe", "dpe"),
     "pp": ("pp",),
     "dp": ("dpe", "dpr"),
     "dp_cp": ("cpe", "cpr", "dpe", "dpr"),
@@ -72,16 +79,17 @@ def resolve_order(order) -> tuple[str, ...]:
 
 
 def mesh_factors(sizes: dict[str, int], order) -> list[tuple[str, int]]:
-    """The mesh's factors, innermost first, as (name, size)."""
+    """The mesh's factors, innermost first, as (name, size); ``sizes`` may give ``etp``."""
     tp, cp, pp, dp, ep = (int(sizes.get(axis, 1)) for axis in ("tp", "cp", "pp", "dp", "ep"))
     if min(tp, cp, pp, dp, ep) < 1:
         raise PlanError(f"parallel degrees must be ≥ 1, got {sizes}")
-    if (dp * cp) % ep:
-        raise PlanError(f"ep {ep} does not divide dp·cp = {dp * cp} (EP is carved out of dp·cp)")
-    ep_cp = math.gcd(ep, cp)
-    ep_dp = ep // ep_cp  # divides dp whenever ep divides dp·cp
+    etp = int(sizes.get("etp") or tp)
+    fold = check_expert_tp(tp, ep, dp * cp, etp)
+    ep_rest = ep // fold  # the part of EP carved out of cp·dp
+    ep_cp = math.gcd(ep_rest, cp)
+    ep_dp = ep_rest // ep_cp  # divides dp whenever ep_rest divides dp·cp
     by_axis = {
-        "tp": [("tp", tp)],
+        "tp": [("tpt", etp), ("tpe", fold)],
         "cp": [("cpe", ep_cp), ("cpr", cp // ep_cp)],
         "ep": [("dpe", ep_dp)],
         "pp": [("pp", pp)],
@@ -106,13 +114,22 @@ def axis_groups(axis: str, sizes: dict[str, int], order) -> np.ndarray:
 
 
 def degrees(layout: Layout | dict) -> dict[str, int]:
-    """The five mesh degrees of a Layout (or of a dict holding some of them; the rest are 1)."""
+    """The five mesh degrees of a Layout (or of a dict holding some of them; the rest are 1),
+    plus ``etp`` where the routed experts' TP degree is not tp."""
     if isinstance(layout, Layout):
-        return {axis: getattr(layout, axis) for axis in MESH_AXES}
-    unknown = set(layout) - set(MESH_AXES)
-    if unknown:
-        raise PlanError(f"unknown axes {sorted(unknown)}; choose from {', '.join(MESH_AXES)}")
-    return {axis: int(layout.get(axis, 1)) for axis in MESH_AXES}
+        sizes = {axis: getattr(layout, axis) for axis in MESH_AXES}
+        etp = layout.expert_tp
+    else:
+        unknown = set(layout) - {*MESH_AXES, "etp"}
+        if unknown:
+            raise PlanError(
+                f"unknown axes {sorted(unknown)}; choose from {', '.join(MESH_AXES)} (and etp)"
+            )
+        sizes = {axis: int(layout.get(axis, 1)) for axis in MESH_AXES}
+        etp = int(layout.get("etp") or sizes["tp"])
+    if etp != sizes["tp"]:
+        sizes["etp"] = etp
+    return sizes
 
 
 def group_size(axis: str, sizes: dict[str, int]) -> int:
@@ -125,7 +142,7 @@ def group_size(axis: str, sizes: dict[str, int]) -> int:
         "pp": pp,
         "dp": dp,
         "dp_cp": dp * cp,
-        "edp": dp * cp // ep,
+        "edp": int(expert_data_parallel_size(dp, cp, tp, ep, sizes.get("etp") or tp)),
     }[axis]
 
 

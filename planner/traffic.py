@@ -110,6 +110,7 @@ def axis_traffic(
         np.asarray(layout.zero_stage),
         layout.pipeline_layer_split,
         layout.schedule in V_SHAPE_SCHEDULES,
+        sizes.get("etp"),
     )
     times = None if compute is None else (compute.forward_s, compute.backward_s)
     by_axis: dict[str, list[CollectiveTerm]] = {}

@@ -3,7 +3,7 @@
 :func:`axis_times_vectorized` takes one numpy column per layout field (scalars broadcast)
 and returns one column per quantity, with no Python loop per row. The terms come from
 :func:`planner.traffic.step_terms` (the same formulas the explained report uses); the
-collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp): every
+collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp): every
 algorithm costs ``alpha + beta · bytes`` (:mod:`planner.comm`), so a row's time is
 ``min over algorithms of alpha[combo] + beta[combo] · message_bytes``. Placements are cached
 by :func:`planner.topology.placement_for_view`, so repeated calls are cheap. Everything but
@@ -29,7 +29,7 @@ from planner.codes import Labels, distinct_rows
 from planner.comm import ALGORITHMS, algorithm_costs, volume_factor
 from planner.contention import sharing_delay
 from planner.job import Job
-from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES
+from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES, resolved_etp
 from planner.network import as_cluster, cluster_view
 from planner.schedules.registry import SCHEDULES, get_schedule
 from planner.topology import cluster_key, placement_for_view, resolve_order
@@ -50,17 +50,20 @@ NUM_ALGORITHMS = len(ALGORITHMS)
 
 
 def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) -> list:
-    """The placement of each (tp, cp, ep, pp, dp) combination; None where it cannot be placed."""
+    """The placement of each (tp, cp, ep, pp, dp, etp) combination; None where it cannot be
+    placed."""
     views, placements = {}, []
-    for tp, cp, ep, pp, dp in combos.tolist():
+    for tp, cp, ep, pp, dp, etp in combos.tolist():
         num_gpus = tp * cp * pp * dp
-        if num_gpus > cluster.num_gpus or (dp * cp) % ep:
+        if num_gpus > cluster.num_gpus or not _expert_split_ok(tp, cp, dp, ep, etp):
             placements.append(None)  # stays unpriced: the row cannot be placed
             continue
         if num_gpus not in views:
             views[num_gpus] = cluster_view(cluster, num_gpus), cluster_key(cluster, num_gpus)
         view, view_key = views[num_gpus]
         sizes = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
+        if etp != tp:
+            sizes["etp"] = etp
         placements.append(placement_for_view(view, order, sizes, view_key))
     return placements
 
@@ -166,10 +169,22 @@ def _is_one_of(column, names) -> np.ndarray:
     return np.array([value in names for value in values], dtype=bool)[codes]
 
 
-def placeable(cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, split="auto"):
-    """Rows that can be placed: the cluster has the GPUs, ep divides dp·cp (the combinations
-    :class:`_CostTables` leaves unpriced) and the layer split is legal."""
-    priced = (tp * cp * pp * dp <= cluster.num_gpus) & ((dp * cp) % ep == 0)
+def _expert_split_ok(tp, cp, dp, ep, etp):
+    """Rows whose EP group can be formed (:func:`planner.layout.check_expert_tp`): etp is 1
+    or tp, tp/etp divides ep and the rest of ep divides dp·cp (numpy-friendly)."""
+    etp_ok = (etp == 1) | (etp == tp)
+    fold = tp // np.maximum(etp, 1)
+    return etp_ok & (ep % fold == 0) & ((dp * cp) % np.maximum(ep // fold, 1) == 0)
+
+
+def placeable(
+    cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, split="auto", etp=None
+):
+    """Rows that can be placed: the cluster has the GPUs, the EP group can be formed out of
+    dp·cp and the tp/etp folded TP ranks (the combinations :class:`_CostTables` leaves
+    unpriced) and the layer split is legal."""
+    etp = tp if etp is None else etp
+    priced = (tp * cp * pp * dp <= cluster.num_gpus) & _expert_split_ok(tp, cp, dp, ep, etp)
     return priced & np.asarray(stage_layers(num_layers, pp, chunks, split)[3])
 
 
@@ -219,19 +234,20 @@ def _link_busy(per_byte: dict, at: np.ndarray, choice, live, sent, shape) -> dic
 
 def _group_sizes(key: dict) -> dict[str, np.ndarray]:
     """Ranks in each placement group (:data:`AXIS_GROUPS`) of the rows."""
-    tp, cp, pp, dp, ep = (key[k] for k in ("tp", "cp", "pp", "dp", "ep"))
+    tp, cp, pp, dp, ep, etp = (key[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp"))
     return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp_cp": dp * cp,
-            "edp": dp * cp // np.maximum(ep, 1)}  # fmt: skip
+            "edp": dp * cp * (tp // etp) // np.maximum(ep, 1)}  # fmt: skip
 
 
 def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[tuple]:
     """Every collective term that some row runs, priced on the rows of ``key`` (columns tp,
-    cp, pp, dp, ep, chunks, b, m, sp, full, zero, v_shape): (term, count, message bytes, one
-    collective's seconds, one bucket's seconds, raw seconds, {link: seconds busy}).
+    cp, pp, dp, ep, etp, chunks, b, m, sp, full, zero, v_shape): (term, count, message bytes,
+    one collective's seconds, one bucket's seconds, raw seconds, {link: seconds busy}).
 
-    Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp)."""
+    Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp)."""
     rows = key["tp"].shape
-    combos = np.stack([key[k] for k in ("tp", "cp", "ep", "pp", "dp")], axis=-1).reshape(-1, 5)
+    combos = np.stack([key[k] for k in ("tp", "cp", "ep", "pp", "dp", "etp")], axis=-1)
+    combos = combos.reshape(-1, 6)
     radix = combos.max(axis=0, initial=0) + 1  # one integer key per row: np.unique on ints is fast
     keys = np.ravel_multi_index(tuple(combos.T), tuple(radix))
     unique_keys, inv = np.unique(keys, return_inverse=True)
@@ -240,7 +256,7 @@ def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[t
     costs = _CostTables(_placements(cluster, unique, order), ep_routing(job.model))
     terms = step_terms(
         job, *(key[k] for k in ("tp", "cp", "pp", "dp", "ep", "chunks", "b", "m", "sp", "full",
-                                 "zero")), split, key["v_shape"],
+                                 "zero")), split, key["v_shape"], key["etp"],
     )  # fmt: skip
     priced = []
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
@@ -291,6 +307,7 @@ def axis_times_vectorized(
     pp=1,
     dp=1,
     ep=1,
+    etp=None,
     vpp=1,
     micro_batch_size=1,
     num_microbatches=None,
@@ -306,7 +323,8 @@ def axis_times_vectorized(
 ) -> dict[str, np.ndarray]:
     """Per-axis bytes and times per step for rows of layouts (numpy columns, scalars broadcast).
 
-    Integer columns: ``tp, cp, pp, dp, ep, vpp, micro_batch_size, num_microbatches`` (None:
+    Integer columns: ``tp, cp, pp, dp, ep, etp`` (None: tp, the routed experts' TP degree),
+    ``vpp, micro_batch_size, num_microbatches`` (None:
     global batch / (dp · micro_batch_size), as Layout resolves it), ``zero_stage``; boolean
     ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "full"),
     ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``
@@ -332,6 +350,7 @@ def axis_times_vectorized(
             for x in (tp, cp, pp, dp, ep, vpp, micro_batch_size, zero_stage)
         )
     )
+    etp = np.broadcast_to(resolved_etp(etp, tp), tp.shape)
     rows = tp.shape
     sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
     if isinstance(recompute, Labels):
@@ -368,7 +387,8 @@ def axis_times_vectorized(
     flat = {  # every column over the rows, one dimension
         name: np.broadcast_to(column, rows).reshape(count_rows)
         for name, column in {
-            "tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "chunks": chunks, "b": b, "m": m,
+            "tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "chunks": chunks,
+            "b": b, "m": m,
             "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
             "batch_ok": batch_ok,
         }.items()
@@ -435,7 +455,7 @@ def axis_times_vectorized(
                         axes[term.axis] = np.zeros(size)
                     _add(axes, term.axis, live, seconds * share)
     valid = placeable(cluster, job.model.num_layers, key["tp"], key["cp"], key["pp"], key["dp"],
-                      key["ep"], key["chunks"], split_key)[inv] & flat["batch_ok"]  # fmt: skip
+                      key["ep"], key["chunks"], split_key, key["etp"])[inv] & flat["batch_ok"]  # fmt: skip
 
     def rowwise(column: np.ndarray, axis: str) -> np.ndarray:
         """A per-key or per-row column of ``axis`` over the rows."""

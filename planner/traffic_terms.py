@@ -10,6 +10,9 @@ pipeline rank where the term is largest ("busiest rank"), with ``m`` micro-batch
   recompute repeats the forward ones; one more at the embedding and at the LM head; the
   SP norm-weight gradients once per step; the vocabulary-parallel cross-entropy's 3
   all-reduces of one FP32 per token per micro-batch (:func:`vocab_parallel_loss_bytes`).
+  With expert tensor parallelism ``etp = 1 < tp`` (Megatron-Core's MoE parallel folding) the
+  routed experts are whole and the TP ranks dispatch their own tokens through the EP
+  all-to-all: an MoE layer without shared experts keeps only its attention block's half.
 * **cp** (Llama 3 §3.3.2, all-gather based CP): per layer per micro-batch an all-gather of K
   and V for the whole sequence in forward (repeated under full recompute), another in
   backward (the gathered copy is not kept for backward, as TransformerEngine's
@@ -26,7 +29,7 @@ pipeline rank where the term is largest ("busiest rank"), with ``m`` micro-batch
   updated weights (weight dtype) after the step; stage 3
   (FSDP, resharded after forward) all-gathers each layer's weights in forward and again in
   backward and reduce-scatters its gradients, every micro-batch.
-* **edp**: the same for routed-expert weights over dp·cp/ep ranks (MoE with ep > 1).
+* **edp**: the same for routed-expert weights over dp·cp·(tp/etp)/ep ranks (MoE with ep > 1).
 * **ep** (GShard / DeepSeek-V3 §3.2): per MoE layer per micro-batch, dispatch and combine
   all-to-alls of ``b·s/(cp·tp)`` tokens × top-k × h, in forward and backward (+ forward
   again under full recompute); with an FP8 recipe the forward dispatch is FP8. Under
@@ -144,16 +147,17 @@ class RankShape:
     layers: np.ndarray  # most transformer layers on one rank
     moe_layers: np.ndarray  # most MoE layers on one rank
     dense_params: np.ndarray  # parameters replicated over dp·cp (all but split experts)
-    expert_params: np.ndarray  # routed-expert parameters, split over ep (when ep > 1)
+    expert_params: np.ndarray  # routed-expert parameters, split over ep·etp (when ep > 1)
     dense_bucket: np.ndarray  # one layer's dense parameters: the DP bucket
     expert_bucket: np.ndarray
 
 
-def rank_shape(model, tp, pp, ep, chunks, split="auto") -> RankShape:
+def rank_shape(model, tp, pp, ep, chunks, split="auto", etp=None) -> RankShape:
     """Layers and parameters of the busiest rank (first, a middle, or the last one).
 
     Parameters are split over TP except the norm weights, which every TP rank holds whole
-    (as :func:`planner.memory.layer_params_per_rank` counts them). The embedding sits on the first rank, the final norm and LM head on the last; the dense
+    (as :func:`planner.memory.layer_params_per_rank` counts them), routed experts over
+    ep·etp (``etp`` None: tp). The embedding sits on the first rank, the final norm and LM head on the last; the dense
     layers of an MoE model (``num_dense_layers``) are taken to fit on the first rank.
     """
     first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
@@ -178,14 +182,15 @@ def rank_shape(model, tp, pp, ep, chunks, split="auto") -> RankShape:
     moe_layers = np.maximum(np.maximum(moe[0], moe[1]), moe[2])
     has_dense = not model.is_moe or model.num_dense_layers > 0
     layer_norms = 2 * model.norm_params()
+    expert_tp = tp if etp is None else etp
     return RankShape(
         layers=np.maximum(np.maximum(first, middle), last),
         moe_layers=moe_layers,
         dense_params=np.maximum(np.maximum(params[0], params[1]), params[2]),
-        expert_params=moe_layers * routed * (ep > 1) / (ep * tp),
+        expert_params=moe_layers * routed * (ep > 1) / (ep * expert_tp),
         dense_bucket=(np.maximum(dense_layer * has_dense, moe_layer) - layer_norms) / tp
         + layer_norms,
-        expert_bucket=routed * (ep > 1) / (ep * tp),
+        expert_bucket=routed * (ep > 1) / (ep * expert_tp),
     )
 
 
@@ -203,17 +208,20 @@ class Term:
 
 
 def step_terms(
-    job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split="auto", v_shape=False
-):
+    job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split="auto", v_shape=False,
+    etp=None,
+):  # fmt: skip
     """All collective terms of one step; every argument may be a numpy array (one row each).
 
     ``chunks``: model chunks per rank (vpp; 2 for zbv / dualpipev); ``sp``: sequence
-    parallel; ``full``: 1 under full recompute; ``zero``: ZeRO stage.
+    parallel; ``full``: 1 under full recompute; ``zero``: ZeRO stage; ``etp``: the routed
+    experts' TP degree (None: tp).
     """
     model, precision, s, h = job.model, job.precision, job.seq_len, job.model.hidden_size
     act_b, grad_b = precision.activation_bytes, DTYPE_BYTES[precision.gradient_dtype]
     weight_b = DTYPE_BYTES[precision.weight_dtype]
-    shape = rank_shape(model, tp, pp, ep, chunks, split)
+    shape = rank_shape(model, tp, pp, ep, chunks, split, etp)
+    expert_tp = tp if etp is None else etp
     layers = shape.layers
 
     def on(condition):
@@ -227,12 +235,19 @@ def step_terms(
     # reduce-scatter, or all-reduce without SP). The busiest rank is the most of the three.
     first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
     per_layer = 4 + 2 * full
+    # With whole routed experts (etp < tp) and no shared experts an MoE layer keeps only the
+    # attention block's collectives: each MoE layer on a rank has ``moe_saving`` fewer.
+    folded = (expert_tp < tp) & (model.num_shared_experts == 0) & model.is_moe
+    moe_saving = np.where(folded, 2 + full, 0)
+    first_moe = first - np.minimum(model.num_dense_layers, first) if model.is_moe else 0 * first
+    first_tp = first * per_layer - first_moe * moe_saving
+    last_tp = last * per_layer - last * model.is_moe * moe_saving
     both_ends = (pp == 1) | np.asarray(v_shape)  # one rank holds the embedding and the head
-    head_rank = np.where(both_ends, first * per_layer + 2, last * per_layer + 1)
+    head_rank = np.where(both_ends, first_tp + 2, last_tp + 1)
     per_microbatch = np.maximum.reduce([
-        first * per_layer + np.where(both_ends, 2, 1),
-        np.where(pp >= 3, middle * per_layer, 0),
-        np.where((pp >= 2) & ~both_ends, last * per_layer + 1, 0),
+        first_tp + np.where(both_ends, 2, 1),
+        np.where(pp >= 3, middle * per_layer - middle * model.is_moe * moe_saving, 0),
+        np.where((pp >= 2) & ~both_ends, last_tp + 1, 0),
     ])  # fmt: skip
     passes = per_microbatch * m
     sp_on, sp_off = on((tp > 1) & sp), on((tp > 1) & ~np.asarray(sp))
@@ -289,9 +304,10 @@ def step_terms(
         ]  # fmt: skip
     groups = [("dp", shape.dense_params, shape.dense_bucket, dp * cp)]
     if model.is_moe:
-        groups.append(("edp", shape.expert_params, shape.expert_bucket, dp * cp // ep))
+        groups.append(("edp", shape.expert_params, shape.expert_bucket,
+                       dp * cp * (tp // expert_tp) // ep))  # fmt: skip
     units = np.maximum(layers, 1)  # FSDP wraps each transformer layer
-    trained = trainable_adapter_params(job, tp, ep, shape)
+    trained = trainable_adapter_params(job, tp, ep, shape, etp)
     for axis, params, bucket, size in groups:
         live = on((size > 1) & (params > 0))
         zero1, zero2, fsdp = (on(zero == stage) * live for stage in (1, 2, 3))
@@ -319,7 +335,7 @@ def step_terms(
     return terms
 
 
-def trainable_adapter_params(job: Job, tp, ep, shape: RankShape) -> dict | None:
+def trainable_adapter_params(job: Job, tp, ep, shape: RankShape, etp=None) -> dict | None:
     """Adapter parameters the busiest rank synchronizes over dp (dense) and edp (experts).
 
     None for full training. A fine-tuning recipe (LoRA, QLoRA, DoRA, VeRA) reduces and
@@ -330,14 +346,16 @@ def trainable_adapter_params(job: Job, tp, ep, shape: RankShape) -> dict | None:
         return None
     from planner.finetune import layer_adapter_params
 
-    tp, ep = np.broadcast_arrays(np.asarray(tp), np.asarray(ep))
+    tp, ep, etp = np.broadcast_arrays(np.asarray(tp), np.asarray(ep), np.asarray(
+        tp if etp is None else etp))  # fmt: skip
     pairs, inverse = np.unique(
-        np.stack([tp.ravel(), ep.ravel()], axis=-1), axis=0, return_inverse=True
+        np.stack([tp.ravel(), ep.ravel(), etp.ravel()], axis=-1), axis=0, return_inverse=True
     )
-    table = np.array([  # per distinct (tp, ep): dense-layer and MoE-layer (dense, expert) adapters
+    table = np.array([  # per distinct (tp, ep, etp): dense- and MoE-layer (dense, expert) adapters
         [*layer_adapter_params(job.model, spec, False, int(t), int(e)),
-         *(layer_adapter_params(job.model, spec, True, int(t), int(e)) if job.model.is_moe else (0.0, 0.0))]
-        for t, e in pairs
+         *(layer_adapter_params(job.model, spec, True, int(t), int(e), int(x))
+           if job.model.is_moe else (0.0, 0.0))]
+        for t, e, x in pairs
     ])  # fmt: skip
     rows = table[inverse.reshape(-1)].reshape(*tp.shape, 4)
     dense_layers = shape.layers - shape.moe_layers

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Literal
 
 from planner.activations import ActivationShape, layer_activation_tensors
-from planner.linears import layer_linears, token_rows
+from planner.linears import expert_fold, layer_linears, token_rows
 from planner.measures import FP8_BYTES, MemoryMeasures
 from planner.model import ModelSpec
 
@@ -63,8 +63,9 @@ def output_gradient_bytes(
     tokens, e = shape.local_tokens, shape.element_bytes
     total = 0.0
     for linear in linears or layer_linears(model, moe_layer, shape.tp):
-        _, out = linear.local_shape(shape.tp)
-        total += token_rows(linear, model, tokens, shape.ep) * out * e
+        _, out = linear.local_shape(shape.tp, shape.etp)
+        fold = expert_fold(shape.tp, shape.etp)
+        total += token_rows(linear, model, tokens, shape.ep, fold) * out * e
     return total
 
 

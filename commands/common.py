@@ -57,6 +57,14 @@ WeightPassFlag = Annotated[
         "gradients (inputs: zero-bubble paper, Megatron) or the whole graph (graph: torchtitan)"
     ),
 ]
+EtpFlag = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="expert tensor parallel: the routed experts' TP degree, 1 or tp (default tp); "
+        "with 1 the TP ranks fold into the EP group (Megatron-Core --expert-tensor-parallel-size)",
+    ),
+]
 MoeImbalanceFlag = Annotated[
     float | None,
     typer.Option(

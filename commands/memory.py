@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from commands.common import (
+    EtpFlag,
     GradDtype,
     JsonFlag,
     MasterDtype,
@@ -165,6 +166,7 @@ def memory(
     pp: Annotated[int, typer.Option(min=1)] = 1,
     dp: Annotated[int, typer.Option(min=1)] = 1,
     ep: Annotated[int, typer.Option(min=1)] = 1,
+    etp: EtpFlag = None,
     vpp: Annotated[
         int | None, typer.Option(min=1, help="chunks per rank (default: the schedule's)")
     ] = None,
@@ -250,6 +252,7 @@ def memory(
         pp=pp,
         dp=dp,
         ep=ep,
+        etp=etp,
         vpp=vpp,
         micro_batch_size=micro_batch_size,
         num_microbatches=num_microbatches,

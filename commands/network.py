@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from commands.common import (
+    EtpFlag,
     JsonFlag,
     PrecisionFlag,
     Recompute,
@@ -79,6 +80,7 @@ def comm(
     pp: Annotated[int, typer.Option(min=1)] = 16,
     dp: Annotated[int, typer.Option(min=1)] = 128,
     ep: Annotated[int, typer.Option(min=1)] = 1,
+    etp: EtpFlag = None,
     vpp: Annotated[int | None, typer.Option(min=1)] = None,
     seq_len: Annotated[int, typer.Option(min=1)] = 8192,
     global_batch_tokens: Annotated[int | None, typer.Option(min=1)] = None,
@@ -114,6 +116,7 @@ def comm(
         pp=pp,
         dp=dp,
         ep=ep,
+        etp=etp,
         vpp=vpp,
         micro_batch_size=micro_batch_size,
         schedule=schedule,
@@ -160,6 +163,7 @@ def topology(
         int | None, typer.Option(min=1, help="default: fills --gpus or the cluster")
     ] = None,
     ep: Annotated[int, typer.Option(min=1)] = 1,
+    etp: EtpFlag = None,
     gpus: Annotated[int | None, typer.Option(min=1, help="use the first N devices")] = None,
     order: Annotated[str | None, typer.Option(help="mesh order innermost first")] = None,
     html: Annotated[str | None, typer.Option(help="write the hierarchy as plotly HTML")] = None,
@@ -169,6 +173,8 @@ def topology(
     from planner import api
 
     sizes = {"tp": tp, "cp": cp, "pp": pp, "ep": ep}
+    if etp is not None:
+        sizes["etp"] = etp
     if dp is not None:
         sizes["dp"] = dp
     report = api.topology(cluster, sizes, order=order, gpus=gpus)

@@ -9,6 +9,7 @@ import typer
 
 from commands.common import (
     GIB,
+    EtpFlag,
     GradDtype,
     JsonFlag,
     MemoryMeasuresFlag,
@@ -98,6 +99,9 @@ def plan(
     pp: Annotated[str | None, typer.Option(help="pin")] = None,
     dp: Annotated[str | None, typer.Option(help="pin")] = None,
     ep: Annotated[str | None, typer.Option(help="pin")] = None,
+    etp: Annotated[
+        str | None, typer.Option(help="pin the routed experts' TP degree: 1 or tp (e.g. 1)")
+    ] = None,
     vpp: Annotated[str | None, typer.Option(help="pin")] = None,
     micro_batch_size: Annotated[str | None, typer.Option(help="pin")] = None,
     schedule: Annotated[str | None, typer.Option(help="pin, e.g. 1f1b,interleaved-1f1b")] = None,
@@ -167,6 +171,7 @@ def plan(
             "pp": int_list(pp, "pp"),
             "dp": int_list(dp, "dp"),
             "ep": int_list(ep, "ep"),
+            "etp": int_list(etp, "etp"),
             "vpp": int_list(vpp, "vpp"),
         }
         space_fields = {key: value for key, value in pins.items() if value is not None}
@@ -281,7 +286,9 @@ def _print_plan(result, explain: bool) -> None:
     )
     table = Table(show_edge=False, padding=(0, 1))
     ep = any(entry["layout"]["ep"] > 1 for entry in result.results)
-    degrees_header = "tp/cp/pp/dp" + ("/ep" if ep else "")
+    etp = any((entry["layout"].get("etp") or entry["layout"]["tp"]) != entry["layout"]["tp"]
+              for entry in result.results)  # fmt: skip
+    degrees_header = "tp/cp/pp/dp" + ("/ep" if ep else "") + ("/etp" if etp else "")
     columns = (
         "#",
         degrees_header,
@@ -303,9 +310,10 @@ def _print_plan(result, explain: bool) -> None:
         lay = entry["layout"]
         axes = ("tp", "cp", "pp", "dp", "ep") if ep else ("tp", "cp", "pp", "dp")
         vpp = f" v{lay['vpp']}" if lay["schedule"] == "interleaved-1f1b" else ""
+        degrees = [str(lay[a]) for a in axes] + ([str(lay["etp"] or lay["tp"])] if etp else [])
         table.add_row(
             str(entry["rank"]),
-            "/".join(str(lay[a]) for a in axes),
+            "/".join(degrees),
             "y" if lay["sequence_parallel"] and lay["tp"] > 1 else "n",
             short.get(lay["schedule"], lay["schedule"]) + vpp,
             str(lay["micro_batch_size"]),
@@ -334,6 +342,7 @@ def estimate(
     pp: Annotated[int, typer.Option(min=1)] = 16,
     dp: Annotated[int, typer.Option(min=1)] = 128,
     ep: Annotated[int, typer.Option(min=1)] = 1,
+    etp: EtpFlag = None,
     vpp: Annotated[int | None, typer.Option(min=1)] = None,
     seq_len: Annotated[int, typer.Option(min=1)] = 8192,
     global_batch_tokens: Annotated[int | None, typer.Option(min=1)] = None,
@@ -387,6 +396,7 @@ def estimate(
         pp=pp,
         dp=dp,
         ep=ep,
+        etp=etp,
         vpp=vpp,
         micro_batch_size=micro_batch_size,
         schedule=schedule,
@@ -404,7 +414,7 @@ def estimate(
     lay = result.layout
     console.print(
         f"{result.model} on {result.num_gpus:,} × {result.accelerator} ({result.cluster}): tp {lay.tp} cp {lay.cp} "
-        f"pp {lay.pp} dp {lay.dp} ep {lay.ep} vpp {lay.vpp}, {lay.schedule}, m {result.num_microbatches}, "
+        f"pp {lay.pp} dp {lay.dp} ep {lay.ep}{f' etp {lay.etp}' if lay.etp is not None else ''} vpp {lay.vpp}, {lay.schedule}, m {result.num_microbatches}, "
         f"mbs {lay.micro_batch_size}, ZeRO {lay.zero_stage}, recompute {lay.recompute}"
     )
     table = Table(

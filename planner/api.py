@@ -474,6 +474,8 @@ def plan(
             key: (value.item() if hasattr(value, "item") else value)
             for key, value in fields.items()
         }
+        if not job.model.is_moe:  # no routed experts: etp stays unset (tp)
+            fields["etp"] = None
         layout = Layout(**fields, num_microbatches=int(row.num_microbatches))
         detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
         entry = detail.model_dump(mode="json")

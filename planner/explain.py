@@ -119,6 +119,7 @@ def emit_settings(entry: dict, target: str, job) -> str:
     """The winning layout as torchtitan TOML settings or Megatron-LM arguments."""
     lay = entry["layout"]
     gbs = job.global_batch_size
+    etp = lay.get("etp") or lay["tp"]  # the routed experts' TP degree (None: tp)
     if target == "torchtitan":
         fsdp = lay["dp"] if lay["zero_stage"] >= 1 else 1
         return "\n".join(
@@ -133,6 +134,7 @@ def emit_settings(entry: dict, target: str, job) -> str:
                 f'pipeline_parallel_schedule = "{_TORCHTITAN_SCHEDULES.get(lay["schedule"], lay["schedule"])}"',
                 f"pipeline_parallel_microbatch_size = {lay['micro_batch_size']}",
                 f"expert_parallel_degree = {lay['ep']}",
+                f"expert_tensor_parallel_degree = {etp}",
                 "",
                 "[training]",
                 f"seq_len = {job.seq_len}",
@@ -149,6 +151,7 @@ def emit_settings(entry: dict, target: str, job) -> str:
             f"--pipeline-model-parallel-size {lay['pp']}",
             f"--context-parallel-size {lay['cp']}",
             f"--expert-model-parallel-size {lay['ep']}",
+            f"--expert-tensor-parallel-size {etp}",
             f"--micro-batch-size {lay['micro_batch_size']}",
             f"--global-batch-size {gbs}",
             f"--seq-length {job.seq_len}",

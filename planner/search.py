@@ -1,7 +1,8 @@
 """Screen every layout as numpy columns, filter, evaluate all rows at once, rank.
 
 Candidates are the cartesian product of the degrees (tp, cp, pp with dp filling the GPU
-count; ep for MoE models), schedule and vpp, micro-batch size, ZeRO stage, recomputation
+count; ep for MoE models, and with tp > 1 the routed experts' TP degree etp ∈ {tp, 1}:
+Megatron-Core's MoE parallel folding), schedule and vpp, micro-batch size, ZeRO stage, recomputation
 and sequence parallelism, built as index grids (no Python loop per candidate). Rules that
 empty rows are applied in order and each rejected row is counted under the first rule it
 fails; the survivors are evaluated by :func:`planner.evaluate.evaluate_columns`, rows that
@@ -28,6 +29,7 @@ LAYOUT_COLUMNS = (
     "pp",
     "dp",
     "ep",
+    "etp",
     "vpp",
     "micro_batch_size",
     "num_microbatches",
@@ -48,6 +50,8 @@ class SearchSpace(BaseModel):
     pp: list[int] | None = None
     dp: list[int] | None = None
     ep: list[int] | None = None
+    #: The routed experts' TP degree (1 or tp); default for MoE models: both, else tp.
+    etp: list[int] | None = None
     vpp: list[int] | None = None
     micro_batch_size: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
     schedule: list[str] = Field(default_factory=lambda: list(SCHEDULES))
@@ -91,6 +95,21 @@ def _schedule_options(space: SearchSpace, num_layers: int) -> list[tuple[str, in
     return pairs
 
 
+def _with_expert_tp(t, c, p, x, d, is_moe: bool, pinned: list[int] | None):
+    """The degree rows with the routed experts' TP degree: each pinned value, else for an MoE
+    model etp = tp and, where tp > 1, etp = 1 next to it (dense models: etp = tp)."""
+    if pinned is not None:
+        choices = np.stack([np.full_like(t, value) for value in pinned], axis=1)
+        keep = np.ones_like(choices, dtype=bool)
+    elif is_moe:
+        choices = np.stack([t, np.ones_like(t)], axis=1)
+        keep = np.stack([np.ones_like(t, dtype=bool), t > 1], axis=1)
+    else:
+        return t, c, p, x, d, t
+    row = np.broadcast_to(np.arange(len(t))[:, None], choices.shape)[keep]
+    return t[row], c[row], p[row], x[row], d[row], choices[keep]
+
+
 def screening_grid(
     job: Job, cluster: Cluster, gpus: int, space: SearchSpace
 ) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[int, ...]]:
@@ -113,6 +132,7 @@ def screening_grid(
     if space.dp is not None:
         keep = np.isin(d, space.dp)
         t, c, p, x, d = t[keep], c[keep], p[keep], x[keep], d[keep]
+    t, c, p, x, d, et = _with_expert_tp(t, c, p, x, d, model.is_moe, space.etp)
     pairs = _schedule_options(space, model.num_layers)
     grids = np.meshgrid(
         np.arange(len(t)),
@@ -130,6 +150,7 @@ def screening_grid(
         "pp": p[degree],
         "dp": d[degree],
         "ep": x[degree],
+        "etp": et[degree],
         "vpp": vpps[pair],
         "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
         "schedule": Labels(pair, names),
@@ -173,6 +194,8 @@ def rejection_masks(
     """(reason, rejected rows) in the order rules are applied."""
     model, s = job.model, job.seq_len
     tp, cp, pp, dp, ep, vpp = (cols[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
+    etp = cols["etp"]
+    fold = tp // np.maximum(etp, 1)  # TP ranks folded into EP (planner.layout.check_expert_tp)
     schedule, mbs = cols["schedule"], cols["micro_batch_size"]
 
     def runs(name: str) -> np.ndarray:
@@ -205,9 +228,12 @@ def rejection_masks(
             (tp > cluster.scale_up_domain_size) & (not space.allow_cross_node_tp),
         ),
         ("layers do not split over pp·vpp stages", (stages > L) & ((L + 2) % stages != 0)),
+        ("etp is neither 1 nor tp", (etp != 1) & (etp != tp)),
+        ("ep is not a multiple of tp/etp (etp 1 folds TP into EP)", ep % fold != 0),
         (
             "ep does not divide dp·cp or the experts",
-            ((dp * cp) % ep != 0) | ((model.num_routed_experts or 1) % ep != 0),
+            ((dp * cp) % np.maximum(ep // fold, 1) != 0)
+            | ((model.num_routed_experts or 1) % ep != 0),
         ),
         ("global batch not divisible by dp × micro-batch size", m == 0),
         ("sequence not divisible by 2·cp (load-balanced CP)", (cp > 1) & (s % (2 * cp) != 0)),

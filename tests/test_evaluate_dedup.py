@@ -53,7 +53,8 @@ def _search_rows(job: Job, count: int, seed: int) -> dict:
     # The same layouts with twice the micro-batches, and on half the replicas (where dp is
     # even): rows that share structure and shape but not m, or not the ZeRO group.
     more = {**rows, "num_microbatches": rows["num_microbatches"] * 2}
-    even = (rows["dp"] % 2 == 0) & ((rows["dp"] // 2 * rows["cp"]) % rows["ep"] == 0)
+    ep_rest = rows["ep"] // (rows["tp"] // rows["etp"])  # EP ranks carved out of dp·cp
+    even = (rows["dp"] % 2 == 0) & ((rows["dp"] // 2 * rows["cp"]) % ep_rest == 0)
     fewer = {k: v[even] for k, v in more.items()}
     fewer["dp"] = fewer["dp"] // 2
     rows = {k: np.concatenate([rows[k], more[k], fewer[k]]) for k in rows}
@@ -120,6 +121,7 @@ def test_communication_of_rows_together_equals_each_row_alone(overlap):
         "pp": columns["pp"],
         "dp": columns["dp"],
         "ep": columns["ep"],
+        "etp": columns["etp"],
         "vpp": columns["vpp"],
         "micro_batch_size": columns["micro_batch_size"],
         "num_microbatches": columns["num_microbatches"],

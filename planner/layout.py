@@ -183,16 +183,14 @@ def check_layout(layout: Layout, model, seq_len: int | None = None) -> None:
             f"tp {layout.tp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}"
         )
     layers_per_virtual_stage(model.num_layers, layout.pp, layout.vpp, layout.pipeline_layer_split)
+    if (layout.ep > 1 or layout.expert_tp != layout.tp) and not model.is_moe:
+        axis = f"ep {layout.ep}" if layout.ep > 1 else f"etp {layout.etp}"
+        raise PlanError(f"{axis} needs a mixture-of-experts model; {model.name} is dense")
     check_expert_tp(layout.tp, layout.ep, layout.dp * layout.cp, layout.etp)
-    if layout.ep > 1:
-        if not model.is_moe:
-            raise PlanError(
-                f"ep {layout.ep} needs a mixture-of-experts model; {model.name} is dense"
-            )
-        if model.num_routed_experts % layout.ep:
-            raise PlanError(
-                f"ep {layout.ep} does not divide num_routed_experts {model.num_routed_experts}"
-            )
+    if layout.ep > 1 and model.num_routed_experts % layout.ep:
+        raise PlanError(
+            f"ep {layout.ep} does not divide num_routed_experts {model.num_routed_experts}"
+        )
     if seq_len is not None and layout.cp > 1 and seq_len % (2 * layout.cp):
         raise PlanError(
             f"seq_len {seq_len} is not divisible by 2·cp = {2 * layout.cp} "

@@ -168,7 +168,7 @@ def test_without_compute_times_nothing_is_hidden_and_nothing_contends():
 
 
 def _layout_of(row) -> Layout:
-    fields = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "schedule",
+    fields = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "micro_batch_size", "schedule",
               "zero_stage", "recompute", "sequence_parallel")  # fmt: skip
     values = {k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in fields}
     return Layout(**values, num_microbatches=int(row["num_microbatches"]))

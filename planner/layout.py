@@ -230,6 +230,14 @@ def check_expert_tp(tp: int, ep: int, dp_cp: int, etp: int | None) -> int:
     return fold
 
 
+def expert_split_ok(tp, cp, dp, ep, etp):
+    """:func:`check_expert_tp` on numpy columns: rows whose EP group can be formed (etp is 1
+    or tp, tp/etp divides ep and the rest of ep divides dp·cp)."""
+    etp_ok = (etp == 1) | (etp == tp)
+    fold = tp // np.maximum(etp, 1)
+    return etp_ok & (ep % fold == 0) & ((dp * cp) % np.maximum(ep // fold, 1) == 0)
+
+
 #: Schedules whose ranks each hold two chunks in a V: rank r holds stages r and 2·pp−1−r.
 V_SHAPE_SCHEDULES = frozenset({"zbv", "dualpipev"})
 

@@ -10,9 +10,10 @@ order leaves ``ep`` out). With expert tensor parallelism ``etp = 1 < tp`` (Megat
 MoE parallel folding) the tp axis splits into ``tpt`` (etp, inner) and ``tpe`` (tp/etp): the
 EP group is ``tpe`` × the ``ep/(tp/etp)`` ranks carved out of cp·dp as above. Besides the
 mesh axes, two derived groups carry gradients: ``dp_cp`` (dense weights are replicated over
-dp·cp; ZeRO shards over it) and ``edp`` (expert weights, dp·cp·(tp/etp)/ep). Placements are cached per (cluster, gpus, order, sizes), and each group's
-answer per the shape of the mesh it sees (so axes of different layouts with the same groups
-share it), so the search can evaluate many layouts cheaply.
+dp·cp; ZeRO shards over it) and ``edp`` (expert weights, dp·cp·(tp/etp)/ep). Placements
+are cached per (cluster, gpus, order, sizes), and each group's answer per the shape of the
+mesh it sees (so axes of different layouts with the same groups share it), so the search
+can evaluate many layouts cheaply.
 """
 
 from __future__ import annotations

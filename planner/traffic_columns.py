@@ -29,7 +29,12 @@ from planner.codes import Labels, distinct_rows
 from planner.comm import ALGORITHMS, algorithm_costs, volume_factor
 from planner.contention import sharing_delay
 from planner.job import Job
-from planner.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES, resolved_etp
+from planner.layout import (
+    DEFAULT_MESH_ORDER,
+    V_SHAPE_SCHEDULES,
+    expert_split_ok,
+    resolved_etp,
+)
 from planner.network import as_cluster, cluster_view
 from planner.schedules.registry import SCHEDULES, get_schedule
 from planner.topology import cluster_key, placement_for_view, resolve_order
@@ -55,7 +60,7 @@ def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) ->
     views, placements = {}, []
     for tp, cp, ep, pp, dp, etp in combos.tolist():
         num_gpus = tp * cp * pp * dp
-        if num_gpus > cluster.num_gpus or not _expert_split_ok(tp, cp, dp, ep, etp):
+        if num_gpus > cluster.num_gpus or not expert_split_ok(tp, cp, dp, ep, etp):
             placements.append(None)  # stays unpriced: the row cannot be placed
             continue
         if num_gpus not in views:
@@ -169,14 +174,6 @@ def _is_one_of(column, names) -> np.ndarray:
     return np.array([value in names for value in values], dtype=bool)[codes]
 
 
-def _expert_split_ok(tp, cp, dp, ep, etp):
-    """Rows whose EP group can be formed (:func:`planner.layout.check_expert_tp`): etp is 1
-    or tp, tp/etp divides ep and the rest of ep divides dp·cp (numpy-friendly)."""
-    etp_ok = (etp == 1) | (etp == tp)
-    fold = tp // np.maximum(etp, 1)
-    return etp_ok & (ep % fold == 0) & ((dp * cp) % np.maximum(ep // fold, 1) == 0)
-
-
 def placeable(
     cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, split="auto", etp=None
 ):
@@ -184,7 +181,7 @@ def placeable(
     dp·cp and the tp/etp folded TP ranks (the combinations :class:`_CostTables` leaves
     unpriced) and the layer split is legal."""
     etp = tp if etp is None else etp
-    priced = (tp * cp * pp * dp <= cluster.num_gpus) & _expert_split_ok(tp, cp, dp, ep, etp)
+    priced = (tp * cp * pp * dp <= cluster.num_gpus) & expert_split_ok(tp, cp, dp, ep, etp)
     return priced & np.asarray(stage_layers(num_layers, pp, chunks, split)[3])
 
 

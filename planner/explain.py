@@ -102,6 +102,17 @@ def _moe_lines(result, job) -> list[str]:
         else f"dropless, busiest EP rank at {model.routed_load_factor(lay.ep):g}× the balanced load"
     )
     lines = [f"routing: {routing}; top-{model.num_experts_per_token} of {model.num_routed_experts}"]
+    experts = model.num_routed_experts // lay.ep
+    noun = "routed expert" if experts == 1 else "routed experts"
+    if lay.expert_tp < lay.tp:
+        lines.append(
+            f"experts: {experts} whole {noun} per rank (etp {lay.expert_tp}): the "
+            f"{lay.tp} TP ranks fold into each EP group of {lay.ep}, "
+            f"{lay.ep * lay.expert_tp // lay.tp} of it carved out of dp·cp"
+        )
+    else:
+        split = f"each split over tp {lay.tp}" if lay.tp > 1 else "whole"
+        lines.append(f"experts: {experts} {noun} per rank, {split}")
     raw = result.comm_time_s.get("ep", 0.0)
     if lay.schedule in EP_OVERLAP_SCHEDULES and raw:
         chunks = 2 if lay.schedule == "dualpipev" else 1

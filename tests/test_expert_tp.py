@@ -24,6 +24,7 @@ from planner.compute import GpuRates, layer_op_times
 from planner.errors import PlanError
 from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
+from planner.explain import explain_estimate
 from planner.layout import Layout, check_layout
 from planner.memory import memory_report
 from planner.model import load_model
@@ -262,3 +263,11 @@ def test_emitted_launch_settings_name_the_expert_tp():
 
     assert "--expert-tensor-parallel-size 1" in emit_settings(entry, "megatron", job)
     assert "expert_tensor_parallel_degree = 1" in emit_settings(entry, "torchtitan", job)
+
+
+def test_estimate_explains_the_folded_expert_group():
+    job = api.build_job("mixtral-8x7b", 4096, global_batch_size=64)
+    layout = Layout(tp=2, pp=1, dp=8, ep=8, etp=1)
+    text = " ".join(explain_estimate(api.estimate(job, layout, "dgx-h100"), job))
+    assert "1 whole routed expert per rank (etp 1)" in text
+    assert "the 2 TP ranks fold into each EP group of 8, 4 of it carved out of dp·cp" in text

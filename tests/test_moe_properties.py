@@ -203,6 +203,7 @@ def test_estimate_explains_the_routing_load_and_what_dualpipe_hides():
     result = api.estimate(job, layout, "dgx-h800", 2048)
     text = " ".join(explain_estimate(result, job))
     assert "busiest EP rank at 1.2× the balanced load" in text
+    assert "experts: 4 routed experts per rank, whole" in text  # 256 over ep 64, tp 1
     raw, exposed = result.comm_time_s["ep"], result.time_breakdown_s["ep_exposed"]
     assert "80.8% of the end ranks' forward chunks" in text  # 97 of 120 (DualPipe steps 4-5)
     assert f"hides {raw - exposed:.3f} s of the {raw:.3f} s" in text

@@ -2,7 +2,8 @@
 
 The same :class:`Layout` is costed by the planner, printed by the CLI and launched by the
 validator. Axes are ``tp`` (tensor), ``cp`` (context), ``pp`` (pipeline), ``dp`` (data) and
-``ep`` (expert, carved out of the ``dp·cp`` ranks); ``tp·cp·pp·dp`` is the GPU count. Its
+``ep`` (expert, carved out of the ``dp·cp`` ranks, and of ``tp`` too when ``etp = 1``);
+``tp·cp·pp·dp`` is the GPU count. Its
 invariants against a model and job are checked in :func:`check_layout`, with messages
 that name both numbers.
 """
@@ -32,7 +33,9 @@ class Layout(BaseModel):
     cp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1)
-    ep: int = Field(1, ge=1, description="expert parallel; divides dp·cp")
+    ep: int = Field(
+        1, ge=1, description="expert parallel; divides dp·cp (ep/tp of it does under etp 1)"
+    )
     etp: int | None = Field(
         None,
         ge=1,

@@ -47,7 +47,8 @@ class Linear(BaseModel):
     count: int = 1
     #: Tokens each copy sees per token of the batch: k/E for a routed expert, else 1.
     token_share: float = 1.0
-    #: Routed expert weights (split over EP, sharded over dp·cp/ep under ZeRO).
+    #: Routed expert weights (split over EP, sharded over the expert-data-parallel group
+    #: dp·cp·(tp/etp)/ep under ZeRO).
     routed_expert: bool = False
     tp_split: Literal["column", "row", "none"] = "column"
     #: Output features on one TP rank when they are not simply out/tp (replicated KV heads).

@@ -49,7 +49,7 @@ from planner.network import (
 #: Mesh axes a user may order, innermost first by default (see planner.layout).
 MESH_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp")
 #: Process groups the traffic model uses: the mesh axes, the dense-gradient group dp·cp
-#: (CP ranks hold the same weights) and the expert-data-parallel group dp·cp/ep.
+#: (CP ranks hold the same weights) and the expert-data-parallel group dp·cp·(tp/etp)/ep.
 GROUP_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp", "dp_cp", "edp")
 #: Mesh factors each group is made of (tpt = the routed experts' TP part, etp; tpe = tp ∩ ep,
 #: tp/etp; cpe = cp ∩ ep, cpr = rest of cp, dpe = dp ∩ ep, dpr = rest of dp).

@@ -3,9 +3,8 @@
 The same :class:`Layout` is costed by the planner, printed by the CLI and launched by the
 validator. Axes are ``tp`` (tensor), ``cp`` (context), ``pp`` (pipeline), ``dp`` (data) and
 ``ep`` (expert, carved out of the ``dp·cp`` ranks, and of ``tp`` too when ``etp = 1``);
-``tp·cp·pp·dp`` is the GPU count. Its
-invariants against a model and job are checked in :func:`check_layout`, with messages
-that name both numbers.
+``tp·cp·pp·dp`` is the GPU count. Its invariants against a model and job are checked in
+:func:`check_layout`, with messages that name both numbers.
 """
 
 from __future__ import annotations

@@ -451,21 +451,26 @@ def mtp_op_times(
     rates: GpuRates,
     element_bytes: float = 2.0,
     etp: int | None = None,
+    layer_ops: list[OpTime] | None = None,
 ) -> list[OpTime]:
     """One DeepSeek-V3 multi-token-prediction module for one micro-batch on one GPU.
 
     arXiv 2412.19437 §2.2: the projection of the normed hidden state and the next token's
     embedding ``[h; h] → h``, one transformer layer (MoE when the model is), and the shared
     output head with its cross-entropy (§3.2.3: on the rank of the last stage). Names carry
-    the ``mtp.`` prefix.
+    the ``mtp.`` prefix. ``layer_ops``: the layer's operations when the caller has them
+    (:func:`planner.stage_times.shape_times` passes the model's own layer, FP8
+    quantization included), else :func:`layer_op_times`.
     """
     tokens = seq_len * micro_batch_size / cp
     h = model.hidden_size
     ops = [gemm_time("projection", tokens, 2 * h, h / tp, rates, element_bytes)]
-    ops += layer_op_times(
-        model, seq_len, micro_batch_size, tp, cp, ep, sequence_parallel, flash_attention,
-        model.is_moe, rates, element_bytes, etp,
-    )  # fmt: skip
+    if layer_ops is None:
+        layer_ops = layer_op_times(
+            model, seq_len, micro_batch_size, tp, cp, ep, sequence_parallel, flash_attention,
+            model.is_moe, rates, element_bytes, etp,
+        )  # fmt: skip
+    ops += layer_ops
     ops += head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
     return [op.model_copy(update={"name": MTP_PREFIX + op.name}) for op in ops]
 

@@ -151,11 +151,13 @@ class ModelSpec(BaseModel):
         (the padded buffers are computed and sent whatever ``ep``), else the imbalance
         where ``ep > 1`` (the busiest rank gates the all-to-all; on one rank the experts
         share it and the total is the balanced one). Works on numpy arrays of ``ep``."""
+        if not np.ndim(ep):  # the per-shape callers: plain floats, no array round trip
+            if self.moe_capacity_factor is not None:
+                return self.moe_capacity_factor
+            return self.moe_imbalance if ep > 1 else 1.0
         if self.moe_capacity_factor is not None:
-            factor = np.full(np.shape(ep), self.moe_capacity_factor)
-        else:
-            factor = np.where(np.asarray(ep) > 1, self.moe_imbalance, 1.0)
-        return factor if np.ndim(ep) else float(factor)
+            return np.full(np.shape(ep), self.moe_capacity_factor)
+        return np.where(np.asarray(ep) > 1, self.moe_imbalance, 1.0)
 
     @property
     def is_moe(self) -> bool:

@@ -119,7 +119,9 @@ def shape_times(
         flash_attention,
     )
 
-    def layer(moe_layer: bool) -> LayerTimes:
+    def module(moe_layer: bool) -> list[OpTime]:
+        """The layer's own operations (FP8 ones with their quantization): what a
+        transformer layer and an MTP module's layer both run."""
         ops = layer_op_times(
             *args, moe_layer=moe_layer, rates=rates, element_bytes=element_bytes, etp=etp
         )
@@ -130,6 +132,12 @@ def shape_times(
             ops = keep_in_bf16(ops, at_bf16)
             tokens = seq_len * micro_batch_size / cp
             ops = [*ops, fp8_quantization_time(model, tokens, tp, ep, moe_layer, rates, etp)]
+        return ops
+
+    modules = {kind: module(kind) for kind in ((False, True) if model.is_moe else (False,))}
+
+    def layer(moe_layer: bool) -> LayerTimes:
+        ops = modules[moe_layer]
         rerun = 0.0
         if measures is not None and measures.any:
             norm_tokens = seq_len * micro_batch_size / cp / (tp if sequence_parallel else 1)
@@ -163,9 +171,10 @@ def shape_times(
     if bf16_rates is not None:  # the output head stays BF16
         head = keep_in_bf16(head, head_op_times(*head_args, bf16_rates, element_bytes))
     if model.num_mtp_modules:  # MTP sits with the head (DeepSeek-V3 §3.2.3)
-        mtp = mtp_op_times(*args, rates, element_bytes, etp)
+        own = modules[model.is_moe]  # its layer is one more of the model's layers
+        mtp = mtp_op_times(*args, rates, element_bytes, etp, layer_ops=own)
         if bf16_rates is not None:
-            mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes, etp))
+            mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes, etp, own))
         head = head + mtp * model.num_mtp_modules
     if rates.op_overhead_s:
         tp_ends = op_counts.tensor_parallel_ops(sequence_parallel, ends=True) if tp > 1 else None

@@ -29,6 +29,7 @@ from planner.memory import (
 )
 from planner.model import load_model
 from planner.optimizers import optimizer_step_cost
+from planner.stage_times import shape_times
 from planner.traffic import axis_traffic
 
 MOE_MODELS = ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3")
@@ -101,6 +102,21 @@ def test_deepseek_v3_mtp_module_sits_on_the_last_stage_without_its_own_head():
     last = [params_per_virtual_stage(m, layout) for m in (model, without)]
     assert last[0][1][-1] - last[1][1][-1] == pytest.approx(expert / 64)  # experts split by EP
     assert (last[0][0][:-1] == last[1][0][:-1]).all()  # only the last stage holds it
+
+
+def test_deepseek_v3_mtp_module_runs_one_more_of_the_models_layers():
+    """Under FP8 the MTP module's layer is a layer of the model: the same operations,
+    its GEMM operands' online quantization included; its head is the model's head."""
+    model = load_model("deepseek-v3")
+    h800 = load_accelerator("h800-sxm")
+    fp8, bf16 = GpuRates.of(h800, "fp8"), GpuRates.of(h800, "bf16")
+    times = shape_times(model, 4096, 1, 1, 1, 64, False, True, fp8, 2.0, bf16_rates=bf16)
+    mtp = {op.name.removeprefix("mtp."): op for op in times.head if op.name.startswith("mtp.")}
+    for op in times.moe.ops:
+        assert mtp[op.name] == op.model_copy(update={"name": "mtp." + op.name}), op.name
+    assert "fp8.quantize" in mtp
+    head = next(op for op in times.head if op.name == "lm_head")  # the BF16 output head
+    assert mtp["lm_head"] == head.model_copy(update={"name": "mtp.lm_head"})
 
 
 def test_deepseek_v3_columns_and_memory_report_agree_on_the_published_layout():

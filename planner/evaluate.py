@@ -45,7 +45,7 @@ from planner.evaluate_tables import (
 )
 from planner.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.job import Job
-from planner.layout import resolved_etp
+from planner.layout import expert_data_parallel_size, resolved_etp
 from planner.precision import DTYPE_BYTES, optimizer_states_per_param, unsharded_bytes_per_param
 from planner.schedules import closed_form
 from planner.schedules.registry import SCHEDULES
@@ -100,25 +100,23 @@ def evaluate_columns(
     it and can be placed are timed (the search's screen); the others keep their memory and
     ``valid`` and carry NaN times. Each row's numbers do not depend on the other rows.
     """
-    n = len(columns["tp"])
+    if memory_limit_bytes is not None:  # the screen, its timed rows spread over all rows
+        memory, valid, rows, timed = screen_columns(
+            job, cluster, accelerator, columns, memory_limit_bytes, order, mfu_dtype
+        )
+        full = {}
+        for key, value in timed.items():
+            full[key] = valid.copy() if key == "valid" else np.full(len(valid), np.nan)
+            full[key][rows] = value
+        return in_output_order(full, memory)
     c = _prepared(columns)
     rates, bf16_rates, tuned = _rates(job, accelerator)
     shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
     memory = _memory_columns(job, c, shapes, structs, tuned)
-    if memory_limit_bytes is None:
-        timed = _time_columns(
-            job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
-        )
-        return in_output_order(timed, memory)
-    valid, rows, timed = _timed_if_fit(
-        job, cluster, accelerator, c, shapes, structs, memory, memory_limit_bytes, order,
-        mfu_dtype, rates, tuned,
-    )  # fmt: skip
-    full = {}
-    for key, value in timed.items():
-        full[key] = valid.copy() if key == "valid" else np.full(n, np.nan)
-        full[key][rows] = value
-    return in_output_order(full, memory)
+    timed = _time_columns(
+        job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+    )
+    return in_output_order(timed, memory)
 
 
 def screen_columns(
@@ -168,12 +166,12 @@ def _prepared(columns: dict) -> dict:
     col = {k: np.asarray(columns[k]) for k in (*INT_COLUMNS, "sequence_parallel")}
     c = {k: col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
     c["etp"] = resolved_etp(columns.get("etp"), c["tp"])  # the routed experts' TP degree
-    c["ep_in_tp"] = c["tp"] // c["etp"]  # TP ranks folded into EP
     c["mbs"], c["m"], c["zero"] = (
         col[k].astype(np.int64) for k in ("micro_batch_size", "num_microbatches", "zero_stage")
     )
     c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
     c["dp_cp"] = c["dp"] * c["cp"]  # the ZeRO group
+    c["edp"] = expert_data_parallel_size(c["dp"], c["cp"], c["tp"], c["ep"], c["etp"])
     # String columns as codes, hashed once (the search hands them over coded).
     c["schedule"], c["recompute"], c["split"] = (
         Labels.of(columns[k]) for k in ("schedule", "recompute", "pipeline_layer_split")
@@ -250,10 +248,9 @@ def _memory_columns(job: Job, c: dict, shapes: dict, structs: dict, tuned) -> di
         job,
         c["zero"][state_rows],
         zero_group[state_rows],
-        c["ep"][state_rows],
+        c["edp"][state_rows],
         _gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)),
         tuned,
-        c["ep_in_tp"][state_rows],
     )
     buffer_keys = ("tp", "cp", "pp", "ep", "etp", "zero", "sp", "mbs")  # once per distinct tuple
     buffer_rows, buffer_inv = distinct_rows(*(c[k] for k in buffer_keys))
@@ -285,15 +282,14 @@ def _memory_columns(job: Job, c: dict, shapes: dict, structs: dict, tuned) -> di
 
 
 def _state_columns(
-    job: Job, zero, zero_group, ep, R: dict, tuned, ep_in_tp=1
+    job: Job, zero, zero_group, expert_group, R: dict, tuned
 ) -> dict[str, np.ndarray]:
     """Model states per examined rank (weights, gradients, master weights, optimizer
-    states), ZeRO-sharded over the dp·cp group (routed experts over the expert-data-parallel
-    group dp·cp·(tp/etp)/ep, ``ep_in_tp`` = tp/etp: :func:`planner.layout.expert_data_parallel_size`)."""
+    states), ZeRO-sharded over the dp·cp group (routed experts over ``expert_group``, the
+    expert-data-parallel group: :func:`planner.layout.expert_data_parallel_size`)."""
     model, precision = job.model, job.precision
     states_per_param = optimizer_states_per_param(precision.optimizer, model)
     whole = unsharded_bytes_per_param(precision, states_per_param)
-    expert_group = np.maximum(zero_group * ep_in_tp // ep, 1)
 
     def shard(part_bytes: float, first_stage: int, group: np.ndarray) -> np.ndarray:
         return part_bytes / np.where(zero >= first_stage, group, 1)
@@ -501,7 +497,7 @@ def _time_columns(
         for column in optimizer_columns(
             R, zero[step_rows], zero_group[step_rows], rates.hbm_bytes_per_s,
             accelerator.achievable_matmul_flops_per_s("bf16"), dp_rate[step_rows],
-            dispatch_s=dispatch_s, ep=c["ep"][step_rows], ep_in_tp=c["ep_in_tp"][step_rows],
+            dispatch_s=dispatch_s, expert_group=c["edp"][step_rows],
         )
     )  # fmt: skip
 

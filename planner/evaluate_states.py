@@ -185,20 +185,19 @@ def optimizer_columns(
     comm_bytes_per_s: np.ndarray,
     muon_scheme: str = "gather",
     dispatch_s: np.ndarray | float = 0.0,
-    ep: np.ndarray | int = 1,
-    ep_in_tp: np.ndarray | int = 1,
+    expert_group: np.ndarray | int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(update seconds, Muon gather seconds) per row, for the slot whose step is longest.
 
     Under ZeRO ≥ 1 a rank updates its ``1/(dp·cp)`` slice of the dense parameters and its
-    ``1/(dp·cp·(tp/etp)/ep)`` slice of the routed experts' (``ep_in_tp``: the tp/etp TP
-    ranks folded into EP; the expert-data-parallel group, as the
-    memory model shards them); Muon's Newton–Schulz share and gathered bytes follow
+    ``1/expert_group`` slice of the routed experts' (the expert-data-parallel group,
+    :func:`planner.layout.expert_data_parallel_size`, as the memory model shards them;
+    default: dp·cp); Muon's Newton–Schulz share and gathered bytes follow
     :func:`planner.optimizers.muon_distribution` over the dp·cp group. ``dispatch_s`` (per
     slot): the step's fixed per-operation cost, whatever the shard.
     """
     share = np.where(zero >= 1, 1.0 / zero_group, 1.0)
-    expert_group = np.maximum(zero_group * np.asarray(ep_in_tp) // np.asarray(ep), 1)
+    expert_group = zero_group if expert_group is None else np.asarray(expert_group)
     expert_share = np.where(zero >= 1, 1.0 / expert_group, 1.0)
     comm_factor, ns_share = np.zeros(len(zero)), np.ones(len(zero))
     if slots["muon_params"].any():

@@ -32,6 +32,7 @@ from planner.job import Job
 from planner.layout import (
     DEFAULT_MESH_ORDER,
     V_SHAPE_SCHEDULES,
+    expert_data_parallel_size,
     expert_split_ok,
     resolved_etp,
 )
@@ -233,7 +234,7 @@ def _group_sizes(key: dict) -> dict[str, np.ndarray]:
     """Ranks in each placement group (:data:`AXIS_GROUPS`) of the rows."""
     tp, cp, pp, dp, ep, etp = (key[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp"))
     return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp_cp": dp * cp,
-            "edp": dp * cp * (tp // etp) // np.maximum(ep, 1)}  # fmt: skip
+            "edp": expert_data_parallel_size(dp, cp, tp, ep, etp)}  # fmt: skip
 
 
 def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[tuple]:

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.job import Job
+from planner.layout import expert_data_parallel_size
 from planner.precision import DTYPE_BYTES
 from planner.schedules.closed_form import dualpipe_paired_share
 
@@ -304,8 +305,8 @@ def step_terms(
         ]  # fmt: skip
     groups = [("dp", shape.dense_params, shape.dense_bucket, dp * cp)]
     if model.is_moe:
-        groups.append(("edp", shape.expert_params, shape.expert_bucket,
-                       dp * cp * (tp // expert_tp) // ep))  # fmt: skip
+        edp = expert_data_parallel_size(dp, cp, tp, ep, expert_tp)
+        groups.append(("edp", shape.expert_params, shape.expert_bucket, edp))
     units = np.maximum(layers, 1)  # FSDP wraps each transformer layer
     trained = trainable_adapter_params(job, tp, ep, shape, etp)
     for axis, params, bucket, size in groups:

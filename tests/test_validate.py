@@ -514,24 +514,27 @@ def _census_cases():
     # AdamW and zero_grad on the layer's 9 tensors, all but the step counter's on DTensors
     sharded_step = (9 * oc.optimizer_ops_per_tensor("adamw"),
                     9 * oc.optimizer_sharded_ops_per_tensor("adamw"), 0)  # fmt: skip
+
+    def tensor_parallel_phases(ops) -> dict:
+        """Per layer, each pass's (operations, on DTensors, collectives) under DTensor TP."""
+        return {
+            "forward": (dense.forward + ops.added.forward, ops.on_dtensors.forward,
+                        ops.collectives.forward),
+            "backward": (backward + ops.added.input_grad, sum(ops.on_dtensors[1:]),
+                         ops.collectives.input_grad),
+        }  # fmt: skip
+
     # (spec, layer counts, {phase: {kind: per layer}}) — totals are plain + DTensor.
     return {
         "tp-sp": (
             RunSpec(name="tp-sp", layout=Layout(tp=2, sequence_parallel=True, zero_stage=0)),
             (1, 3),
-            {"forward": (dense.forward + tp_sp.added.forward, tp_sp.on_dtensors.forward,
-                         tp_sp.collectives.forward),
-             "backward": (backward + tp_sp.added.input_grad, sum(tp_sp.on_dtensors[1:]),
-                          tp_sp.collectives.input_grad),
-             "optimizer": sharded_step},
+            {**tensor_parallel_phases(tp_sp), "optimizer": sharded_step},
         ),
         "tp": (
             RunSpec(name="tp", layout=Layout(tp=2, sequence_parallel=False, zero_stage=0)),
             (1, 3),
-            {"forward": (dense.forward + tp.added.forward, tp.on_dtensors.forward,
-                         tp.collectives.forward),
-             "backward": (backward + tp.added.input_grad, sum(tp.on_dtensors[1:]),
-                          tp.collectives.input_grad)},
+            tensor_parallel_phases(tp),
         ),
         "fsdp2": (
             RunSpec(name="fsdp2", layout=Layout(dp=2, zero_stage=3)),

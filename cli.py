@@ -22,7 +22,7 @@ from commands import plan, memory, schedule, network, validation, catalog  # noq
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors are one line on stderr with exit code 2."""
-    from planner.errors import PlanError
+    from hwspecs.errors import PlanError
 
     command = typer.main.get_command(app)
     try:

@@ -2,7 +2,7 @@
 
 Builds N random layouts of Llama 3 405B (tp, cp, pp, dp, vpp, micro-batch size, ZeRO
 stage, sequence parallelism, recompute, schedule) that fit on the 24,576-GPU Llama 3
-cluster, then times :func:`planner.traffic_columns.axis_times_vectorized` on all of them at
+cluster, then times :func:`planner.comm.traffic.axis_times_vectorized` on all of them at
 once: a cold call (placements and cost tables built for each distinct tp·cp·ep·pp·dp) and a
 warm one (placements cached). Prints rows per second for each.
 
@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
-from planner.job import Job
-from planner.model import load_model
-from planner.traffic_columns import axis_times_vectorized
+from planner.comm.traffic import axis_times_vectorized
+from planner.spec.job import Job
+from planner.spec.model import load_model
 
 
 def random_columns(rows: int, max_gpus: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ GPU" and "Muon is about 2× as compute-efficient as AdamW".
 2. One optimizer step of llama3-8b on 8 H100s (h100-sxm from the catalog: HBM bandwidth ×
    its efficiency for the element-wise update, BF16 peak × matmul efficiency for Newton–
    Schulz; dgx-h100's NVLink all-gather bus bandwidth for Muon's extra traffic), ZeRO-1
-   over the 8: AdamW vs Muon with both distribution schemes (planner.optimizers).
+   over the 8: AdamW vs Muon with both distribution schemes (planner.cost.optimizers).
 
 Run: ``python benchmarks/finetune_check.py`` (a few seconds).
 """
@@ -21,15 +21,15 @@ Run: ``python benchmarks/finetune_check.py`` (a few seconds).
 from __future__ import annotations
 
 from hwspecs.catalog import load_accelerator
-from planner.comm import collective_time
-from planner.finetune import FinetuneSpec, num_adapter_params
-from planner.flops import model_flops_per_token
-from planner.job import Job
-from planner.layout import Layout
-from planner.memory import memory_report
-from planner.model import ModelSpec, load_model
-from planner.optimizers import muon_matrix_shapes, optimizer_step_cost, optimizer_step_time
-from planner.precision import PrecisionSpec
+from planner.comm.collectives import collective_time
+from planner.cost.flops import model_flops_per_token
+from planner.cost.memory import memory_report
+from planner.cost.optimizers import muon_matrix_shapes, optimizer_step_cost, optimizer_step_time
+from planner.spec.finetune import FinetuneSpec, num_adapter_params
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import ModelSpec, load_model
+from planner.spec.precision import PrecisionSpec
 
 #: The nominal "48 GB" of the 48 GB GPU class, in bytes (not a catalog accelerator).
 CAPACITY_BYTES = 48e9

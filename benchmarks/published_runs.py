@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, n
 
 from hwspecs.catalog import load_accelerator, load_cluster
 from planner import api
-from planner.job import Job
-from planner.model import load_model
 from planner.search import search
+from planner.spec.job import Job
+from planner.spec.model import load_model
 
 # Llama 3 paper (arXiv 2407.21783) Table 4: GPUs, TP, CP, PP, DP, sequence, BF16 MFU.
 LLAMA3_TABLE4 = [

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.pipeline import simulate
-from planner.schedules import SCHEDULES, generate_schedule
+from planner.pipeline.schedules import SCHEDULES, generate_schedule
+from planner.pipeline.simulate import simulate
 
 
 def main() -> None:

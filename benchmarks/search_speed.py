@@ -18,9 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
 from hwspecs.catalog import load_accelerator, load_cluster
-from planner.job import Job
-from planner.model import load_model
 from planner.search import search
+from planner.spec.job import Job
+from planner.spec.model import load_model
 
 
 def main() -> None:

@@ -138,7 +138,7 @@ def gib(value: float | None) -> str:
 
 
 def int_list(text: str | None, name: str) -> list[int] | None:
-    from planner.errors import PlanError
+    from hwspecs.errors import PlanError
 
     if text is None:
         return None

@@ -141,8 +141,8 @@ def plan(
     as_json: JsonFlag = False,
 ) -> None:
     """Search every layout and rank them (default: Llama 3 405B on 16,384 H100s)."""
+    from hwspecs.errors import PlanError
     from planner import api
-    from planner.errors import PlanError
     from planner.search import SearchSpace
 
     try:
@@ -228,13 +228,13 @@ def plan(
 
 
 def _name_list(text: str, name: str) -> list[str]:
-    from planner.errors import PlanError
+    from hwspecs.errors import PlanError
 
     allowed = {"schedule": None, "recompute": ("none", "selective", "full")}[name]
     values = [part.strip() for part in text.split(",") if part.strip()]
     if name == "schedule":
-        from planner.errors import unknown_name_error
-        from planner.schedules import SCHEDULES
+        from hwspecs.errors import unknown_name_error
+        from planner.pipeline.schedules import SCHEDULES
 
         for value in values:
             if value not in SCHEDULES:

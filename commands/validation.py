@@ -18,7 +18,7 @@ from commands.common import (
 
 
 def _need_torch() -> None:
-    from planner.errors import PlanError
+    from hwspecs.errors import PlanError
 
     try:
         import torch  # noqa: F401

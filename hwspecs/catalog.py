@@ -3,7 +3,7 @@
 ``load_accelerator("h100-sxm")`` reads ``hwspecs/data/accelerators/h100-sxm.toml``;
 ``load_cluster("./my-cluster.toml")`` reads the user's file. Any problem (unknown name,
 missing file, bad TOML, a field that fails validation) is a one-line
-:class:`~planner.errors.PlanError`.
+:class:`~hwspecs.errors.PlanError`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from hwspecs.errors import PlanError, unknown_name_error
 from hwspecs.schema import Accelerator, Cluster, LinkTier
-from planner.errors import PlanError, unknown_name_error
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -142,7 +142,7 @@ class Accelerator(SourcedSpec):
         None,
         ge=0,
         description="fixed host seconds per dispatched operation (eager framework dispatch, "
-        "autograd, launch), added per pass by planner.op_counts; unset: 0, i.e. hidden "
+        "autograd, launch), added per pass by planner.structure.op_counts; unset: 0, i.e. hidden "
         "behind device time (GPUs launching asynchronously)",
     )
     sharded_op_overhead_s: float | None = Field(
@@ -206,7 +206,7 @@ class Accelerator(SourcedSpec):
     def achievable_matmul_flops_per_s(self, dtype: str = "bf16") -> float:
         """Peak × matmul efficiency; raises if the catalog records no efficiency for ``dtype``."""
         if dtype not in self.matmul_efficiency:
-            from planner.errors import PlanError
+            from hwspecs.errors import PlanError
 
             recorded = ", ".join(sorted(self.matmul_efficiency)) or "none"
             raise PlanError(
@@ -237,7 +237,7 @@ class CollectiveFit(SpecModel):
     ``S`` is nccl-tests' message size (the all-reduce buffer, the all-gather output, the
     reduce-scatter input, the all-to-all send buffer, the p2p message), so ``bytes_per_s``
     is its algorithm bandwidth. Where a link lists the fit for an op and group size, the
-    planner uses it instead of the ring / pairwise formulas (:func:`planner.comm.
+    planner uses it instead of the ring / pairwise formulas (:func:`planner.comm.collectives.
     algorithm_costs`): a measured runtime (gloo on loopback) that follows no ring factor.
     """
 

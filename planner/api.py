@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
 
-from planner.errors import PlanError, unknown_name_error
+from hwspecs.errors import PlanError, unknown_name_error
 from planner.explain import emit_settings, explain_estimate, explain_plan  # noqa: F401 (CLI)
 
 CATALOG_KINDS = ("models", "accelerators", "clusters", "links")
@@ -30,7 +30,7 @@ def _validated(model_cls, **fields):
 def catalog_names(kind: str) -> list[str]:
     """Catalog slugs of one kind: models, accelerators, clusters or links."""
     from hwspecs import catalog
-    from planner.model import catalog_model_names
+    from planner.spec.model import catalog_model_names
 
     if kind == "models":
         return catalog_model_names()
@@ -48,7 +48,7 @@ def list_catalog(kind: str | None = None) -> dict[str, list[str]]:
 def show_catalog(name: str) -> dict:
     """One catalog entry as JSON-ready data; models gain ``num_params`` and ``num_active_params``."""
     from hwspecs import catalog
-    from planner.model import load_model
+    from planner.spec.model import load_model
 
     if name in catalog_names("models"):
         model = load_model(name)
@@ -111,7 +111,7 @@ def build_finetune(
     double_quant: bool | None = None,
 ):
     """A FinetuneSpec from CLI-style values; None for full training (``recipe="full"``)."""
-    from planner.finetune import RECIPES, FinetuneSpec
+    from planner.spec.finetune import RECIPES, FinetuneSpec
 
     if recipe not in RECIPES:
         raise unknown_name_error("recipe", recipe, RECIPES)
@@ -137,8 +137,8 @@ def build_finetune(
 
 def _recipe_bytes_per_param(spec_model, finetune, precision, zero_stage: int, dp: int) -> dict:
     """Report fields of an adapter recipe: bytes per base-model parameter, split both ways."""
-    from planner.finetune import num_adapter_params
-    from planner.finetune_costs import model_state_bytes
+    from planner.cost.adapters import model_state_bytes
+    from planner.spec.finetune import num_adapter_params
 
     if spec_model is None:
         raise PlanError(
@@ -175,8 +175,8 @@ def bytes_per_param(
     shapes when a model is given, else the large-matrix figure. ``finetune`` (a
     FinetuneSpec, see :func:`build_finetune`) needs ``model``: frozen base, adapters trained.
     """
-    from planner.model import load_model
-    from planner.precision import (
+    from planner.spec.model import load_model
+    from planner.spec.precision import (
         PrecisionSpec,
         optimizer_states_per_param,
         sharded_bytes_per_param,
@@ -243,13 +243,13 @@ def build_job(
     ``precision`` and ``memory_measures`` default to the model's published training
     recipe (``training_precision``, ``training_memory_measures``), else bf16-mixed and none.
     ``weight_pass_memory``: what zero-bubble schedules keep from B to W
-    (:mod:`planner.weight_pass`). ``moe_imbalance`` / ``moe_capacity_factor``: override the
-    model's routing load (:meth:`planner.model.ModelSpec.routed_load_factor`).
+    (:mod:`planner.cost.weight_pass`). ``moe_imbalance`` / ``moe_capacity_factor``: override the
+    model's routing load (:meth:`planner.spec.model.ModelSpec.routed_load_factor`).
     """
-    from planner.job import Job
-    from planner.measures import memory_measures as measures_named
-    from planner.model import ModelSpec, load_model
-    from planner.precision import PrecisionSpec
+    from planner.spec.job import Job
+    from planner.spec.measures import memory_measures as measures_named
+    from planner.spec.model import ModelSpec, load_model
+    from planner.spec.precision import PrecisionSpec
 
     spec_model = load_model(model)
     routing = {
@@ -291,8 +291,8 @@ def build_layout(**fields):
 
     ``vpp=None`` takes the schedule's default (2 for the V-shape schedules and interleaved).
     """
-    from planner.layout import Layout
-    from planner.schedules import SCHEDULES
+    from planner.pipeline.schedules import SCHEDULES
+    from planner.spec.layout import Layout
 
     schedule = fields.get("schedule", "1f1b")
     if schedule not in SCHEDULES:
@@ -305,9 +305,9 @@ def build_layout(**fields):
 
 
 def memory(job, layout, accelerator: str | None = None):
-    """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.memory.memory_report`)."""
+    """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.cost.memory.memory_report`)."""
     from hwspecs.catalog import load_accelerator
-    from planner.memory import memory_report
+    from planner.cost.memory import memory_report
 
     spec = load_accelerator(accelerator) if accelerator else None
     return memory_report(job, layout, spec)
@@ -326,7 +326,7 @@ def collective(
 ):
     """One collective on one cluster: time, algorithm and bus bandwidth."""
     from hwspecs.catalog import load_cluster
-    from planner.comm import collective_time, parse_num_bytes
+    from planner.comm.collectives import collective_time, parse_num_bytes
 
     return collective_time(
         op, parse_num_bytes(num_bytes), ranks, load_cluster(cluster), algorithm=algorithm, gpus=gpus
@@ -336,9 +336,9 @@ def collective(
 def comm(job, layout, cluster: str, order: str | None = None, gpus: int | None = None):
     """Per-axis communication of ``job`` under ``layout`` on ``cluster`` (raw and exposed)."""
     from hwspecs.catalog import load_cluster
-    from planner.layout import DEFAULT_MESH_ORDER, check_layout
-    from planner.topology import resolve_order
-    from planner.traffic import axis_traffic
+    from planner.comm.report import axis_traffic
+    from planner.comm.topology import resolve_order
+    from planner.spec.layout import DEFAULT_MESH_ORDER, check_layout
 
     check_layout(layout, job.model, job.seq_len)
     mesh = resolve_order(order) if order else DEFAULT_MESH_ORDER
@@ -352,8 +352,8 @@ def topology(
 ):
     """Rank placement of each axis on ``cluster`` and the links each group crosses."""
     from hwspecs.catalog import load_cluster
-    from planner.layout import DEFAULT_MESH_ORDER
-    from planner.topology import resolve_order, topology_report
+    from planner.comm.topology import resolve_order, topology_report
+    from planner.spec.layout import DEFAULT_MESH_ORDER
 
     mesh = resolve_order(order) if order else DEFAULT_MESH_ORDER
     return topology_report(load_cluster(cluster), sizes, order=mesh, gpus=gpus)
@@ -375,8 +375,8 @@ def schedule(
     microbatch_group_size: int | None = None,
 ):
     """Generate and simulate one schedule with uniform stages (durations per rank per micro-batch)."""
-    from planner.pipeline import schedule_report
-    from planner.schedules import SCHEDULES
+    from planner.pipeline.schedules import SCHEDULES
+    from planner.pipeline.simulate import schedule_report
 
     if name not in SCHEDULES:
         raise unknown_name_error("schedule", name, SCHEDULES)
@@ -416,8 +416,8 @@ def estimate(
 ):
     """One layout's predicted step (see :func:`planner.estimate.estimate`)."""
     from hwspecs.catalog import load_cluster
+    from planner.comm.topology import resolve_order
     from planner.estimate import estimate as estimate_layout
-    from planner.topology import resolve_order
 
     spec = load_cluster(cluster)
     mesh = resolve_order(order) if order else None
@@ -449,10 +449,10 @@ def plan(
 ):
     """Search every layout and return the top ones with their full estimates; also the table."""
     from hwspecs.catalog import load_accelerator, load_cluster
+    from planner.comm.topology import resolve_order
     from planner.estimate import estimate as estimate_layout
-    from planner.layout import Layout
     from planner.search import LAYOUT_COLUMNS, OBJECTIVES, search
-    from planner.topology import resolve_order
+    from planner.spec.layout import Layout
 
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective '{objective}'; choose one of: {', '.join(OBJECTIVES)}")

@@ -2,7 +2,7 @@
 
 The numbers come from :func:`planner.evaluate.evaluate_columns` on a single row — the same
 code the search screens with — so an estimate and the search's row for that layout agree.
-The per-stage memory table comes from :func:`planner.memory.memory_report` (a test checks
+The per-stage memory table comes from :func:`planner.cost.memory.memory_report` (a test checks
 that its peak equals the row's). MFU follows PaLM Appendix B: model FLOPs per token (no
 recomputation, attention counted non-causally as ``12·L·h·s``) × tokens per second per GPU
 over the dense peak of ``mfu_dtype``; ``mfu_causal`` counts only the causal half of the
@@ -10,7 +10,7 @@ attention products, as DeepSeek reports; HFU adds recomputation. Under a fine-tu
 the model FLOPs are the recipe's (frozen base: no weight gradients; adapters added), and the
 optimizer term updates only the adapters; Muon's gather shows as ``optimizer_comm``.
 ``link_contention`` is the time lost where several axes' traffic shares one link
-(:mod:`planner.contention`); ``busiest_link_s`` is how long the busiest link of a GPU
+(:mod:`planner.comm.contention`); ``busiest_link_s`` is how long the busiest link of a GPU
 carries traffic per step.
 """
 
@@ -20,13 +20,13 @@ import numpy as np
 from pydantic import BaseModel
 
 from hwspecs.catalog import load_accelerator
+from hwspecs.errors import PlanError
 from hwspecs.schema import Cluster
-from planner.errors import PlanError
+from planner.comm.traffic import AXES
+from planner.cost.memory import MEMORY_PARTS, StageMemory, memory_report
 from planner.evaluate import evaluate_columns
-from planner.job import Job
-from planner.layout import Layout, check_layout
-from planner.memory import MEMORY_PARTS, StageMemory, memory_report
-from planner.traffic_columns import AXES
+from planner.spec.job import Job
+from planner.spec.layout import Layout, check_layout
 
 TIME_PARTS = (
     "compute",

@@ -2,21 +2,21 @@
 
 This is the one model the search screens with and the single-layout estimate reports.
 Pieces that depend only on a few layout fields are computed once per distinct value of
-those fields and broadcast to the rows (:mod:`planner.codes`): per-layer times and
+those fields and broadcast to the rows (:mod:`planner.columns.codes`): per-layer times and
 activation bytes per (tp, cp, ep, etp, SP, micro-batch, recompute) shape and what each pipeline
-rank holds per structure (:mod:`planner.evaluate_tables`); activations and the pipeline's
+rank holds per structure (:mod:`planner.columns.tables`); activations and the pipeline's
 compute per (structure, shape, m); model states and the optimizer step per (structure,
 ZeRO stage, dp·cp); communication buffers per (tp, cp, pp, ep, etp, ZeRO stage, SP,
 micro-batch); whether a row can be placed per (structure, cp, dp); collectives per
 (degrees, chunks, micro-batches, SP, recompute, ZeRO stage, split)
-(:mod:`planner.traffic_columns`). Per row only sums, peaks and the exposure of the
+(:mod:`planner.comm.traffic`). Per row only sums, peaks and the exposure of the
 collectives that hide behind compute are taken. String columns travel as codes
-(:class:`planner.codes.Labels`). No Python loop runs per row.
+(:class:`planner.columns.codes.Labels`). No Python loop runs per row.
 
 Per row: the busiest pipeline rank's F, B (+ recomputation) and W per micro-batch feed the
-schedule's closed-form step time (:mod:`planner.schedules.closed_form`); the exposed
-communication per axis (:mod:`planner.traffic_columns`), the optimizer step and the time
-lost where axes share a link (:mod:`planner.contention`) are added after it. Ranks are
+schedule's closed-form step time (:mod:`planner.pipeline.closed_form`); the exposed
+communication per axis (:mod:`planner.comm.traffic`), the optimizer step and the time
+lost where axes share a link (:mod:`planner.comm.contention`) are added after it. Ranks are
 examined at a few slots — the first two, the last two and the first rank with the most
 layers — which hold the compute and memory peaks of every schedule here (in-flight counts fall along the pipeline or are flat; the ends hold the embedding
 and the head); a test checks the slots against every rank.
@@ -27,14 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from hwspecs.schema import Accelerator, Cluster
-from planner import activations as act
-from planner import finetune_costs as ft
-from planner import op_counts
-from planner.codes import Labels, coded, distinct_rows, unique_rows
-from planner.compute import GpuRates
-from planner.contention import occupancy_excess
-from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns
-from planner.evaluate_tables import (
+from planner.columns.codes import Labels, coded, distinct_rows, unique_rows
+from planner.columns.tables import (
     MEMORY_SHAPE_KEYS,
     NUM_SLOTS,
     TIME_SHAPE_KEYS,
@@ -43,13 +37,23 @@ from planner.evaluate_tables import (
     shape_table,
     structure_table,
 )
-from planner.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
-from planner.job import Job
-from planner.layout import expert_data_parallel_size, resolved_etp
-from planner.precision import DTYPE_BYTES, optimizer_states_per_param, unsharded_bytes_per_param
-from planner.schedules import closed_form
-from planner.schedules.registry import SCHEDULES
-from planner.traffic_columns import AXES, axis_times_vectorized, chunks_column, placeable
+from planner.comm.contention import occupancy_excess
+from planner.comm.traffic import AXES, axis_times_vectorized, chunks_column, placeable
+from planner.cost import activations as act
+from planner.cost import adapters as ft
+from planner.cost.compute import GpuRates
+from planner.cost.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
+from planner.cost.model_states import FIRST_SHARDED_STAGE, optimizer_columns
+from planner.pipeline import closed_form
+from planner.pipeline.schedules.registry import SCHEDULES
+from planner.spec.job import Job
+from planner.spec.layout import expert_data_parallel_size, resolved_etp
+from planner.spec.precision import (
+    DTYPE_BYTES,
+    optimizer_states_per_param,
+    unsharded_bytes_per_param,
+)
+from planner.structure import op_counts
 
 RECOMPUTE_CODES = ("none", "selective", "full")
 #: Integer layout columns :func:`evaluate_columns` reads.
@@ -93,7 +97,7 @@ def evaluate_columns(
     """Evaluate rows of layouts. ``columns``: tp, cp, pp, dp, ep, vpp, micro_batch_size,
     num_microbatches, zero_stage (ints), optionally etp (ints; None or absent: tp),
     sequence_parallel (bool), recompute, schedule,
-    pipeline_layer_split (strings, or :class:`planner.codes.Labels`). Returns one array
+    pipeline_layer_split (strings, or :class:`planner.columns.codes.Labels`). Returns one array
     per quantity.
 
     Memory comes first, on every row. With ``memory_limit_bytes`` only the rows that fit in
@@ -192,7 +196,7 @@ def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple[dict, dict]:
     (``shape``, ``structure``) and into the distinct (structure, shape, m) combinations —
     what activations and the pipeline's compute depend on — and (structure, ZeRO stage,
     dp·cp) ones — what model states and the optimizer step depend on (``held``,
-    ``states``), all as :class:`planner.codes.Labels` of indices."""
+    ``states``), all as :class:`planner.columns.codes.Labels` of indices."""
     shapes, shape_inv = shape_table(
         job, rates, tuned, *(c[k] for k in ("tp", "cp", "ep", "etp", "sp", "mbs", "recompute")),
         bf16_rates,
@@ -286,7 +290,7 @@ def _state_columns(
 ) -> dict[str, np.ndarray]:
     """Model states per examined rank (weights, gradients, master weights, optimizer
     states), ZeRO-sharded over the dp·cp group (routed experts over ``expert_group``, the
-    expert-data-parallel group: :func:`planner.layout.expert_data_parallel_size`)."""
+    expert-data-parallel group: :func:`planner.spec.layout.expert_data_parallel_size`)."""
     model, precision = job.model, job.precision
     states_per_param = optimizer_states_per_param(precision.optimizer, model)
     whole = unsharded_bytes_per_param(precision, states_per_param)
@@ -375,7 +379,7 @@ def data_parallel_form(zero: np.ndarray, dp_cp: np.ndarray) -> np.ndarray:
 
 def _with_wrapper_ops(form, R: dict, accelerator, op_overhead_s: float, F, B):
     """F and B plus the data-parallel wrapper's own work per micro-batch: its operations
-    (:mod:`planner.op_counts`: DDP's gradient hook per parameter tensor in backward,
+    (:mod:`planner.structure.op_counts`: DDP's gradient hook per parameter tensor in backward,
     FSDP2's pre/post hooks per wrapped layer and for the root module) and its host time
     beyond them (:attr:`hwspecs.schema.Accelerator.data_parallel_overhead_s`: per wrapped
     unit for FSDP, per call for DDP)."""
@@ -592,12 +596,12 @@ def _pipeline_columns(c: dict, S: dict, R: dict, accelerator, rates) -> tuple[np
     return f, b, w, rc, pipeline, busy
 
 
-# ----- links shared by axes (planner.contention) -----------------------------------------
+# ----- links shared by axes (planner.comm.contention) -----------------------------------------
 
 
 def _link_contention(comm: dict, step_s: np.ndarray) -> np.ndarray:
     """Seconds lost where axes share a link: the larger of the sharing delay and the excess
-    of the busiest link's occupancy over the step (:mod:`planner.contention`)."""
+    of the busiest link's occupancy over the step (:mod:`planner.comm.contention`)."""
     links = list(comm["link_busy_s"])
     if not links:  # no traffic leaves the GPU
         return comm["link_contention_s"]
@@ -628,8 +632,8 @@ def _model_flops_per_token(job: Job, tuned, causal: bool) -> float:
 
 
 def _comm_buffer_columns(model, job, tp, cp, pp, ep, etp, zero, sp, mbs, tuned=None) -> np.ndarray:
-    """:func:`planner.memory._comm_buffer_bytes` as column arithmetic (same terms)."""
-    from planner.memory import layer_params_per_rank
+    """:func:`planner.cost.memory._comm_buffer_bytes` as column arithmetic (same terms)."""
+    from planner.cost.memory import layer_params_per_rank
 
     e, h = job.precision.activation_bytes, model.hidden_size
     tokens = job.seq_len * mbs / cp

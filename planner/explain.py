@@ -6,7 +6,7 @@ Pure functions from results to text; the CLI prints them.
 
 from __future__ import annotations
 
-from planner.errors import PlanError
+from hwspecs.errors import PlanError
 
 
 def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -> list[str]:
@@ -51,7 +51,7 @@ def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -
 def explain_estimate(result, job) -> list[str]:
     """Each term of an estimate with the formula and the numbers behind it."""
     from hwspecs.catalog import load_accelerator
-    from planner.flops import model_flops_per_token
+    from planner.cost.flops import model_flops_per_token
 
     accelerator = load_accelerator(result.accelerator)
     lay, stage = result.layout, result.stage_times_s
@@ -90,8 +90,8 @@ def explain_estimate(result, job) -> list[str]:
 
 def _moe_lines(result, job) -> list[str]:
     """The routing load an MoE estimate assumed and what DualPipe's F&B overlap bought."""
-    from planner.schedules.closed_form import dualpipe_paired_share
-    from planner.traffic_terms import EP_OVERLAP_SCHEDULES
+    from planner.comm.terms import EP_OVERLAP_SCHEDULES
+    from planner.pipeline.closed_form import dualpipe_paired_share
 
     model, lay = job.model, result.layout
     if not model.is_moe:
@@ -204,7 +204,7 @@ _TORCHTITAN_SCHEDULES = {
 
 def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool) -> str:
     """The attention kernels' rates an estimate used, with their source."""
-    from planner.compute import FLASH_BACKWARD_FLOPS_RATIO, attention_dtype
+    from planner.cost.compute import FLASH_BACKWARD_FLOPS_RATIO, attention_dtype
 
     if not flash_attention:
         return "attention (unfused): two batched GEMMs at the matmul rate, backward 2× forward"

@@ -16,10 +16,10 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
-from planner.codes import Labels
+from planner.columns.codes import Labels
 from planner.evaluate import in_output_order, screen_columns
-from planner.job import Job
-from planner.schedules import SCHEDULES
+from planner.pipeline.schedules import SCHEDULES
+from planner.spec.job import Job
 
 GIB = 2**30
 OBJECTIVES = ("step_time", "memory", "mfu")
@@ -169,7 +169,7 @@ def expand_rows(
 ) -> dict[str, np.ndarray]:
     """Screened rows × every ZeRO stage × every recompute policy, in the order of the full
     grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it). The
-    schedule and the recompute policy come as :class:`planner.codes.Labels`."""
+    schedule and the recompute policy come as :class:`planner.columns.codes.Labels`."""
     num_zero, num_recompute = len(space.zero_stage), len(space.recompute)
     alive = np.zeros(int(np.prod(grid_shape)), dtype=bool)
     alive[cells] = True
@@ -195,7 +195,7 @@ def rejection_masks(
     model, s = job.model, job.seq_len
     tp, cp, pp, dp, ep, vpp = (cols[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
     etp = cols["etp"]
-    fold = tp // np.maximum(etp, 1)  # TP ranks folded into EP (planner.layout.check_expert_tp)
+    fold = tp // np.maximum(etp, 1)  # TP ranks folded into EP (planner.spec.layout.check_expert_tp)
     schedule, mbs = cols["schedule"], cols["micro_batch_size"]
 
     def runs(name: str) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Pipeline timelines as plotly figures: ranks down the y axis, time along x.
 
-Each :class:`~planner.pipeline.ScheduleReport` becomes one panel: one horizontal bar per
+Each :class:`~planner.pipeline.simulate.ScheduleReport` becomes one panel: one horizontal bar per
 action, coloured by kind (F forward, B input gradient, W weight gradient, BW full backward),
 labelled with its micro-batch, with micro-batch, stage, start and end on hover and the
 step time and bubble fraction in the panel title. Several reports (``--compare``) stack as
@@ -8,7 +8,7 @@ panels on one page sharing the time axis, so equal durations line up. The simula
 all the computing; this module only draws. plotly is imported inside the functions so the
 CLI starts fast.
 
-    from planner.pipeline import schedule_report
+    from planner.pipeline.simulate import schedule_report
     from plots.schedule import schedule_figure, write_figure
     write_figure(schedule_figure([schedule_report("zbv", 4, 8)]), html_path="zbv.html")
 """
@@ -18,12 +18,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from planner.errors import PlanError
+from hwspecs.errors import PlanError
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from planner.pipeline import ScheduleReport
+    from planner.pipeline.simulate import ScheduleReport
 
 #: Colour per action kind (torch.distributed.pipelining's visualizer uses the same hues).
 KIND_COLORS = {"F": "#4C78A8", "B": "#2CA6A4", "W": "#59A14F", "BW": "#F28E2B"}

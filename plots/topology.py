@@ -5,7 +5,7 @@ What it shows: one panel per parallel axis. Across each panel run the cluster's 
 at the bottom, with the boundaries of the tier's instances (NVLink domains, racks, pods;
 drawn when there are at most 256 of them). The first group of the panel's axis is
 highlighted: its ranks as markers on the GPU lane, and on each tier lane the instances it
-touches, filled. Which model it follows: :func:`planner.topology.topology_report` (rank
+touches, filled. Which model it follows: :func:`planner.comm.topology.topology_report` (rank
 placement innermost first, tiers from the cluster spec); everything is computed there and
 this module only draws. Run it with
 ``llmplan topology --cluster llama3-h100-24k --tp 8 --pp 16 --dp 128 --html placement.html``.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.topology import TopologyReport
+from planner.comm.topology import TopologyReport
 
 MAX_BOUNDARIES = 256
 HIGHLIGHT = "#d62728"

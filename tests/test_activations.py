@@ -4,12 +4,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner.activations import (
+from planner.cost.activations import (
     ActivationShape,
     activation_bytes_per_layer,
     layer_activation_tensors,
 )
-from planner.model import ModelSpec, load_model
+from planner.spec.model import ModelSpec, load_model
 
 
 def gpt_layer(hidden: int, heads: int) -> ModelSpec:
@@ -94,8 +94,8 @@ def test_sequence_parallel_and_cp_split_every_tensor(t, cp, b):
 
 def test_backward_working_bytes_is_the_swiglu_gradients_at_its_peak():
     """Incoming gradient plus the gate and up gradients: 3·s·b·f/tp elements (SwiGLU)."""
-    from planner.activations import ActivationShape, backward_working_bytes
-    from planner.model import load_model
+    from planner.cost.activations import ActivationShape, backward_working_bytes
+    from planner.spec.model import load_model
 
     model = load_model("llama3-405b")
     shape = ActivationShape(seq_len=8192, micro_batch_size=1, tp=8, element_bytes=2)
@@ -105,7 +105,7 @@ def test_backward_working_bytes_is_the_swiglu_gradients_at_its_peak():
 def test_backward_working_beside_logits_counts_only_the_larger_on_the_head_rank():
     import numpy as np
 
-    from planner.activations import backward_working_beside_logits
+    from planner.cost.activations import backward_working_beside_logits
 
     out = backward_working_beside_logits(10.0, np.array([4.0, 4.0, 30.0]), np.array([0, 1, 1]))
     assert out.tolist() == [10.0, 6.0, 0.0]

@@ -1,4 +1,4 @@
-"""Collective alpha-beta models (planner.comm) against outside figures and formulas."""
+"""Collective alpha-beta models (planner.comm.collectives) against outside figures and formulas."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwspecs.catalog import catalog_names, load_link
-from planner.comm import (
+from hwspecs.errors import PlanError
+from planner.comm.collectives import (
     OPS,
     algorithm_costs,
     collective_time,
     parse_num_bytes,
     volume_factor,
 )
-from planner.errors import PlanError
-from planner.topology import place_groups
+from planner.comm.topology import place_groups
 
 GIB = 2**30
 
@@ -125,7 +125,7 @@ def test_all_to_all_is_bound_by_the_busier_of_nvlink_and_the_nic():
 
 def _ep64_levels():
     """The levels of DeepSeek-V3's EP 64 group: 8 nodes of 8 H800s (dgx-h800)."""
-    from planner.layout import Layout
+    from planner.spec.layout import Layout
 
     placement = place_groups("dgx-h800", Layout(pp=16, dp=128, ep=64), gpus=2048)
     return placement.groups["ep"].levels
@@ -279,10 +279,10 @@ def test_catalog_links_list_no_fits():
 def test_search_row_equals_the_estimate_on_a_link_with_fits(fitted_cluster):
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.estimate import estimate
-    from planner.job import Job
-    from planner.layout import Layout
-    from planner.model import load_model
     from planner.search import SearchSpace, search
+    from planner.spec.job import Job
+    from planner.spec.layout import Layout
+    from planner.spec.model import load_model
 
     small = load_model("llama3-8b").model_copy(update={"num_layers": 4})
     job = Job(model=small, seq_len=4096, global_batch_tokens=4096 * 64)

@@ -4,7 +4,7 @@ import pytest
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Accelerator
-from planner.compute import (
+from planner.cost.compute import (
     GEMM_TILE_M,
     GEMM_TILE_N,
     GpuRates,
@@ -13,7 +13,7 @@ from planner.compute import (
     gemm_time,
     layer_op_times,
 )
-from planner.model import load_model
+from planner.spec.model import load_model
 
 H100 = GpuRates.of(load_accelerator("h100-sxm"), "bf16")
 
@@ -105,7 +105,7 @@ def test_unfused_attention_stays_in_bf16_under_fp8_gemms():
 def test_fp8_quantization_moves_each_operand_once_per_pass():
     """Llama 3 8B layer, 4096 tokens: Q/K/V read one input, gate/up one, o and down their own
     (X = 4096·(h + q + h + f) elements); dY = every module's output."""
-    from planner.compute import fp8_quantization_time
+    from planner.cost.compute import fp8_quantization_time
 
     model = load_model("llama3-8b")
     h, f, q, kv = 4096, 14336, 4096, 1024

@@ -1,4 +1,4 @@
-"""Links shared by parallel axes (planner.contention): the closed forms, the per-link busy
+"""Links shared by parallel axes (planner.comm.contention): the closed forms, the per-link busy
 times the collectives report, and the term in the step time (search row == estimate)."""
 
 from unittest import mock
@@ -9,18 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwspecs.catalog import load_accelerator, load_cluster
-from planner.comm import algorithm_costs, volume_factor
-from planner.contention import occupancy_excess, sharing_delay
+from planner.comm.collectives import algorithm_costs, volume_factor
+from planner.comm.contention import occupancy_excess, sharing_delay
+from planner.comm.network import cluster_view, group_levels, link_key
+from planner.comm.report import ComputeTimes, axis_traffic
+from planner.comm.topology import place_groups
+from planner.comm.traffic import axis_times_vectorized
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
-from planner.job import Job
-from planner.layout import Layout
-from planner.model import load_model
-from planner.network import cluster_view, group_levels, link_key
 from planner.search import search
-from planner.topology import place_groups
-from planner.traffic import ComputeTimes, axis_traffic
-from planner.traffic_columns import axis_times_vectorized
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import load_model
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")
@@ -109,7 +109,7 @@ def test_axes_on_different_links_do_not_contend():
 
 def _busy_from_report(layout: Layout, forward: float, backward: float):
     """{link: {axis: (exposed, hidden) seconds}} from the explained single-layout report and
-    each collective's per-link busy time per byte (the path :mod:`planner.traffic` takes)."""
+    each collective's per-link busy time per byte (the path :mod:`planner.comm.report` takes)."""
     report = axis_traffic(JOB, layout, DGX, compute=ComputeTimes(forward_s=forward,
                                                                  backward_s=backward))  # fmt: skip
     placement = place_groups(DGX, layout)

@@ -6,16 +6,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwspecs.catalog import load_accelerator, load_cluster
-from planner.compute import GpuRates
-from planner.errors import PlanError
+from hwspecs.errors import PlanError
+from planner.cost.compute import GpuRates
+from planner.cost.flops import model_flops_per_token
+from planner.cost.memory import memory_report
+from planner.cost.stage_times import rank_structure, rank_times, shape_times
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
-from planner.flops import model_flops_per_token
-from planner.job import Job
-from planner.layout import Layout
-from planner.memory import memory_report
-from planner.model import load_model
-from planner.stage_times import rank_structure, rank_times, shape_times
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import load_model
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")

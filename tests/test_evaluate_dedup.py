@@ -2,7 +2,7 @@
 
 The columns model computes activations, the pipeline's compute, model states, the optimizer
 step, communication buffers, placeability and every collective's bytes and raw time once
-per distinct combination of the fields they read (:mod:`planner.codes`), and ranks by a
+per distinct combination of the fields they read (:mod:`planner.columns.codes`), and ranks by a
 sort that fixes ties only. A row evaluated among many others must get exactly what it gets
 evaluated alone, where nothing is shared.
 """
@@ -12,11 +12,9 @@ import pandas as pd
 import pytest
 
 from hwspecs.catalog import load_accelerator, load_cluster
-from planner.codes import Labels, distinct_rows, unique_rows
+from planner.columns.codes import Labels, distinct_rows, unique_rows
+from planner.comm.traffic import axis_times_vectorized
 from planner.evaluate import evaluate_columns
-from planner.job import Job
-from planner.model import load_model
-from planner.precision import PrecisionSpec
 from planner.search import (
     RANKING_KEYS,
     SearchSpace,
@@ -26,7 +24,9 @@ from planner.search import (
     rejection_masks,
     screening_grid,
 )
-from planner.traffic_columns import axis_times_vectorized
+from planner.spec.job import Job
+from planner.spec.model import load_model
+from planner.spec.precision import PrecisionSpec
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")

@@ -19,19 +19,19 @@ from hypothesis import strategies as st
 
 import cli
 from hwspecs.catalog import load_accelerator, load_cluster
+from hwspecs.errors import PlanError
 from planner import api
-from planner.compute import GpuRates, layer_op_times
-from planner.errors import PlanError
+from planner.comm.report import axis_traffic
+from planner.comm.topology import group_size, place_groups
+from planner.cost.compute import GpuRates, layer_op_times
+from planner.cost.memory import memory_report
+from planner.cost.optimizers import optimizer_step_cost
 from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
 from planner.explain import explain_estimate
-from planner.layout import Layout, check_layout
-from planner.memory import memory_report
-from planner.model import load_model
-from planner.optimizers import optimizer_step_cost
 from planner.search import SearchSpace, search
-from planner.topology import group_size, place_groups
-from planner.traffic import axis_traffic
+from planner.spec.layout import Layout, check_layout
+from planner.spec.model import load_model
 
 H100 = load_accelerator("h100-sxm")
 DGX = load_cluster("dgx-h100")

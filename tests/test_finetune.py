@@ -8,8 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cli
-from planner.errors import PlanError
-from planner.finetune import (
+from hwspecs.errors import PlanError
+from planner.cost.adapters import (
+    dequantization_passes,
+    finetune_ops_per_sequence,
+    model_state_bytes,
+)
+from planner.cost.flops import model_ops_per_sequence
+from planner.cost.memory import MEMORY_PARTS, memory_report
+from planner.spec.finetune import (
     FinetuneSpec,
     layer_adapter_params,
     nf4_bits_per_param,
@@ -19,18 +26,11 @@ from planner.finetune import (
     targeted_linears,
     vera_projection_params,
 )
-from planner.finetune_costs import (
-    dequantization_passes,
-    finetune_ops_per_sequence,
-    model_state_bytes,
-)
-from planner.flops import model_ops_per_sequence
-from planner.job import Job
-from planner.layout import Layout
-from planner.linears import layer_kinds_count, layer_linears
-from planner.memory import MEMORY_PARTS, memory_report
-from planner.model import ModelSpec, load_model
-from planner.precision import PrecisionSpec
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import ModelSpec, load_model
+from planner.spec.precision import PrecisionSpec
+from planner.structure.linears import layer_kinds_count, layer_linears
 
 #: Llama-2-7B (HF meta-llama/Llama-2-7b-hf config.json): 32 layers, hidden 4096, MHA.
 LLAMA2_7B = ModelSpec(

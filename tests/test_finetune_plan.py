@@ -8,18 +8,18 @@ from hypothesis import strategies as st
 
 import cli
 from hwspecs.catalog import load_accelerator, load_cluster
-from planner.compute import GpuRates
+from planner.cost.adapters import dequantization_bytes_per_pass, dequantization_passes
+from planner.cost.compute import GpuRates
+from planner.cost.memory import memory_report
+from planner.cost.optimizers import muon_matrix_shapes, optimizer_step_cost, optimizer_step_time
+from planner.cost.stage_times import shape_times
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
-from planner.finetune import FinetuneSpec
-from planner.finetune_costs import dequantization_bytes_per_pass, dequantization_passes
-from planner.job import Job
-from planner.layout import Layout
-from planner.memory import memory_report
-from planner.model import load_model
-from planner.optimizers import muon_matrix_shapes, optimizer_step_cost, optimizer_step_time
-from planner.precision import PrecisionSpec
-from planner.stage_times import shape_times
+from planner.spec.finetune import FinetuneSpec
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import load_model
+from planner.spec.precision import PrecisionSpec
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")
@@ -115,7 +115,7 @@ def test_muon_adds_newton_schulz_and_a_gather_to_the_step():
 
 
 def test_muon_step_on_one_stage_is_optimizer_step_time():
-    """With the whole model on each rank the columns model is planner.optimizers' cost."""
+    """With the whole model on each rank the columns model is planner.cost.optimizers' cost."""
     job = job_with(optimizer="muon")
     layout = Layout(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=2)
     result = estimate(job, layout, DGX)

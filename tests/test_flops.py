@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner import flops
-from planner.model import ModelSpec, load_model
+from planner.cost import flops
+from planner.spec.model import ModelSpec, load_model
 
 DENSE = ["llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b"]
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from planner.errors import PlanError
-from planner.model import load_model
+from hwspecs.errors import PlanError
+from planner.spec.model import load_model
 
 # Architecture fields as published in each model's config.json on the Hugging Face hub.
 HF_CONFIGS = {

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hwspecs.catalog import catalog_names, load_accelerator, load_cluster, load_link
+from hwspecs.errors import PlanError
 from hwspecs.schema import DEFAULT_SOURCE_PREFIX, Accelerator, LinkTier
-from planner.errors import PlanError
 
 ACCELERATORS = catalog_names("accelerator")
 LINKS = catalog_names("link")

@@ -1,14 +1,14 @@
-"""DeepSeek-V3's activation-memory measures (planner.measures; arXiv 2412.19437 §3.2.3, §3.3.3)."""
+"""DeepSeek-V3's activation-memory measures (planner.spec.measures; arXiv 2412.19437 §3.2.3, §3.3.3)."""
 
 from __future__ import annotations
 
 import pytest
 
+from hwspecs.errors import PlanError
 from planner import api
-from planner.activations import ActivationShape, layer_activation_tensors
-from planner.errors import PlanError
-from planner.measures import MEASURE_SETS, MemoryMeasures, memory_measures
-from planner.model import load_model
+from planner.cost.activations import ActivationShape, layer_activation_tensors
+from planner.spec.measures import MEASURE_SETS, MemoryMeasures, memory_measures
+from planner.spec.model import load_model
 
 DEEPSEEK = load_model("deepseek-v3")
 ALL = MEASURE_SETS["deepseek-v3"]
@@ -78,8 +78,8 @@ def test_published_layout_fits_in_80_gb_with_the_measures_and_not_without():
 
 def test_measures_rerun_the_up_projections_norms_and_swiglu_in_the_backward():
     from hwspecs.catalog import load_accelerator
-    from planner.compute import GpuRates
-    from planner.stage_times import shape_times
+    from planner.cost.compute import GpuRates
+    from planner.cost.stage_times import shape_times
 
     rates = GpuRates.of(load_accelerator("h800-sxm"), "fp8")
     args = (DEEPSEEK, S, 1, 1, 1, 64, False, True, rates, 2.0)
@@ -95,8 +95,8 @@ def test_measures_rerun_the_up_projections_norms_and_swiglu_in_the_backward():
 def test_fp8_recipe_keeps_attention_router_and_head_at_the_bf16_rate():
     """§3.3: attention operators, MoE gating and the output head stay in BF16."""
     from hwspecs.catalog import load_accelerator
-    from planner.compute import GpuRates
-    from planner.stage_times import shape_times
+    from planner.cost.compute import GpuRates
+    from planner.cost.stage_times import shape_times
 
     accelerator = load_accelerator("h800-sxm")
     fp8, bf16 = GpuRates.of(accelerator, "fp8"), GpuRates.of(accelerator, "bf16")

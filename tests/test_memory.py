@@ -6,12 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwspecs.catalog import load_accelerator
-from planner.errors import PlanError
-from planner.job import Job
-from planner.layout import Layout, layers_per_virtual_stage
-from planner.memory import MEMORY_PARTS, memory_report, params_per_virtual_stage
-from planner.model import load_model
-from planner.stage_times import rank_structure
+from hwspecs.errors import PlanError
+from planner.cost.memory import MEMORY_PARTS, memory_report, params_per_virtual_stage
+from planner.cost.stage_times import rank_structure
+from planner.spec.job import Job
+from planner.spec.layout import Layout, layers_per_virtual_stage
+from planner.spec.model import load_model
 
 H100 = load_accelerator("h100-sxm")
 LLAMA_405B = load_model("llama3-405b")

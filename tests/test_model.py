@@ -2,8 +2,8 @@
 
 import pytest
 
-from planner.errors import PlanError
-from planner.model import catalog_model_names, load_model
+from hwspecs.errors import PlanError
+from planner.spec.model import catalog_model_names, load_model
 
 # (model, published total, published active, relative tolerance). Sources: Llama 3 paper
 # (405B; HF model cards 8.03B / 70.6B), GPT-3 Table 2.1 (175.0B), Mixtral paper §2.1

@@ -10,27 +10,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwspecs.catalog import load_accelerator, load_cluster
+from hwspecs.errors import PlanError
 from planner import api
-from planner.activations import ActivationShape, layer_activation_tensors
-from planner.compute import GpuRates, layer_op_times
-from planner.errors import PlanError
-from planner.estimate import layout_columns
-from planner.evaluate import evaluate_columns
-from planner.explain import explain_estimate
-from planner.finetune_costs import routed_expert_params
-from planner.flops import model_flops_per_token
-from planner.job import Job
-from planner.layout import Layout
-from planner.memory import (
+from planner.comm.report import axis_traffic
+from planner.cost.activations import ActivationShape, layer_activation_tensors
+from planner.cost.adapters import routed_expert_params
+from planner.cost.compute import GpuRates, layer_op_times
+from planner.cost.flops import model_flops_per_token
+from planner.cost.memory import (
     dualpipe_activations,
     memory_report,
     mtp_params_per_rank,
     params_per_virtual_stage,
 )
-from planner.model import load_model
-from planner.optimizers import optimizer_step_cost
-from planner.stage_times import shape_times
-from planner.traffic import axis_traffic
+from planner.cost.optimizers import optimizer_step_cost
+from planner.cost.stage_times import shape_times
+from planner.estimate import layout_columns
+from planner.evaluate import evaluate_columns
+from planner.explain import explain_estimate
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import load_model
 
 MOE_MODELS = ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3")
 H100 = load_accelerator("h100-sxm")

@@ -1,4 +1,4 @@
-"""Operations per pass (planner.op_counts) and the per-operation cost they carry.
+"""Operations per pass (planner.structure.op_counts) and the per-operation cost they carry.
 
 The closed form is checked against what PyTorch really dispatches for the reference
 workloads; the cost term against its definition (0 when the accelerator records none, so
@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from hwspecs.catalog import load_accelerator, load_cluster
-from planner import op_counts
-from planner.compute import GpuRates
+from planner.cost.compute import GpuRates
+from planner.cost.stage_times import rank_structure, rank_times, shape_times
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
-from planner.job import Job
-from planner.layout import Layout
-from planner.model import load_model
-from planner.precision import PrecisionSpec
-from planner.stage_times import rank_structure, rank_times, shape_times
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import load_model
+from planner.spec.precision import PrecisionSpec
+from planner.structure import op_counts
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")

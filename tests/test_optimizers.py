@@ -4,9 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner.errors import PlanError
-from planner.model import load_model
-from planner.optimizers import (
+from hwspecs.errors import PlanError
+from planner.cost.optimizers import (
     muon_distribution,
     muon_matrix_shapes,
     newton_schulz_flops,
@@ -14,7 +13,8 @@ from planner.optimizers import (
     optimizer_step_time,
     update_bytes_per_param,
 )
-from planner.precision import (
+from planner.spec.model import load_model
+from planner.spec.precision import (
     PrecisionSpec,
     _norm_and_bias_params,
     unsharded_bytes_per_param,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.errors import PlanError
-from planner.pipeline import p2p_time, schedule_report, simulate
-from planner.schedules import Action, generate_schedule
+from hwspecs.errors import PlanError
+from planner.pipeline.schedules import Action, generate_schedule
+from planner.pipeline.simulate import p2p_time, schedule_report, simulate
 
 
 def test_1f1b_pp4_m8_takes_33_units_and_holds_4_3_2_1_microbatches():

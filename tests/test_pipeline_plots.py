@@ -7,8 +7,8 @@ import shutil
 import pytest
 from rich.console import Console
 
-from planner.errors import PlanError
-from planner.pipeline import schedule_report
+from hwspecs.errors import PlanError
+from planner.pipeline.simulate import schedule_report
 from plots.schedule import schedule_figure, write_figure
 from plots.schedule_chart import schedule_chart, summary_line
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner.errors import PlanError
-from planner.precision import PrecisionSpec, sharded_bytes_per_param, unsharded_bytes_per_param
+from hwspecs.errors import PlanError
+from planner.spec.precision import PrecisionSpec, sharded_bytes_per_param, unsharded_bytes_per_param
 
 MIXED = PrecisionSpec()
 

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import PlanError
-from planner.pipeline import simulate
-from planner.schedules import SCHEDULES, Action, generate_schedule, get_schedule
-from planner.schedules.dualpipe import direction_of
-from planner.schedules.interleaved import schedule_table
+from hwspecs.errors import PlanError
+from planner.pipeline.schedules import SCHEDULES, Action, generate_schedule, get_schedule
+from planner.pipeline.schedules.dualpipe import direction_of
+from planner.pipeline.schedules.interleaved import schedule_table
+from planner.pipeline.simulate import simulate
 
 #: (name, pp, num_microbatches, vpp) covering each schedule's shapes, small and odd ones.
 CASES = [

@@ -12,10 +12,10 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.errors import PlanError
-from planner.pipeline import simulate
-from planner.schedules import SCHEDULES, generate_schedule
-from planner.schedules import closed_form as cf
+from hwspecs.errors import PlanError
+from planner.pipeline import closed_form as cf
+from planner.pipeline.schedules import SCHEDULES, generate_schedule
+from planner.pipeline.simulate import simulate
 
 #: (f, b, w) per rank per micro-batch: balanced, the paper's B > F > W, and lopsided ones.
 TIMES = np.array(

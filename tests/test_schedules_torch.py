@@ -17,8 +17,8 @@ pytest.importorskip("torch")
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 from torch.distributed.pipelining.schedules import _ComputationType
 
-from planner.pipeline import simulate
-from planner.schedules import Action, generate_schedule
+from planner.pipeline.schedules import Action, generate_schedule
+from planner.pipeline.simulate import simulate
 
 pytestmark = pytest.mark.torch
 

@@ -9,10 +9,10 @@ import pytest
 import cli
 from hwspecs.catalog import load_accelerator, load_cluster
 from planner.estimate import estimate
-from planner.job import Job
-from planner.layout import Layout
-from planner.model import load_model
 from planner.search import SearchSpace, search
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import load_model
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")

@@ -11,15 +11,12 @@ import pandas as pd
 import pytest
 
 from hwspecs.catalog import load_accelerator, load_cluster
-from planner.errors import PlanError
+from hwspecs.errors import PlanError
+from planner.cost.memory import memory_report
 from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
-from planner.job import Job
-from planner.layout import Layout
-from planner.memory import memory_report
-from planner.model import load_model
-from planner.schedules import SCHEDULES
-from planner.schedules import closed_form as cf
+from planner.pipeline import closed_form as cf
+from planner.pipeline.schedules import SCHEDULES
 from planner.search import (
     RANKING_COLUMNS,
     RANKING_KEYS,
@@ -30,6 +27,9 @@ from planner.search import (
     rejection_masks,
     screening_grid,
 )
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import load_model
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")

@@ -1,4 +1,4 @@
-"""Rank placement and the links each group crosses (planner.topology, planner.network)."""
+"""Rank placement and the links each group crosses (planner.comm.topology, planner.comm.network)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hwspecs.catalog import catalog_names, load_cluster
+from hwspecs.errors import PlanError
 from hwspecs.schema import Cluster
-from planner import network
-from planner.errors import PlanError
-from planner.layout import Layout
-from planner.network import cluster_view, group_levels, pair_level
-from planner.topology import (
+from planner.comm import network
+from planner.comm.network import cluster_view, group_levels, pair_level
+from planner.comm.topology import (
     GROUP_AXES,
     axis_groups,
     cluster_graph,
@@ -24,6 +23,7 @@ from planner.topology import (
     place_groups,
     topology_report,
 )
+from planner.spec.layout import Layout
 
 LLAMA3_ORDER = ("tp", "cp", "pp", "dp")  # Llama 3 §3.3.2, innermost first
 
@@ -213,7 +213,7 @@ def _distinct_per_row(values):
 
 
 def _reference_group_levels(view, groups):
-    """planner.network.group_levels as first written: np.unique per level, no shortcuts."""
+    """planner.comm.network.group_levels as first written: np.unique per level, no shortcuts."""
     groups = np.asarray(groups, dtype=np.int64)
     num_groups, size = groups.shape
     if size == 1:

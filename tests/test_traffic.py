@@ -1,4 +1,4 @@
-"""Per-axis traffic per step (planner.traffic, planner.traffic_terms, planner.traffic_columns)."""
+"""Per-axis traffic per step (planner.comm.report, planner.comm.terms, planner.comm.traffic)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from hwspecs.catalog import catalog_names
-from planner.errors import PlanError
-from planner.job import Job
-from planner.layout import Layout, check_layout
-from planner.model import load_model
-from planner.schedules import generate_schedule
-from planner.traffic import ComputeTimes, axis_traffic
-from planner.traffic_columns import AXES, axis_times_vectorized
+from hwspecs.errors import PlanError
+from planner.comm.report import ComputeTimes, axis_traffic
+from planner.comm.traffic import AXES, axis_times_vectorized
+from planner.pipeline.schedules import generate_schedule
+from planner.spec.job import Job
+from planner.spec.layout import Layout, check_layout
+from planner.spec.model import load_model
 
 LLAMA3_ORDER = ("tp", "cp", "pp", "dp")
 
@@ -271,8 +271,8 @@ def test_balanced_split_is_placeable_like_the_layout_says():
     """61 layers on 16 stages (DeepSeek-V3) split 3/4: the vectorized form must accept it."""
     import numpy as np
 
-    from planner.layout import layers_per_virtual_stage
-    from planner.traffic_terms import stage_layers
+    from planner.comm.terms import stage_layers
+    from planner.spec.layout import layers_per_virtual_stage
 
     layers = layers_per_virtual_stage(61, 16)
     first, middle, last, legal = stage_layers(61, np.asarray(16), np.asarray(1))
@@ -283,7 +283,7 @@ def test_balanced_split_is_placeable_like_the_layout_says():
 def test_lora_data_parallel_exchanges_only_the_adapters():
     """A LoRA job's ZeRO-1 step reduce-scatters and all-gathers the adapters, not the base."""
     from planner import api
-    from planner.finetune import num_adapter_params
+    from planner.spec.finetune import num_adapter_params
 
     spec = api.build_finetune(recipe="lora")
     job = Job(
@@ -319,7 +319,7 @@ def test_all_gather_context_parallel_gathers_twice_and_reduce_scatters_once_per_
 
 def test_vocabulary_parallel_loss_adds_three_fp32_all_reduces_per_microbatch_on_the_head_rank():
     """max logit, sum of exponentials, target logit: one FP32 per local token each."""
-    from planner.traffic_terms import vocab_parallel_loss_bytes
+    from planner.comm.terms import vocab_parallel_loss_bytes
 
     assert vocab_parallel_loss_bytes(2, 4096) == 2 * 4096 * 4
     job = job_for("llama3-8b", seq_len=4096, tokens=4096 * 8)
@@ -343,7 +343,7 @@ def test_an_accelerator_that_computes_its_collectives_exposes_every_term(tmp_pat
     """``overlaps_communication = false`` (a CPU rank whose gloo threads share its core):
     with compute times given, every term is exposed, in the report and in the columns."""
     from hwspecs.catalog import load_accelerator, load_cluster
-    from planner.traffic_terms import NO_OVERLAP_RULE
+    from planner.comm.terms import NO_OVERLAP_RULE
     from validate.local_specs import to_toml
 
     path = tmp_path / "synchronous.toml"

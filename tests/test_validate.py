@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.layout import Layout  # noqa: E402
+from planner.spec.layout import Layout  # noqa: E402
 from validate.compare import compare  # noqa: E402
 from validate.run import QUICK_LAYOUTS, TINY, TINY_MOE, run_layout, run_layouts  # noqa: E402
 from validate.spec import RunSpec  # noqa: E402
@@ -171,7 +171,7 @@ def test_causal_mask_of_load_balanced_chunks_lets_each_query_see_its_past():
 
 def test_fsdp_over_tp_shards_the_tp_local_weights(quick):
     """FSDP gathers each TP rank's weights (norms whole, the rest split) twice per step."""
-    from planner.memory import memory_report
+    from planner.cost.memory import memory_report
 
     spec = next(s for s in QUICK_LAYOUTS if s.name == "fsdp-tp")
     tp_local = memory_report(spec.job(), spec.planner_layout()).per_stage[0].num_params
@@ -374,7 +374,7 @@ def test_each_world_size_is_predicted_on_the_cluster_calibrated_under_it(synthet
 
 def test_each_world_size_links_the_collective_fits_measured_under_it(synthetic_calibration):
     from hwspecs.catalog import load_cluster, load_link
-    from planner.comm import collective_time
+    from planner.comm.collectives import collective_time
 
     for n in (2, 4):
         cluster = load_cluster(synthetic_calibration.paths[f"cluster_n{n}"])
@@ -408,7 +408,7 @@ def test_compute_figures_are_measured_by_all_ranks_at_once():
 
 
 def test_measured_attention_becomes_the_accelerators_attention_efficiencies():
-    from planner.compute import GpuRates
+    from planner.cost.compute import GpuRates
     from validate.calibrate import GemmPoint, measure_attention
     from validate.local_specs import accelerator_spec
     from validate.run import TINY
@@ -485,7 +485,7 @@ def test_cli_validate_prints_predicted_vs_measured_and_writes_html(
     assert "measured" in html.read_text()
 
 
-# ----- the parallel forms' own operations (planner.op_counts), counted again ---------------
+# ----- the parallel forms' own operations (planner.structure.op_counts), counted again ---------------
 
 
 def _per_layer(spec, layers: tuple[int, int]) -> dict:
@@ -505,7 +505,7 @@ def _per_layer(spec, layers: tuple[int, int]) -> dict:
 
 
 def _census_cases():
-    from planner import op_counts as oc
+    from planner.structure import op_counts as oc
 
     dense, moe = oc.DENSE_LAYER_OPS, oc.MOE_LAYER_OPS
     backward = dense.input_grad + dense.weight_grad
@@ -566,7 +566,7 @@ def _census_cases():
 
 @pytest.mark.parametrize("form", ["tp-sp", "tp", "fsdp2", "ddp", "cp", "ep"])
 def test_parallel_forms_dispatch_the_operations_the_planner_counts(form):
-    """planner.op_counts' per-layer figures for each parallel form, against torch 2.13's
+    """planner.structure.op_counts' per-layer figures for each parallel form, against torch 2.13's
     implementation counted again by layer-count difference (validate.op_census)."""
     spec, layers, expected = _census_cases()[form]
     measured = _per_layer(spec, layers)

@@ -2,16 +2,16 @@
 
 import pytest
 
-from planner.activations import ActivationShape, activation_bytes_per_layer
-from planner.job import Job
-from planner.layout import Layout
-from planner.memory import memory_report
-from planner.model import load_model
-from planner.weight_pass import (
+from planner.cost.activations import ActivationShape, activation_bytes_per_layer
+from planner.cost.memory import memory_report
+from planner.cost.weight_pass import (
     output_gradient_bytes,
     weight_input_bytes,
     weight_pass_bytes_per_layer,
 )
+from planner.spec.job import Job
+from planner.spec.layout import Layout
+from planner.spec.model import load_model
 
 
 def test_gpt_layer_keeps_the_papers_32_sbh_for_w():
@@ -67,8 +67,8 @@ def test_zb_h1_ranks_past_the_first_hold_weight_pending_microbatches():
 
 def test_dualpipe_peak_is_unchanged_while_m_w_is_at_most_twice_m_b():
     """The reason DualPipe is left out of the closed form (module docstring)."""
-    from planner.pipeline import simulate
-    from planner.schedules import generate_schedule
+    from planner.pipeline.schedules import generate_schedule
+    from planner.pipeline.simulate import simulate
 
     for pp, m in ((2, 4), (4, 8), (4, 16), (8, 16), (8, 24)):
         sim = simulate(generate_schedule("dualpipe", pp, m))

@@ -6,7 +6,7 @@ What is measured, one thread per rank as the validation runs use:
   micro-batch), FP32 and BF16, ``torch.mm``, median of several repetitions;
 * **attention** (``scaled_dot_product_attention``, causal, GQA, as the workloads call it),
   forward and backward of one sequence of each workload, FP32: FLOP/s on the planner's FLOP
-  count (:func:`planner.flops.attention_core_ops`, causal; the backward on 2.5× the
+  count (:func:`planner.cost.flops.attention_core_ops`, causal; the backward on 2.5× the
   forward's, FlashAttention's convention), the attention efficiencies the GPU catalog takes
   from FlashAttention's published figures;
 * **memory bandwidth**: ``copy_`` of a 64 MiB tensor, read + write bytes over time;
@@ -97,8 +97,8 @@ class AttentionPoint(BaseModel):
 
     @property
     def backward_flops_per_s(self) -> float:
-        """On FlashAttention's backward count, 2.5× the forward's (:mod:`planner.compute`)."""
-        from planner.compute import FLASH_BACKWARD_FLOPS_RATIO
+        """On FlashAttention's backward count, 2.5× the forward's (:mod:`planner.cost.compute`)."""
+        from planner.cost.compute import FLASH_BACKWARD_FLOPS_RATIO
 
         return FLASH_BACKWARD_FLOPS_RATIO * self.forward_flops / self.backward_s
 
@@ -272,7 +272,7 @@ def measure_attention(workload: Workload, sync=_no_sync) -> AttentionPoint:
     import torch
     import torch.nn.functional as F
 
-    from planner.flops import attention_core_ops
+    from planner.cost.flops import attention_core_ops
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

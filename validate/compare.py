@@ -3,8 +3,8 @@
 Predictions come from the planner exactly as a user gets them, for the exact model and
 layout that ran (:meth:`validate.spec.RunSpec.job`: FP32 AdamW, no CUDA runtime overhead):
 
-* memory: :func:`planner.memory.memory_report` (max over pipeline ranks, and per rank);
-* comm bytes per axis: :func:`predict_comm_bytes` over :func:`planner.traffic.axis_traffic`;
+* memory: :func:`planner.cost.memory.memory_report` (max over pipeline ranks, and per rank);
+* comm bytes per axis: :func:`predict_comm_bytes` over :func:`planner.comm.report.axis_traffic`;
 * step time (and bubble): :func:`predict_step_time` over :func:`planner.estimate.estimate`
   on the calibrated cluster.
 
@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from hwspecs.errors import PlanError
 from hwspecs.schema import Accelerator, Cluster
-from planner.errors import PlanError
-from planner.job import Job
-from planner.layout import Layout
+from planner.spec.job import Job
+from planner.spec.layout import Layout
 from validate.results import RunResult
 from validate.timelines import measured_pipeline, replay
 
@@ -60,9 +60,9 @@ class ValidationReport(BaseModel):
 
 
 def predict_comm_bytes(job: Job, layout: Layout, cluster: Cluster | str) -> dict[str, float]:
-    """Bytes one GPU sends per step, per axis, from :func:`planner.traffic.axis_traffic`."""
+    """Bytes one GPU sends per step, per axis, from :func:`planner.comm.report.axis_traffic`."""
     try:
-        from planner.traffic import axis_traffic
+        from planner.comm.report import axis_traffic
     except ImportError as error:
         raise NotImplementedError(
             f"comm-bytes prediction needs planner/traffic.py ({error})"
@@ -87,7 +87,7 @@ def predict_step_time(job: Job, layout: Layout, cluster: Cluster | str) -> StepT
 
 def predict_memory(job: Job, layout: Layout, accelerator: Accelerator | None = None):
     """The planner's memory report for this job and layout."""
-    from planner.memory import memory_report
+    from planner.cost.memory import memory_report
 
     return memory_report(job, layout, accelerator)
 
@@ -122,7 +122,7 @@ def _p2p_seconds(spec, cluster) -> float:
     if cluster is None:
         return 0.0
     from hwspecs.catalog import load_cluster, load_link
-    from planner.pipeline import p2p_time
+    from planner.pipeline.simulate import p2p_time
 
     spec_cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
     link = load_link(spec_cluster.tiers[0].link)

@@ -2,7 +2,7 @@
 
 What :func:`validate.calibrate.calibrate` measures besides GEMMs, bandwidth and collectives,
 one thread per rank, all ranks at once (the figures the planner adds where an accelerator
-records them, :mod:`planner.op_counts`; none is measured on a validation layout):
+records them, :mod:`planner.structure.op_counts`; none is measured on a validation layout):
 
 * **per dispatched operation** (:func:`measure_op_overhead`): forward, backward and AdamW
   step of a tiny op mix (:func:`op_mix`: linears, a norm, SwiGLU, attention, cross-entropy
@@ -145,7 +145,7 @@ def measure_pipeline_action_overheads(
     """
     import torch
 
-    from planner.layout import Layout
+    from planner.spec.layout import Layout
     from validate.spec import RunSpec
     from validate.workloads.mesh import build_groups
     from validate.workloads.train import build_trainer

@@ -20,7 +20,7 @@ Mapping of the measurements onto the schema (also written into each file's ``not
   nccl-tests factor), which the planner does not read. Each fit measured under the link's
   world size (whole world, and groups of 2 inside a world of 4) is also listed in
   ``collective_fits`` (α and 1/β per op and group size), which the planner uses instead of
-  its formulas (:func:`planner.comm.measured_cost`). One link file per world size.
+  its formulas (:func:`planner.comm.collectives.measured_cost`). One link file per world size.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 from hwspecs.schema import Accelerator, Cluster, ClusterTier, CollectiveFit, LinkTier
 from validate.timing import BURST_GEMMS, REPETITIONS
 
-#: nccl-tests bus-bandwidth factor per collective (planner.comm.volume_factor).
+#: nccl-tests bus-bandwidth factor per collective (planner.comm.collectives.volume_factor).
 FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
@@ -134,7 +134,7 @@ def accelerator_spec(
             attention_sources[field] = (
                 f"measured: {method}, scaled_dot_product_attention (causal, GQA, FP32) at 1 "
                 f"thread on each of {ranks} concurrent ranks, slowest rank, one sequence of "
-                f"each workload ({shapes}), FLOPs as planner.flops.attention_core_ops "
+                f"each workload ({shapes}), FLOPs as planner.cost.flops.attention_core_ops "
                 "(backward on 2.5x the forward's); geometric mean / the fp32 peak"
             )
     return Accelerator(

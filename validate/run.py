@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from planner.errors import unknown_name_error
-from planner.layout import Layout
+from hwspecs.errors import unknown_name_error
+from planner.spec.layout import Layout
 from validate.results import RankFailure, RankResult, RunResult
 from validate.spec import RunSpec, Workload
 

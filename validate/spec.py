@@ -3,7 +3,7 @@
 Nothing here imports torch: the CLI, :mod:`validate.compare` and the tests build and read
 these specs without it. :class:`Workload` is the small Llama-style model the ranks train
 (:mod:`validate.workloads.model`); :meth:`Workload.model_spec` is the same model as the
-planner's :class:`~planner.model.ModelSpec`, so the prediction is for exactly what runs.
+planner's :class:`~planner.spec.model.ModelSpec`, so the prediction is for exactly what runs.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from planner.errors import PlanError
-from planner.job import Job
-from planner.layout import Layout, check_layout
-from planner.model import ModelSpec
-from planner.precision import PrecisionSpec
+from hwspecs.errors import PlanError
+from planner.spec.job import Job
+from planner.spec.layout import Layout, check_layout
+from planner.spec.model import ModelSpec
+from planner.spec.precision import PrecisionSpec
 
 #: Schedules the pipeline workload can run, by the planner's name (torch's class in
 #: :mod:`validate.workloads.pipeline`). ``llmplan:<name>`` runs the planner's own action

@@ -2,7 +2,7 @@
 
 The measured timeline is every F/B/W action of one timed step on every rank (start and end
 relative to the step's first action). The replay feeds the planner's event simulator
-(:func:`planner.pipeline.simulate`) the planner's own action list for the schedule and the
+(:func:`planner.pipeline.simulate.simulate`) the planner's own action list for the schedule and the
 *measured* mean duration of each action kind per stage, with the point-to-point hop of the
 calibrated link, so any difference in step time or bubble comes from the schedule and
 dependency model, not from the compute-time model. Both come as rows
@@ -61,8 +61,8 @@ def mean_durations(rows: list[dict], num_stages: int) -> dict[str, list[float]]:
 
 def replay(result: RunResult, p2p_s: float = 0.0) -> dict | None:
     """The planner's simulation of this run's schedule with its measured action durations."""
-    from planner.pipeline import simulate
-    from planner.schedules.registry import generate_schedule
+    from planner.pipeline.schedules.registry import generate_schedule
+    from planner.pipeline.simulate import simulate
 
     spec = result.spec
     layout = spec.planner_layout()

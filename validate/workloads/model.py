@@ -8,7 +8,7 @@ pipeline stages drop the layers and ends they do not hold; tensor parallelism sh
 Attention keeps the ``(batch, seq, heads, head_dim)`` memory layout through
 ``scaled_dot_product_attention`` so the CPU flash kernel returns its output in the layout
 ``wo`` reads; with ``fused_kernels`` on, autograd then stores per layer what Megatron's
-fused kernels store, the tensors :mod:`planner.activations` counts.
+fused kernels store, the tensors :mod:`planner.cost.activations` counts.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``: stages and schedules.
 
 Layers are split over virtual stages as the planner splits them
-(:func:`planner.layout.layers_per_virtual_stage`) and placed on ranks as torch places them
-(:func:`planner.layout.virtual_stage_ranks`: interleaved ``c·pp + r``, V-shape ``r`` and
+(:func:`planner.spec.layout.layers_per_virtual_stage`) and placed on ranks as torch places them
+(:func:`planner.spec.layout.virtual_stage_ranks`: interleaved ``c·pp + r``, V-shape ``r`` and
 ``2·pp − 1 − r``). The first stage holds the embedding, the last the final norm and the
 output head.
 
@@ -32,7 +32,7 @@ from torch.distributed.pipelining.schedules import (
     _PipelineScheduleRuntime,
 )
 
-from planner.layout import Layout, layers_per_virtual_stage, virtual_stage_ranks
+from planner.spec.layout import Layout, layers_per_virtual_stage, virtual_stage_ranks
 from validate.spec import Workload
 from validate.workloads.model import build_model
 
@@ -45,7 +45,7 @@ SCHEDULE_CLASSES = {
 }
 SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
 
-#: torch computation type -> the planner's action kind (planner.schedules.actions)
+#: torch computation type -> the planner's action kind (planner.pipeline.schedules.actions)
 TORCH_TO_PLANNER_KIND = {
     FORWARD: "F",
     BACKWARD_INPUT: "B",
@@ -109,7 +109,7 @@ def make_schedule(stages, layout: Layout, num_microbatches: int, loss_fn):
 
 def planner_actions(name: str, layout: Layout, num_microbatches: int) -> dict[int, list[_Action]]:
     """The planner's schedule as torch actions; DualPipe's F&B pairs become OVERLAP_F_B."""
-    from planner.schedules.registry import generate_schedule
+    from planner.pipeline.schedules.registry import generate_schedule
 
     schedule = generate_schedule(name, layout.pp, num_microbatches, layout.vpp)
     result = {}
@@ -147,7 +147,7 @@ def torch_compute_order(schedule, pp_rank: int) -> list[tuple[str, int, int]]:
 def planner_compute_order(layout: Layout, num_microbatches: int, pp_rank: int):
     """(kind, micro-batch, stage) of the planner's schedule for a rank, or None if it has none."""
     try:
-        from planner.schedules.registry import generate_schedule
+        from planner.pipeline.schedules.registry import generate_schedule
     except ImportError:
         return None
     ops = generate_schedule(schedule_name(layout), layout.pp, num_microbatches, layout.vpp)

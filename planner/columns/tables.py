@@ -1,0 +1,253 @@
+"""Per-shape and per-structure tables for :func:`planner.evaluate.evaluate_columns`.
+
+Pieces of the columns model that depend on a few layout fields only are computed once per
+distinct value and broadcast to the rows by index (no Python loop per row):
+
+* **shapes** (tp, cp, ep, etp, sequence parallelism, micro-batch size, recompute): one layer's
+  F, B, W and recompute times (:func:`planner.cost.stage_times.shape_times`) and weight-pass
+  bytes, once per shape without the recompute policy, which does not change them; its
+  activation bytes and the first / last stages' extra tensors (:mod:`planner.cost.activations`);
+* **structures** (tp, ep, etp, pp, vpp, schedule, layer split): what the examined pipeline ranks
+  ("slots") hold — layers, parameters, embedding and head — and their model-state terms
+  (:func:`planner.cost.model_states.slot_states`); layers and ends once per pipeline (pp,
+  vpp, schedule, split), parameters per virtual stage once per (tp, ep, etp, pp, vpp, split).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from planner.columns.codes import Labels, unique_rows
+from planner.cost import activations as act
+from planner.cost import adapters as ft
+from planner.cost.compute import GpuRates
+from planner.cost.memory import params_per_virtual_stage, rank_sums
+from planner.cost.model_states import slot_states
+from planner.cost.stage_times import rank_structure, shape_times
+from planner.cost.weight_pass import weight_pass_bytes_per_layer
+from planner.spec.job import Job
+from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
+from planner.structure import op_counts
+from planner.structure.linears import layer_linears
+
+NUM_SLOTS = 5
+#: Shape-table entries the memory model reads; the others are per-layer times.
+MEMORY_SHAPE_KEYS = (
+    *("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward", "logits"),
+    *("wpass_dense", "wpass_moe"),
+)
+TIME_SHAPE_KEYS = (
+    *("fd", "bd", "wd", "rd", "fm", "bm", "wm", "rm"),
+    *("f_emb", "b_emb", "w_emb", "f_head", "b_head", "w_head"),
+)
+
+
+def rows_by_value(column) -> list[tuple[object, np.ndarray]]:
+    """(value, indices of the rows holding it) for each distinct value of ``column``."""
+    if isinstance(column, Labels):
+        return column.groups()
+    codes, uniques = pd.factorize(np.asarray(column).reshape(-1))
+    if not len(uniques):
+        return []
+    order = np.argsort(codes, kind="stable")
+    bounds = np.cumsum(np.bincount(codes, minlength=len(uniques)))[:-1]
+    return list(zip(uniques.tolist(), np.split(order, bounds), strict=True))
+
+
+def one_value_or_column(column):
+    """The value every row holds (string rules then run once, broadcast), else the column
+    (labels as plain strings)."""
+    if isinstance(column, Labels):
+        present = column.present
+        return present[0] if len(present) == 1 else column.strings()
+    values = pd.unique(np.asarray(column).reshape(-1))
+    return values[0] if len(values) == 1 else column
+
+
+def _with_mirror(per_rank: list[float], mirrored: int) -> np.ndarray:
+    """Per-rank values plus, for DualPipe, those of the rank's mirrored stage (pp − 1 − r)."""
+    values = np.asarray(per_rank, dtype=float)
+    return values + mirrored * values[::-1]
+
+
+def _slots(pp: int, layers: np.ndarray) -> np.ndarray:
+    """The ranks examined for peaks: 0, 1, the first with the most layers, pp−2, pp−1."""
+    candidates = [0, 1, int(np.argmax(layers)), pp - 2, pp - 1]
+    ranks = sorted({r for r in candidates if 0 <= r < pp})
+    return np.array((ranks + [ranks[-1]] * NUM_SLOTS)[:NUM_SLOTS])
+
+
+def shape_table(
+    job: Job, rates: GpuRates, tuned, tp, cp, ep, etp, sp, mbs, recompute, bf16_rates=None
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per distinct layer shape: activation bytes and per-layer times; each row's shape.
+
+    ``etp``: the routed experts' TP degree per row; ``bf16_rates``: under an FP8 recipe,
+    the rates of the ops that stay in BF16."""
+    model, e = job.model, job.precision.activation_bytes
+    shapes, shape_inv = unique_rows(tp, cp, ep, etp, sp, mbs, recompute)
+    measures = job.active_memory_measures
+    fixed: dict[tuple, int] = {}  # times and weight-pass bytes do not depend on the recompute
+    free_rows, free_of, own_rows = [], [], []  # policy: once per (tp, cp, ep, etp, SP, mbs)
+    linears = {}  # each layer kind's linear modules, per tp
+    for t, c, x, et, s, b, r in shapes:
+        shape = act.ActivationShape(
+            seq_len=job.seq_len, micro_batch_size=b, tp=t, cp=c, sequence_parallel=s,
+            flash_attention=job.flash_attention, recompute=r, element_bytes=e,
+            measures=measures, ep=x, etp=None if et == t else et,
+        )  # fmt: skip
+        if (t, c, x, et, s, b) not in fixed:
+            fixed[t, c, x, et, s, b] = len(free_rows)
+            free_rows.append(_recompute_free(job, rates, tuned, bf16_rates, shape, x, linears))
+        times, moe_t, _ = free_rows[fixed[t, c, x, et, s, b]]
+        free_of.append(fixed[t, c, x, et, s, b])
+        adapters = ft.adapter_layer_bytes(model, tuned, shape)
+        act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
+        own_rows.append((  # in the order of OWN_SHAPE_KEYS
+            act.activation_bytes_per_layer(model, shape, False) + adapters[False],
+            act_moe + adapters[True] if model.is_moe else 0.0,
+            sum(act.first_stage_tensors(model, shape).values()),
+            sum(act.last_stage_tensors(model, shape).values()),
+            max(
+                act.recompute_working_bytes(model, shape, False),
+                act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
+            )
+            + sum(ft.adapter_working_max(model, tuned, shape).values()),
+            act.backward_working_bytes(model, shape),
+            act.logits_buffer_bytes(model, shape),
+            times.dense.recompute_s(r),
+            moe_t.recompute_s(r),
+        ))  # fmt: skip
+    own = np.array(own_rows, dtype=float).reshape(-1, len(OWN_SHAPE_KEYS)).T
+    free = np.array([row for *_, row in free_rows], dtype=float).reshape(-1, len(FREE_SHAPE_KEYS))
+    columns = dict(zip(OWN_SHAPE_KEYS, own, strict=True))
+    columns.update(zip(FREE_SHAPE_KEYS, free[free_of].T, strict=True))
+    return {key: columns[key] for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}, shape_inv
+
+
+#: Shape-table entries worked out per shape (those :func:`_recompute_free` does not give).
+OWN_SHAPE_KEYS = ("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward",
+                  "logits", "rd", "rm")  # fmt: skip
+#: Shape-table entries that do not depend on the recompute policy, in :func:`_recompute_free`'s
+#: order.
+FREE_SHAPE_KEYS = ("wpass_dense", "wpass_moe", "fd", "bd", "wd", "fm", "bm", "wm", "f_emb",
+                   "b_emb", "w_emb", "f_head", "b_head", "w_head")  # fmt: skip
+
+
+def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, linears: dict):
+    """(layer times, MoE layer times, the values of :data:`FREE_SHAPE_KEYS`): a shape's
+    entries that do not depend on the recompute policy, per-layer times and weight-pass bytes."""
+    model, t, b = job.model, shape.tp, shape.micro_batch_size
+    times = shape_times(
+        model, job.seq_len, b, t, shape.cp, ep, shape.sequence_parallel, job.flash_attention,
+        rates, shape.element_bytes, tuned, bf16_rates, shape.measures, shape.etp,
+    )  # fmt: skip
+    kept = job.weight_pass_memory
+
+    def weight_pass(moe_layer: bool) -> float:
+        if (moe_layer, t) not in linears:
+            linears[moe_layer, t] = layer_linears(model, moe_layer, t)
+        return weight_pass_bytes_per_layer(model, shape, moe_layer, kept, linears[moe_layer, t])
+
+    moe_t = times.moe or times.dense
+    return (
+        times,
+        moe_t,
+        (  # in the order of FREE_SHAPE_KEYS
+            weight_pass(False),
+            weight_pass(True) if model.is_moe else 0.0,
+            times.dense.forward_s,
+            times.dense.input_grad_s,
+            times.dense.weight_grad_s,
+            moe_t.forward_s,
+            moe_t.input_grad_s,
+            moe_t.weight_grad_s,
+            times.embedding.forward_s,
+            times.embedding.input_grad_s,
+            0.0,
+            sum(op.forward_s for op in times.head),
+            sum(op.input_grad_s for op in times.head),
+            sum(op.weight_grad_s for op in times.head),
+        ),
+    )
+
+
+def _pipeline_slots(
+    model, pp: int, vpp: int, schedule: str, split: str, layers
+) -> dict[str, np.ndarray]:
+    """What the examined ranks of one pipeline (pp, vpp, schedule, split; ``layers`` per
+    virtual stage) hold, whatever the tp and ep: [slot] arrays of layers (own, paced,
+    mirrored and both directions'), ends."""
+    structure = rank_structure(model, pp, vpp, schedule, split, layers)
+    dense, moe = np.asarray(structure.dense_layers), np.asarray(structure.moe_layers)
+    slots = _slots(pp, dense + moe)
+    out = {
+        "dense_layers": dense[slots],
+        "moe_layers": moe[slots],
+        "emb": np.asarray(structure.has_embedding, dtype=float)[slots],
+        "head": np.asarray(structure.has_head, dtype=float)[slots],
+        "slot": slots.astype(float),
+    }
+    # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
+    mirrored = 1 if schedule == "dualpipe" else 0
+    for kind, layers in (("dense_layers", dense), ("moe_layers", moe)):
+        both = _with_mirror(layers, mirrored)
+        out[f"paced_{kind}"] = (both / (1 + mirrored))[slots]  # per micro-batch: the mean
+        out[f"mirror_{kind}"] = layers[::-1][slots]  # stage pp − 1 − r
+        out[f"both_{kind}"] = both[slots]
+    if schedule == "dualpipe":  # the mirrored direction's embedding and head
+        out["emb"] = np.where(slots == pp - 1, 1.0, out["emb"])
+        out["head"] = np.where(slots == 0, 1.0, out["head"])
+    return out
+
+
+def structure_table(
+    job: Job, tp, ep, etp, pp, vpp, schedule, split
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per distinct pipeline structure, [structure, slot] arrays of what the examined ranks
+    hold (DualPipe's mirrored direction included); each row's structure.
+
+    Layers and ends are worked out once per pipeline (pp, vpp, schedule, split), parameters
+    per virtual stage once per (tp, ep, etp, pp, vpp, split), each distinct rank's states
+    once."""
+    model = job.model
+    structs, struct_inv = unique_rows(tp, ep, etp, pp, vpp, schedule, split)
+    pipelines: dict[tuple, int] = {}  # (pp, vpp, schedule, split) → its index
+    per_pipeline, layouts = [], []
+    stage_params: dict[tuple, tuple] = {}  # (tp, ep, etp, pp, vpp, split) → (dense, expert)
+    stage_layers: dict[tuple, tuple] = {}  # (pp, vpp, split) → (dense, MoE) layers per stage
+    pipe_of = np.zeros(len(structs), dtype=np.int64)
+    dense_params, expert_params = np.zeros((2, len(structs), NUM_SLOTS))
+    for u, (t, x, et, p, v, sch, spl) in enumerate(structs):
+        if (p, v, spl) not in stage_layers:
+            stage_layers[p, v, spl] = dense_and_moe_layers_per_virtual_stage(model, p, v, spl)
+        layers = stage_layers[p, v, spl]
+        if (p, v, sch, spl) not in pipelines:
+            pipelines[p, v, sch, spl] = len(per_pipeline)
+            per_pipeline.append(_pipeline_slots(model, p, v, sch, spl, layers))
+            layout = Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl)
+            layouts.append((layout, virtual_stage_ranks(sch, p, v)))
+        pipe_of[u] = pipe = pipelines[p, v, sch, spl]
+        if (t, x, et, p, v, spl) not in stage_params:
+            layout = Layout(tp=t, ep=x, etp=None if et == t else et, pp=p, vpp=v, dp=x,
+                            schedule=sch, pipeline_layer_split=spl)  # fmt: skip
+            stage_params[t, x, et, p, v, spl] = params_per_virtual_stage(model, layout, layers)
+        dense_stage, expert_stage = stage_params[t, x, et, p, v, spl]
+        slots = per_pipeline[pipe]["slot"].astype(np.int64)
+        dense_params[u] = rank_sums(dense_stage, *layouts[pipe])[slots]  # reads pp, vpp, schedule
+        expert_params[u] = rank_sums(expert_stage, *layouts[pipe])[slots]
+    table = {
+        key: np.stack([pipe[key] for pipe in per_pipeline])[pipe_of] for key in per_pipeline[0]
+    }
+    table["dense_params"], table["expert_params"] = dense_params, expert_params
+    both = table.pop("both_dense_layers"), table.pop("both_moe_layers")
+    tp_ep = np.array([(t, x, et) for t, x, et, *_ in structs], dtype=np.int64).reshape(-1, 3)
+    table.update(
+        slot_states(job, tp_ep[:, 0], tp_ep[:, 1], dense_params, expert_params, *both, tp_ep[:, 2])
+    )
+    # Tensors the optimizer steps (both directions' for DualPipe): its dispatch count.
+    table["param_tensors"] = op_counts.rank_param_tensors(
+        model, job.finetune, *both, table["emb"], table["head"]
+    )
+    return table, struct_inv

@@ -1,0 +1,482 @@
+"""What a set of ranks crosses on a cluster's network, and at which bandwidth per rank.
+
+Devices are numbered so that each network tier's instances hold consecutive ranks (the
+GPUs of one NVLink domain, then of one rack, one pod, …; the chips of a TPU torus in
+x-fastest order). For the groups of one parallel axis (a 2-D array of ranks, all groups
+running at the same time) :func:`group_levels` answers, for every network level the groups
+cross: how many instances of the level below one group joins (``participants``), how many
+of its members sit in each (``members_below``), how many ranks and concurrent groups push
+traffic through that level's uplinks, and the per-rank bandwidth that results:
+
+* scale-up tier: the link's per-GPU rate; a *full mesh* (a GPU has exactly one link to each
+  peer of its domain, as AMD xGMI) gives a group only ``participants − 1`` of its links;
+* scale-out / DCN tier: NIC port rate × ``nics_per_gpu``, times the tier's *share*: an
+  instance of the level below owns ``instance_gpus / oversubscription`` lines of uplink,
+  split among every rank (of every group of the axis) whose group leaves that instance:
+  ``share = min(1, instance_gpus / (oversubscription · crossing_ranks))``. This is where
+  Llama 3's 1:7 above the pods (arXiv 2407.21783 §3.3.1) and rail sharing show;
+* torus tier (TPU): one level per torus axis the group spans; a hop is one ICI link
+  (per-link rate, divided by the group's stride along the axis because interleaved groups
+  share the links); a group that covers a whole axis with wraparound runs two
+  counter-rotating rings (jax-ml/scaling-book, "sharded matrices": bidirectional ICI).
+
+Group answers use integer arithmetic on rank numbers (no graph search) so the search can
+cost thousands of layouts; :func:`planner.comm.topology.cluster_graph` draws the same structure.
+:func:`mesh_levels` gives the same answer for the groups of a mesh axis from the mesh's
+shape, keeping for each tier only the part of the mesh that tier can tell apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hwspecs.catalog import load_accelerator, load_cluster, load_link
+from hwspecs.errors import PlanError
+from hwspecs.schema import Accelerator, Cluster, ClusterTier, LinkTier
+
+SCALE_OUT_KINDS = ("scale-out", "dcn")
+TORUS_AXIS_NAMES = "xyzw"
+
+
+# ----- the cluster as the placement sees it -------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """A cluster restricted to its first ``num_gpus`` devices, with its specs resolved."""
+
+    cluster: Cluster
+    accelerator: Accelerator
+    links: dict[str, LinkTier]
+    num_gpus: int
+    torus_shape: tuple[int, ...] | None  # chips per axis of the torus tier (tier 0), if any
+
+    @property
+    def tiers(self) -> list[ClusterTier]:
+        return self.cluster.tiers
+
+    def is_torus_tier(self, index: int) -> bool:
+        return index == 0 and self.torus_shape is not None
+
+
+def as_cluster(cluster: Cluster | str) -> Cluster:
+    return load_cluster(cluster) if isinstance(cluster, str) else cluster
+
+
+def cluster_view(cluster: Cluster | str, gpus: int | None = None) -> ClusterView:
+    """Resolve ``cluster``'s accelerator and links and keep its first ``gpus`` devices."""
+    cluster = as_cluster(cluster)
+    num_gpus = cluster.num_gpus if gpus is None else int(gpus)
+    if num_gpus < 1 or num_gpus > cluster.num_gpus:
+        raise PlanError(
+            f"gpus {num_gpus} is not available on cluster '{cluster.id}': choose 1 to "
+            f"{cluster.num_gpus}"
+        )
+    if cluster.tiers[-1].group_size < num_gpus:
+        raise PlanError(
+            f"cluster '{cluster.id}': its outermost tier '{cluster.tiers[-1].name}' holds "
+            f"{cluster.tiers[-1].group_size} GPUs but {num_gpus} are used; add a tier"
+        )
+    links = {tier.link: load_link(tier.link) for tier in cluster.tiers}
+    shape = None
+    first = cluster.tiers[0]
+    torus = links[first.link].kind == "torus" and cluster.torus_shape
+    if torus and math.prod(cluster.torus_shape) == first.group_size:
+        shape = tuple(cluster.torus_shape)
+    return ClusterView(cluster, load_accelerator(cluster.accelerator), links, num_gpus, shape)
+
+
+# ----- what one set of groups crosses --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Level:
+    """One network level a group crosses (a cluster tier, or one axis of a torus tier)."""
+
+    tier: str  # tier name, with the torus axis for torus levels ("ici-x")
+    tier_index: int
+    link: str
+    kind: str
+    participants: int  # instances of the level below joined inside one instance of this one
+    members_below: int  # group members inside one instance of the level below (fewest)
+    steps: int  # ring steps at this level: instances touched below − at this level
+    bytes_per_s_per_rank: float  # one direction, after sharing; per link-hop for torus levels
+    latency_s: float
+    busbw_efficiency: dict[str, float]
+    in_network_reduction: bool
+    bidirectional: bool  # torus axis covered whole with wraparound: two counter-rotating rings
+    oversubscription: float
+    share: float
+    crossing_ranks: int  # ranks in the busiest instance below whose group leaves it
+    concurrent_groups: int  # groups of the axis sharing that instance's uplinks
+    stride: int = 1  # torus: hops between neighbouring members along the axis
+    #: Measured (op, group size) fits of the link (:attr:`LinkTier.collective_fits`).
+    collective_fits: tuple = ()
+
+    @property
+    def is_torus(self) -> bool:
+        return self.kind == "torus"
+
+    @property
+    def group_bytes_per_s(self) -> float:
+        """Bus-bandwidth ceiling this level gives a rank of the group (before efficiency)."""
+        return self.members_below * self.bytes_per_s_per_rank * (2 if self.bidirectional else 1)
+
+
+def link_key(level: Level) -> str:
+    """The physical link a level's traffic leaves a rank through: the link id (a GPU's NVLink
+    ports serve every scale-up tier, its NIC every scale-out tier of that link), or for a
+    torus the axis ("ici-x"), whose links are its own. Torus traffic that follows no single
+    axis (a snake ring, a point-to-point hop) is keyed by the tier ("ici")."""
+    return level.tier if level.is_torus else level.link
+
+
+def _distinct_per_row(values: np.ndarray) -> np.ndarray:
+    """Number of distinct values in each row of an integer array."""
+    ordered = np.sort(values, axis=1)
+    return 1 + (np.diff(ordered, axis=1) != 0).sum(axis=1)
+
+
+def _link_rate(view: ClusterView, link: LinkTier) -> float:
+    """Per-rank line rate of a link: per GPU for scale-up, NIC port × NICs per GPU otherwise."""
+    if link.kind in SCALE_OUT_KINDS:
+        return link.bytes_per_s_per_direction * view.accelerator.nics_per_gpu
+    return link.bytes_per_s_per_direction
+
+
+def _per_link_rate(link: LinkTier) -> float:
+    if link.bytes_per_s_per_direction_per_link:
+        return link.bytes_per_s_per_direction_per_link
+    return link.bytes_per_s_per_direction / (link.links_per_gpu or 1)
+
+
+def is_full_mesh(tier: ClusterTier, link: LinkTier) -> bool:
+    """A switchless scale-up domain: every GPU has exactly one link to each of its peers."""
+    return link.kind == "scale-up" and link.links_per_gpu == tier.group_size - 1 > 0
+
+
+def group_levels(view: ClusterView, groups: np.ndarray) -> tuple[Level, ...]:
+    """The levels crossed by ``groups`` (all groups of one axis, run concurrently), innermost first.
+
+    Only each row's set of ranks matters. Rows are sorted once, so that a row's instances at
+    every level come in runs: distinct counts and per-instance member counts are run
+    lengths, with no sort or ``np.unique`` per level.
+    """
+    groups = np.asarray(groups, dtype=np.int64)
+    if groups.shape[1] == 1 or not len(groups):
+        return ()
+    change = groups[:, 1:] != groups[:, :-1]
+    if (groups[:, 1:] < groups[:, :-1]).any():
+        groups = np.sort(groups, axis=1)
+        change = groups[:, 1:] != groups[:, :-1]
+    levels: list[Level] = []
+    below, below_change, touched_below = groups, change, 1 + change.sum(axis=1)
+    for index, tier in enumerate(view.tiers):
+        if index and touched_below.max() == 1:
+            break  # every group sits inside one instance: no level above is crossed
+        link = view.links[tier.link]
+        inst = groups // tier.group_size
+        change = inst[:, 1:] != inst[:, :-1]
+        touched = 1 + change.sum(axis=1)
+        if view.is_torus_tier(index):
+            levels.extend(
+                _torus_levels(
+                    view, _members_in_first_instance(groups, inst) % tier.group_size, tier, link
+                )
+            )
+        else:
+            level = _tier_level(view, index, below, below_change, touched_below, touched)
+            if level is not None:
+                levels.append(level)
+        below, below_change, touched_below = inst, change, touched
+    return tuple(levels)
+
+
+def mesh_levels(view: ClusterView, factors: Sequence[tuple[int, bool]]) -> tuple[Level, ...]:
+    """:func:`group_levels` of a mesh axis's groups, from the mesh's shape alone.
+
+    ``factors``: the mesh's factors innermost first as (size, whether the axis varies it); rank
+    = Σ digit · stride, the groups fix the other digits. Each tier only needs the mesh between
+    two strides: factors inside the largest stride that divides both its instance size and
+    the one below (whole cells that never straddle an instance: they scale counts) and
+    factors outside the smallest stride that both divide (whole blocks of instances that
+    repeat the same pattern). Equal to ``group_levels(view, groups)`` on the groups' ranks,
+    which a cluster with a torus tier still builds and hands to :func:`group_levels`.
+    """
+    dims = [(prime, member) for size, member in factors for prime in _prime_factors(size)]
+    if not any(member for _, member in dims):
+        return ()
+    if view.torus_shape is not None:
+        return group_levels(view, _mesh_groups(dims))
+    strides = [1]
+    for size, _ in dims:
+        strides.append(strides[-1] * size)
+    levels: list[Level] = []
+    below_size = 1
+    for index, tier in enumerate(view.tiers):
+        level = _mesh_tier_level(view, index, dims, strides, below_size)
+        if level is not None:
+            levels.append(level)
+        below_size = tier.group_size
+    return tuple(levels)
+
+
+def _mesh_tier_level(view, index, dims, strides, below_size) -> Level | None:
+    """Tier ``index``'s level for the mesh ``dims`` (prime factors, innermost first)."""
+    size = view.tiers[index].group_size
+    inner_size, outer_size = math.gcd(below_size, size), math.lcm(below_size, size)
+    lo = max(k for k, stride in enumerate(strides) if inner_size % stride == 0)
+    hi = next((k for k, stride in enumerate(strides) if stride % outer_size == 0), len(dims))
+    if not any(member for _, member in dims[lo:hi]):
+        return None  # inside a block each group is one cell: it joins no instances here
+    member_weight = math.prod(n for n, member in dims[:lo] if member)
+    group_weight = math.prod(n for n, member in dims[:lo] if not member)
+    repeats = math.prod(n for n, member in dims[hi:] if member)
+    cell = strides[lo]
+    groups = _mesh_groups(dims[lo:hi])
+    below, inst = groups // (below_size // cell), groups // (size // cell)
+    below_change, change = below[:, 1:] != below[:, :-1], inst[:, 1:] != inst[:, :-1]
+    touched_below = repeats * (1 + below_change.sum(axis=1))
+    touched = repeats * (1 + change.sum(axis=1))
+    return _tier_level(
+        view, index, below, below_change, touched_below, touched, member_weight, group_weight
+    )
+
+
+def _prime_factors(n: int) -> list[int]:
+    primes, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            primes.append(p)
+            n //= p
+        p += 1
+    return primes + ([n] if n > 1 else [])
+
+
+def _mesh_groups(dims: Sequence[tuple[int, bool]]) -> np.ndarray:
+    """The groups of a mesh (factors innermost first, as (size, member)), rows ascending."""
+    merged: list[list] = []
+    for size, member in dims:
+        if merged and merged[-1][1] == member:
+            merged[-1][0] *= size
+        else:
+            merged.append([size, member])
+    sizes = [size for size, _ in merged]
+    grid = np.arange(math.prod(sizes), dtype=np.int64).reshape(sizes[::-1] or [1])
+    last = len(sizes) - 1
+    members = sorted(last - i for i, (_, member) in enumerate(merged) if member)
+    others = [axis for axis in range(grid.ndim) if axis not in members]
+    width = math.prod(grid.shape[axis] for axis in members)
+    return grid.transpose(others + members).reshape(-1, width)
+
+
+def _tier_level(
+    view, index, below, below_change, touched_below, touched, member_weight=1, group_weight=1
+) -> Level | None:
+    """Tier ``index``'s level, or None when no group joins instances of the level below.
+
+    ``below``: each group's (sorted) instances of the level below; ``touched_below`` and
+    ``touched``: how many instances below and of this tier each group touches. Each row
+    stands for ``group_weight`` groups, each of its members for ``member_weight`` ranks.
+    """
+    active = touched_below > touched
+    if not active.any():
+        return None
+    tier = view.tiers[index]
+    link = view.links[tier.link]
+    below_size = view.tiers[index - 1].group_size if index else 1
+    num_groups, size = below.shape
+    # runs of equal (row, instance below): the members of a group in one instance below
+    starts = np.empty((num_groups, size), dtype=bool)
+    starts[:, 0] = True
+    starts[:, 1:] = below_change
+    first = np.flatnonzero(starts)
+    counts = np.diff(first, append=below.size) * member_weight
+    key_rows, key_below = first // size, below.ravel()[first]
+    # runs of equal (row, instance of this tier) among those: instances below joined
+    key_inst = key_below // (tier.group_size // below_size)
+    new = np.empty(len(first), dtype=bool)
+    new[0] = True
+    new[1:] = (key_rows[1:] != key_rows[:-1]) | (key_inst[1:] != key_inst[:-1])
+    participants = int(np.diff(np.flatnonzero(new), append=len(first)).max())
+    crossing_keys = (touched_below > 1)[key_rows]
+    members_below = int(counts[active[key_rows]].min())
+    crossing_ranks = np.bincount(
+        key_below[crossing_keys], weights=counts[crossing_keys] * group_weight
+    )
+    concurrent = np.bincount(key_below[crossing_keys]) * group_weight
+    worst_crossing = int(crossing_ranks.max())
+    share = 1.0
+    if tier.oversubscription > 1:
+        share = min(1.0, below_size / (tier.oversubscription * worst_crossing))
+    rate = _link_rate(view, link)
+    if is_full_mesh(tier, link):
+        rate = min(rate, _per_link_rate(link) * (participants - 1))
+    steps = int((touched_below - touched)[active].max())
+    return Level(
+        tier=tier.name,
+        tier_index=index,
+        link=link.id,
+        kind=link.kind,
+        participants=participants,
+        members_below=members_below,
+        steps=steps,
+        bytes_per_s_per_rank=rate * share,
+        latency_s=link.latency_s,
+        busbw_efficiency=dict(link.busbw_efficiency),
+        in_network_reduction=link.in_network_reduction,
+        bidirectional=False,
+        oversubscription=tier.oversubscription,
+        share=share,
+        crossing_ranks=worst_crossing,
+        concurrent_groups=int(concurrent.max()),
+        collective_fits=tuple(link.collective_fits),
+    )
+
+
+def _members_in_first_instance(groups: np.ndarray, inst: np.ndarray) -> np.ndarray:
+    """Each group's members inside the instance of its first member (rows of equal count)."""
+    inside = inst == inst[:, :1]
+    counts = inside.sum(axis=1)
+    rows = counts == counts[0]
+    return groups[rows][inside[rows]].reshape(int(rows.sum()), int(counts[0]))
+
+
+def _torus_levels(view: ClusterView, local: np.ndarray, tier, link) -> list[Level]:
+    """One level per torus axis along which the group's members differ (x fastest)."""
+    shape = view.torus_shape
+    size = local.shape[1]
+    coords, rest = [], local
+    for extent in shape:
+        coords.append(rest % extent)
+        rest = rest // extent
+    counts = [int(_distinct_per_row(c).max()) for c in coords]
+    common = {
+        "tier_index": 0,
+        "link": link.id,
+        "kind": "torus",
+        "latency_s": link.latency_s,
+        "busbw_efficiency": dict(link.busbw_efficiency),
+        "in_network_reduction": False,
+        "oversubscription": 1.0,
+        "share": 1.0,
+        "crossing_ranks": 0,
+        "concurrent_groups": 1,
+    }
+    if math.prod(counts) != size:  # not a sub-grid: a snake ring over single links
+        return [
+            Level(
+                tier=tier.name,
+                participants=size,
+                members_below=1,
+                steps=size - 1,
+                bytes_per_s_per_rank=_per_link_rate(link),
+                bidirectional=False,
+                **common,
+            )
+        ]
+    levels, below = [], 1
+    for axis, (extent, count, values) in enumerate(zip(shape, counts, coords, strict=True)):
+        if count == 1:
+            continue
+        ordered = np.unique(values[0])
+        stride = int(np.diff(ordered).min())
+        whole = count * stride == extent and ordered[-1] - ordered[0] == (count - 1) * stride
+        levels.append(
+            Level(
+                tier=f"{tier.name}-{TORUS_AXIS_NAMES[axis]}",
+                participants=count,
+                members_below=below,
+                steps=size // below - size // (below * count),
+                bytes_per_s_per_rank=_per_link_rate(link) / stride,
+                bidirectional=bool(whole and view.cluster.torus_wraparound),
+                stride=stride,
+                **common,
+            )
+        )
+        below *= count
+    return levels
+
+
+def pair_level(view: ClusterView, sources: np.ndarray, targets: np.ndarray) -> Level | None:
+    """The slowest level crossed by point-to-point sends ``sources[i] → targets[i]``, all at once.
+
+    On a switched tier each sender uses its own link (shared above oversubscribed tiers);
+    on a torus, sends shifted by ``h`` hops along an axis load every link with ``h`` flows.
+    """
+    sources, targets = np.asarray(sources), np.asarray(targets)
+    candidates: list[Level] = []
+    for index, tier in enumerate(view.tiers):
+        link = view.links[tier.link]
+        below_size = view.tiers[index - 1].group_size if index else 1
+        beyond = sources // below_size != targets // below_size
+        crosses = beyond & (sources // tier.group_size == targets // tier.group_size)
+        if not crosses.any():
+            continue
+        common = {
+            "tier": tier.name,
+            "tier_index": index,
+            "link": link.id,
+            "kind": link.kind,
+            "participants": 2,
+            "members_below": 1,
+            "steps": 1,
+            "busbw_efficiency": dict(link.busbw_efficiency),
+            "in_network_reduction": False,
+            "bidirectional": False,
+            "oversubscription": tier.oversubscription,
+            "collective_fits": tuple(link.collective_fits),
+        }
+        if view.is_torus_tier(index):
+            hops = _torus_hops(
+                view.torus_shape,
+                sources[crosses] % tier.group_size,
+                targets[crosses] % tier.group_size,
+                view.cluster.torus_wraparound,
+            )
+            candidates.append(
+                Level(
+                    **common,
+                    bytes_per_s_per_rank=_per_link_rate(link) / int(hops.max(axis=1).max()),
+                    latency_s=link.latency_s * int(hops.sum(axis=1).max()),
+                    share=1.0,
+                    crossing_ranks=0,
+                    concurrent_groups=1,
+                )
+            )
+            continue
+        crossing = int(np.bincount(sources[beyond] // below_size).max())
+        share = 1.0
+        if tier.oversubscription > 1:
+            share = min(1.0, below_size / (tier.oversubscription * crossing))
+        rate = _per_link_rate(link) if is_full_mesh(tier, link) else _link_rate(view, link)
+        candidates.append(
+            Level(
+                **common,
+                bytes_per_s_per_rank=rate * share,
+                latency_s=link.latency_s,
+                share=share,
+                crossing_ranks=crossing,
+                concurrent_groups=crossing,
+            )
+        )
+    if not candidates:
+        return None
+    return min(
+        candidates,
+        key=lambda level: (level.bytes_per_s_per_rank, -level.latency_s, -level.tier_index),
+    )
+
+
+def _torus_hops(shape, sources, targets, wraparound: bool) -> np.ndarray:
+    """Hops along each torus axis between chips (shortest way round when wrapped)."""
+    hops = []
+    for extent in shape:
+        delta = np.abs(sources % extent - targets % extent)
+        hops.append(np.minimum(delta, extent - delta) if wraparound else delta)
+        sources, targets = sources // extent, targets // extent
+    return np.stack(hops, axis=1)

@@ -1,0 +1,431 @@
+"""The collectives of one training step, per parallel axis: counts, sizes and overlap rules.
+
+Each term counts the collectives one GPU takes part in during one optimizer step, on the
+pipeline rank where the term is largest ("busiest rank"), with ``m`` micro-batches of
+``b`` sequences of ``s`` tokens, hidden size ``h``, activation bytes ``a``:
+
+* **tp** (Megatron-LM, Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2): per layer per
+  micro-batch, 2 all-reduces of the [b, s/cp, h] activation in forward and 2 in backward, or
+  with sequence parallelism 2 all-gathers + 2 reduce-scatters each way (same bytes); full
+  recompute repeats the forward ones; one more at the embedding and at the LM head; the
+  SP norm-weight gradients once per step; the vocabulary-parallel cross-entropy's 3
+  all-reduces of one FP32 per token per micro-batch (:func:`vocab_parallel_loss_bytes`).
+  With expert tensor parallelism ``etp = 1 < tp`` (Megatron-Core's MoE parallel folding) the
+  routed experts are whole and the TP ranks dispatch their own tokens through the EP
+  all-to-all: an MoE layer without shared experts keeps only its attention block's half.
+* **cp** (Llama 3 §3.3.2, all-gather based CP): per layer per micro-batch an all-gather of K
+  and V for the whole sequence in forward (repeated under full recompute), another in
+  backward (the gathered copy is not kept for backward, as TransformerEngine's
+  ``AttnFuncWithCPAndKVAllGather`` does) and a reduce-scatter of their gradients; GQA keeps only ``max(1, kv_heads/tp)``
+  heads per TP rank (MLA gathers its compressed latent + rotary key).
+* **pp** (Narayanan et al. 2021 §4.1, scatter/gather optimisation): one send of the
+  activation (÷ tp) per micro-batch per chunk forward and one gradient backward; ``vpp``
+  chunks (2 for the V-shaped zbv / dualpipev) multiply the sends.
+* **dp** over the dp·cp ranks holding the same dense weights (ZeRO, Rajbhandari et al. 2020
+  §5, §7): stage 0 all-reduces the gradients (gradient dtype) once per step; stage 1
+  reduce-scatters them once per step (Megatron's distributed optimizer accumulates in the
+  full buffer); stage 2 keeps only its gradient shard, so it reduce-scatters every
+  micro-batch (hidden behind the backward passes but the last); stages 1–2 all-gather the
+  updated weights (weight dtype) after the step; stage 3
+  (FSDP, resharded after forward) all-gathers each layer's weights in forward and again in
+  backward and reduce-scatters its gradients, every micro-batch.
+* **edp**: the same for routed-expert weights over dp·cp·(tp/etp)/ep ranks (MoE with ep > 1).
+* **ep** (GShard / DeepSeek-V3 §3.2): per MoE layer per micro-batch, dispatch and combine
+  all-to-alls of ``b·s/(cp·tp)`` tokens × top-k × h, in forward and backward (+ forward
+  again under full recompute); with an FP8 recipe the forward dispatch is FP8. Under
+  node-limited routing (:func:`ep_routing`) each token crosses IB once per destination
+  node and is forwarded over NVLink (the ``node-limited`` all-to-all of :mod:`planner.comm.collectives`).
+
+Message sizes follow nccl-tests (see :mod:`planner.comm.collectives`); ``bytes_per_step`` is what one
+GPU sends. Raw time = count × the cheapest algorithm's time for the message on the group's
+placement. **Exposed** time needs compute times (:class:`planner.comm.report.ComputeTimes`,
+per micro-batch on the busiest rank); without them every term is reported fully exposed
+(exposed = raw). With them: TP is exposed (with ``tp_comm_overlap`` it hides behind the m·(F+B) GEMMs); CP's
+all-gather and reduce-scatter are exposed ("the all-gather communication latency is exposed
+in the critical path", Llama 3 §3.3.2: attention needs the whole K and V first); PP exposes the 2·(pp·chunks − 1) fill
+and drain transfers plus any steady-state excess over m·(F+B); DP gradients hide behind the
+last micro-batch's backward except the last bucket (one layer); ZeRO-1/2 weight all-gathers
+hide behind the next step's first forward except the first bucket; FSDP all-gathers are
+prefetched behind m·(F+B) except the first, its reduce-scatters behind m·B except the
+last; EP is exposed unless the schedule overlaps it (dualpipe, dualpipev: behind m·(F+B),
+the all-to-alls of the F&B-paired chunks only; the warm-up forwards and drain backwards
+that run alone expose theirs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.pipeline.closed_form import dualpipe_paired_share
+from planner.spec.job import Job
+from planner.spec.layout import expert_data_parallel_size
+from planner.spec.precision import DTYPE_BYTES
+
+#: Schedules that overlap one micro-batch's EP all-to-all with another's compute
+#: (DeepSeek-V3 §3.2.1 DualPipe; the V form keeps the F&B overlap).
+EP_OVERLAP_SCHEDULES: tuple[str, ...] = ("dualpipe", "dualpipev")
+#: All-reduces of the vocabulary-parallel cross-entropy per micro-batch (max, sum-exp, target).
+VOCAB_PARALLEL_LOSS_ALL_REDUCES = 3
+#: Report order of the axes and the placement group each one's collectives run on.
+AXIS_GROUPS: dict[str, str] = {
+    "tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp_cp", "edp": "edp",
+}  # fmt: skip
+RULES: dict[str, str] = {
+    "exposed": "exposed: nothing to hide behind (hidden behind m·(F+B) with TP overlap on)",
+    "cp_exposed": "exposed: attention waits for the gathered K and V (Llama 3 §3.3.2)",
+    "pp_steady": "fill and drain transfers exposed; steady state hidden behind m·(F+B)",
+    "dp_grad": "hidden behind the last micro-batch's backward except the last bucket (one layer)",
+    "dp_param": "hidden behind the next step's first forward except the first bucket",
+    "fsdp_gather": "prefetched behind m·(F+B) except the first layer's gather",
+    "fsdp_grad": "hidden behind m·B except the last layer's reduce-scatter",
+    "ep": "exposed unless the schedule overlaps it (dualpipe, dualpipev: the F&B-paired chunks' "
+    "EP terms together behind m·(F+B), which runs on the SMs the all-to-all kernels leave; "
+    "the unpaired warm-up and drain chunks' exposed)",
+}
+NO_COMPUTE_RULE = "no compute times given: exposed = raw"
+NO_OVERLAP_RULE = (
+    "the accelerator runs collectives on the cores that compute "
+    "(overlaps_communication = false): exposed = raw"
+)
+
+
+def ep_routing(model) -> tuple[int, int] | None:
+    """(top-k, max nodes per token) of an MoE model with node-limited routing, else None.
+
+    DeepSeek-V3 §2.1.2 / §3.2.2: each token's experts lie on at most M nodes; the EP
+    all-to-all then costs as :mod:`planner.comm.collectives`'s ``node-limited`` algorithm.
+    """
+    if not model.is_moe or model.max_nodes_per_token is None:
+        return None
+    return model.num_experts_per_token, model.max_nodes_per_token
+
+
+def vocab_parallel_loss_bytes(micro_batch_size, local_tokens_per_sequence):
+    """Bytes of each all-reduce of the vocabulary-parallel cross-entropy: one FP32 per token.
+
+    Megatron-LM's ``_VocabParallelCrossEntropy`` (Shoeybi et al. 2019 §3, the output
+    embedding's "fuse the output with the cross-entropy loss") and torch's ``loss_parallel``
+    all-reduce over TP, in forward, the per-token max logit, the sum of exponentials and
+    the target's logit: :data:`VOCAB_PARALLEL_LOSS_ALL_REDUCES` messages of ``[b, s/cp]``
+    FP32 values per micro-batch. Backward is local (softmax minus one-hot).
+    """
+    return micro_batch_size * local_tokens_per_sequence * DTYPE_BYTES["fp32"]
+
+
+def stage_layers(num_layers: int, pp, vpp, split="auto"):
+    """Layers on the first, a middle and the last pipeline rank, and whether the split is legal.
+
+    The splits of :func:`planner.spec.layout.layers_per_virtual_stage`: ``even``;
+    ``first-last-fewer`` (Llama 3 §3.3.2) takes one layer off the first and the last virtual
+    stage; ``balanced`` gives ``L mod S`` middle stages one extra layer (the busiest middle
+    rank is counted with up to ``vpp`` of them); ``auto`` tries them in that order.
+    """
+    stages = pp * vpp
+    even_ok = num_layers % stages == 0
+    fewer_ok = ((num_layers + 2) % stages == 0) & (stages > 1)
+    balanced_ok = num_layers >= stages
+    split = np.asarray(split)
+    even = (split == "even") | ((split == "auto") & even_ok)
+    fewer = ~even & ((split == "first-last-fewer") | ((split == "auto") & fewer_ok))
+    base, extra = num_layers // stages, num_layers % stages
+    middle = np.where(
+        even,
+        vpp * base,
+        np.where(fewer, vpp * ((num_layers + 2) // stages), vpp * base + np.minimum(vpp, extra)),
+    )
+    edge = np.where(even, middle, np.where(fewer, middle - 1, vpp * base))
+    first = np.where(pp == 1, num_layers, edge)
+    legal = np.where(even, even_ok, np.where(fewer, fewer_ok, balanced_ok))
+    return first, middle, edge, legal
+
+
+@dataclass
+class RankShape:
+    """What the busiest pipeline rank holds, per term (parameters are elements on one TP rank)."""
+
+    layers: np.ndarray  # most transformer layers on one rank
+    moe_layers: np.ndarray  # most MoE layers on one rank
+    dense_params: np.ndarray  # parameters replicated over dp·cp (all but split experts)
+    expert_params: np.ndarray  # routed-expert parameters, split over ep·etp (when ep > 1)
+    dense_bucket: np.ndarray  # one layer's dense parameters: the DP bucket
+    expert_bucket: np.ndarray
+
+
+def rank_shape(model, tp, pp, ep, chunks, split="auto", etp=None) -> RankShape:
+    """Layers and parameters of the busiest rank (first, a middle, or the last one).
+
+    Parameters are split over TP except the norm weights, which every TP rank holds whole
+    (as :func:`planner.cost.memory.layer_params_per_rank` counts them), routed experts over
+    ep·etp (``etp`` None: tp). The embedding sits on the first rank, the final norm and LM head on the last; the dense
+    layers of an MoE model (``num_dense_layers``) are taken to fit on the first rank.
+    """
+    first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
+    middle, last = np.where(pp >= 3, middle, 0), np.where(pp >= 2, last, 0)
+    routed = model.num_routed_experts * model.mlp_params(model.moe_ffn_hidden_size or 1)
+    dense_layer = model.layer_params(moe_layer=False)
+    moe_layer = model.layer_params(moe_layer=True) - routed * (ep > 1) if model.is_moe else 0
+    dense_first = np.minimum(model.num_dense_layers, first) if model.is_moe else first
+    moe = [first - dense_first, middle, last] if model.is_moe else [0 * first] * 3
+    held = [first, middle, last]
+    head = model.lm_head_params() + model.norm_params()
+    extra = [model.embedding_params() + np.where(pp == 1, head, 0), 0, np.where(pp >= 2, head, 0)]
+    # Norm weights are whole on every TP rank (two per layer, the final one with the head).
+    norms = [
+        (2 * n + f) * model.norm_params()
+        for n, f in zip(held, [np.where(pp == 1, 1, 0), 0, np.where(pp >= 2, 1, 0)], strict=True)
+    ]
+    params = [
+        ((n - k) * dense_layer + k * moe_layer + e - w) / tp + w
+        for n, k, e, w in zip(held, moe, extra, norms, strict=True)
+    ]
+    moe_layers = np.maximum(np.maximum(moe[0], moe[1]), moe[2])
+    has_dense = not model.is_moe or model.num_dense_layers > 0
+    layer_norms = 2 * model.norm_params()
+    expert_tp = tp if etp is None else etp
+    return RankShape(
+        layers=np.maximum(np.maximum(first, middle), last),
+        moe_layers=moe_layers,
+        dense_params=np.maximum(np.maximum(params[0], params[1]), params[2]),
+        expert_params=moe_layers * routed * (ep > 1) / (ep * expert_tp),
+        dense_bucket=(np.maximum(dense_layer * has_dense, moe_layer) - layer_norms) / tp
+        + layer_norms,
+        expert_bucket=routed * (ep > 1) / (ep * expert_tp),
+    )
+
+
+@dataclass
+class Term:
+    """Collectives of one kind on one axis per step: ``count`` × ``message_bytes``."""
+
+    axis: str
+    op: str
+    what: str
+    count: np.ndarray
+    message_bytes: np.ndarray
+    rule: str
+    bucket_bytes: np.ndarray | float = 0.0
+
+
+def step_terms(
+    job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split="auto", v_shape=False,
+    etp=None,
+):  # fmt: skip
+    """All collective terms of one step; every argument may be a numpy array (one row each).
+
+    ``chunks``: model chunks per rank (vpp; 2 for zbv / dualpipev); ``sp``: sequence
+    parallel; ``full``: 1 under full recompute; ``zero``: ZeRO stage; ``etp``: the routed
+    experts' TP degree (None: tp).
+    """
+    model, precision, s, h = job.model, job.precision, job.seq_len, job.model.hidden_size
+    act_b, grad_b = precision.activation_bytes, DTYPE_BYTES[precision.gradient_dtype]
+    weight_b = DTYPE_BYTES[precision.weight_dtype]
+    shape = rank_shape(model, tp, pp, ep, chunks, split, etp)
+    expert_tp = tp if etp is None else etp
+    layers = shape.layers
+
+    def on(condition):
+        return np.where(condition, 1, 0)
+
+    act = b * (s / cp) * h * act_b  # one [b, s/cp, h] activation
+    # Per layer and micro-batch, of each collective type: 2 fwd + 2 bwd (+ 2 recomputed fwd).
+    # The vocabulary-parallel embedding adds one on the first stage (its output summed over
+    # TP: reduce-scatter under SP, all-reduce without; the gradient's all-gather under SP)
+    # and the LM head one on the last (its input gathered under SP; the input gradient's
+    # reduce-scatter, or all-reduce without SP). The busiest rank is the most of the three.
+    first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
+    per_layer = 4 + 2 * full
+    # With whole routed experts (etp < tp) and no shared experts an MoE layer keeps only the
+    # attention block's collectives: each MoE layer on a rank has ``moe_saving`` fewer.
+    folded = (expert_tp < tp) & (model.num_shared_experts == 0) & model.is_moe
+    moe_saving = np.where(folded, 2 + full, 0)
+    first_moe = first - np.minimum(model.num_dense_layers, first) if model.is_moe else 0 * first
+    first_tp = first * per_layer - first_moe * moe_saving
+    last_tp = last * per_layer - last * model.is_moe * moe_saving
+    both_ends = (pp == 1) | np.asarray(v_shape)  # one rank holds the embedding and the head
+    head_rank = np.where(both_ends, first_tp + 2, last_tp + 1)
+    per_microbatch = np.maximum.reduce([
+        first_tp + np.where(both_ends, 2, 1),
+        np.where(pp >= 3, middle * per_layer - middle * model.is_moe * moe_saving, 0),
+        np.where((pp >= 2) & ~both_ends, last_tp + 1, 0),
+    ])  # fmt: skip
+    passes = per_microbatch * m
+    sp_on, sp_off = on((tp > 1) & sp), on((tp > 1) & ~np.asarray(sp))
+    what_tp = "activations per layer (attention + MLP) and at the embedding / LM head, fwd + bwd"
+    # Under SP the norm weights see only part of the sequence: their gradients are summed
+    # over TP once per step (Megatron-LM's all-reduce of sequence-parallel norm gradients).
+    norm_weights = np.maximum.reduce([
+        2 * first + both_ends,
+        np.where(pp >= 3, 2 * middle, 0),
+        np.where((pp >= 2) & ~both_ends, 2 * last + 1, 0),
+    ])  # fmt: skip
+    norms = norm_weights * model.norm_params() * grad_b
+    # The head's rank, when it is the busiest, also runs the vocabulary-parallel loss.
+    loss_calls = m * VOCAB_PARALLEL_LOSS_ALL_REDUCES * on((tp > 1) & (head_rank >= per_microbatch))
+    terms = [
+        Term("tp", "all-reduce", what_tp, passes * sp_off, act, "exposed"),
+        Term("tp", "all-gather", "sequence-parallel " + what_tp, passes * sp_on, act, "exposed"),
+        Term("tp", "reduce-scatter", "sequence-parallel " + what_tp, passes * sp_on, act,
+             "exposed"),
+        Term("tp", "all-reduce", "sequence-parallel norm weight gradients", sp_on, norms,
+             "exposed"),
+        Term("tp", "all-reduce", "vocabulary-parallel cross-entropy: max logit, sum of exp, "
+             "target logit", loss_calls, vocab_parallel_loss_bytes(b, s / cp), "exposed"),
+    ]  # fmt: skip
+    if model.attention_kind == "mla":
+        kv_token = (model.kv_lora_rank + model.qk_rope_head_dim) * act_b + 0 * tp
+    else:
+        kv_token = 2 * np.maximum(model.num_kv_heads // tp, 1) * model.head_dim * act_b
+    kv = b * s * kv_token  # K and V of the whole sequence
+    # Busiest rank's sends per step (forward activations + backward gradients). With two
+    # ranks an interleaved pipeline's last chunk still sends back to rank 0, but a V's
+    # bottom hop stays on rank 1 (ZB-V, DualPipeV), so each rank sends one each way.
+    two_ranks = np.where(v_shape, 2 * m, m * (2 * chunks - 1))
+    sends = np.where(pp >= 3, 2 * m * chunks, np.where(pp == 2, two_ranks, 0))
+    terms += [
+        Term("cp", "all-gather", "K and V, whole sequence, per layer, fwd + bwd",
+             layers * m * (2 + full) * on(cp > 1), kv, "cp_exposed"),
+        Term("cp", "reduce-scatter", "K and V gradients per layer", layers * m * on(cp > 1), kv,
+             "cp_exposed"),
+        Term("pp", "p2p", "activations forward, gradients backward", sends, act / tp,
+             "pp_steady"),
+    ]  # fmt: skip
+    if model.is_moe:
+        # The busiest rank's receive (ModelSpec.routed_load_factor) gates each all-to-all.
+        load = model.routed_load_factor(ep)
+        routed_tokens = b * s / (cp * tp) * model.num_experts_per_token * load * h
+        dispatch_b = DTYPE_BYTES["fp8"] if precision.gemm_dtype == "fp8" else act_b
+        per_layer = shape.moe_layers * m * on(ep > 1)
+        terms += [
+            Term("ep", "all-to-all", "token dispatch, forward", per_layer * (1 + full),
+                 routed_tokens * dispatch_b, "ep"),
+            Term("ep", "all-to-all", "combine fwd; dispatch and combine bwd",
+                 per_layer * (3 + full), routed_tokens * act_b, "ep"),
+        ]  # fmt: skip
+    groups = [("dp", shape.dense_params, shape.dense_bucket, dp * cp)]
+    if model.is_moe:
+        edp = expert_data_parallel_size(dp, cp, tp, ep, expert_tp)
+        groups.append(("edp", shape.expert_params, shape.expert_bucket, edp))
+    units = np.maximum(layers, 1)  # FSDP wraps each transformer layer
+    trained = trainable_adapter_params(job, tp, ep, shape, etp)
+    for axis, params, bucket, size in groups:
+        live = on((size > 1) & (params > 0))
+        zero1, zero2, fsdp = (on(zero == stage) * live for stage in (1, 2, 3))
+        grads, weights = params * grad_b, params * weight_b
+        gathered = weights  # ZeRO-3 gathers every weight, frozen or not
+        if trained is not None:  # only the adapters have gradients and updates
+            adapter_b = DTYPE_BYTES[job.finetune.adapter_weight_dtype]
+            grads = weights = trained[axis] * adapter_b
+            bucket = bucket * 0 + trained[axis] / np.maximum(units, 1)
+            grad_b = weight_b = adapter_b
+        terms += [
+            Term(axis, "all-reduce", "gradients (ZeRO-0)", on(zero == 0) * live, grads,
+                 "dp_grad", bucket * grad_b),
+            Term(axis, "reduce-scatter", "gradients once per step (ZeRO-1)", zero1, grads,
+                 "dp_grad", bucket * grad_b),
+            Term(axis, "reduce-scatter", "gradients every micro-batch (ZeRO-2)", m * zero2,
+                 grads, "fsdp_grad"),
+            Term(axis, "all-gather", "updated weights (ZeRO-1/2)", zero1 + zero2, weights,
+                 "dp_param", bucket * weight_b),
+            Term(axis, "all-gather", "weights per layer, fwd + bwd (ZeRO-3)",
+                 2 * m * units * fsdp, gathered / units, "fsdp_gather"),
+            Term(axis, "reduce-scatter", "gradients per layer (ZeRO-3)", m * units * fsdp,
+                 grads / units, "fsdp_grad"),
+        ]  # fmt: skip
+    return terms
+
+
+def trainable_adapter_params(job: Job, tp, ep, shape: RankShape, etp=None) -> dict | None:
+    """Adapter parameters the busiest rank synchronizes over dp (dense) and edp (experts).
+
+    None for full training. A fine-tuning recipe (LoRA, QLoRA, DoRA, VeRA) reduces and
+    updates only its adapters; the frozen base has no gradients to exchange.
+    """
+    spec = job.finetune
+    if spec is None or not spec.trains_adapters:
+        return None
+    from planner.spec.finetune import layer_adapter_params
+
+    tp, ep, etp = np.broadcast_arrays(np.asarray(tp), np.asarray(ep), np.asarray(
+        tp if etp is None else etp))  # fmt: skip
+    pairs, inverse = np.unique(
+        np.stack([tp.ravel(), ep.ravel(), etp.ravel()], axis=-1), axis=0, return_inverse=True
+    )
+    table = np.array([  # per distinct (tp, ep, etp): dense- and MoE-layer (dense, expert) adapters
+        [*layer_adapter_params(job.model, spec, False, int(t), int(e)),
+         *(layer_adapter_params(job.model, spec, True, int(t), int(e), int(x))
+           if job.model.is_moe else (0.0, 0.0))]
+        for t, e, x in pairs
+    ])  # fmt: skip
+    rows = table[inverse.reshape(-1)].reshape(*tp.shape, 4)
+    dense_layers = shape.layers - shape.moe_layers
+
+    def lookup(index: int, part: int) -> np.ndarray:
+        return rows[..., 2 * index + part]
+
+    dense = dense_layers * lookup(0, 0) + shape.moe_layers * lookup(1, 0)
+    expert = shape.moe_layers * lookup(1, 1)
+    return {"dp": dense, "edp": expert}
+
+
+#: SMs DeepSeek-V3's all-to-all kernels occupy while they overlap compute: "only 20 SMs are
+#: sufficient to fully utilize the bandwidths of IB and NVLink" (arXiv 2412.19437 §3.2.2).
+EP_OVERLAP_COMM_SMS = 20
+
+
+def ep_overlap_sm_share(compute_units: int | None) -> float:
+    """Share of the GPU's SMs the overlapped EP all-to-all takes from compute (0 without SMs)."""
+    return EP_OVERLAP_COMM_SMS / compute_units if compute_units else 0.0
+
+
+def shared_exposure(raw, pooled, window, sm_share=0.0, paired=1.0):
+    """This term's share of the pooled collectives' exposed time.
+
+    A window (DualPipe's m·(F+B) for the EP all-to-alls) hides the collectives that share
+    it together, not each term on its own, so the exposure is shared out in proportion to
+    each term's raw time. While the collectives run, compute keeps only ``1 − sm_share`` of
+    the SMs (:data:`EP_OVERLAP_COMM_SMS`): a step of compute C and collectives T takes
+    ``max(T, C + sm_share·T)``, so the exposed time is ``max(sm_share·T, T − window)``.
+    Only the chunks that run in an F&B pair overlap (``paired``, the share of them:
+    :func:`planner.pipeline.closed_form.dualpipe_paired_share`); the all-to-alls of the
+    chunks that run alone wait for their own compute and are exposed whole:
+    ``(1 − paired)·T + paired·max(sm_share·T, T − window)``.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        overlapped = np.maximum(sm_share * pooled, pooled - window)
+        exposed = (1.0 - paired) * pooled + paired * overlapped
+        return np.where(pooled > 0, raw * exposed / pooled, 0.0)
+
+
+def exposed_time(
+    rule, raw, one, bucket, m, pp, chunks, compute, tp_overlap=False, ep_overlap=False,
+    pooled=None, sm_share=0.0,
+):  # fmt: skip
+    """Exposed seconds of a term under its overlap rule.
+
+    ``raw``: count × ``one`` (one collective); ``bucket``: time of the first/last bucket;
+    ``compute``: (forward, backward) seconds per micro-batch, or None (then the
+    term is fully exposed); ``pooled``: the raw seconds of every term sharing this term's
+    window (the EP all-to-alls share DualPipe's m·(F+B)), default
+    ``raw``; ``sm_share``: the SMs the overlapped EP collectives take from compute
+    (:func:`ep_overlap_sm_share`). Works on numpy arrays.
+    """
+    if compute is None:
+        return raw
+    forward, backward = compute
+    busy = m * (forward + backward)
+    if rule == "exposed":
+        return np.where(tp_overlap, np.maximum(0.0, raw - busy), raw)
+    if rule == "cp_exposed":
+        return raw
+    if rule == "pp_steady":
+        critical = 2 * np.maximum(pp * chunks - 1, 0) * one
+        return np.minimum(raw, critical + np.maximum(0.0, raw - busy))
+    if rule == "ep":
+        pooled = raw if pooled is None else pooled
+        paired = dualpipe_paired_share(pp, m, chunks)
+        return np.where(ep_overlap, shared_exposure(raw, pooled, busy, sm_share, paired), raw)
+    window = {"dp_grad": backward, "dp_param": forward, "fsdp_gather": busy,
+              "fsdp_grad": m * backward}[rule]  # fmt: skip
+    return np.minimum(raw, np.maximum(bucket, raw - window))

@@ -1,0 +1,481 @@
+"""Rank placement: which ranks form each parallel group, and which links each group crosses.
+
+Ranks are laid out on a mesh whose axes are taken in a *mesh order*, innermost first
+(default ``tp, cp, ep, pp, dp``; Llama 3 used [TP, CP, PP, DP], arXiv 2407.21783 §3.3.2),
+and rank ``r`` runs on device ``r`` of the cluster (see :mod:`planner.comm.network` for the
+numbering and the bandwidth model). Expert parallelism is carved out of the ``cp·dp``
+ranks: its ``gcd(ep, cp)`` inner part shares the CP factor and the rest (``ep / gcd``) is a
+mesh factor of its own at the place ``ep`` takes in the order (just inside dp when the
+order leaves ``ep`` out). With expert tensor parallelism ``etp = 1 < tp`` (Megatron-Core's
+MoE parallel folding) the tp axis splits into ``tpt`` (etp, inner) and ``tpe`` (tp/etp): the
+EP group is ``tpe`` × the ``ep/(tp/etp)`` ranks carved out of cp·dp as above. Besides the
+mesh axes, two derived groups carry gradients: ``dp_cp`` (dense weights are replicated over
+dp·cp; ZeRO shards over it) and ``edp`` (expert weights, dp·cp·(tp/etp)/ep). Placements
+are cached per (cluster, gpus, order, sizes), and each group's answer per the shape of the
+mesh it sees (so axes of different layouts with the same groups share it), so the search
+can evaluate many layouts cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from pydantic import BaseModel
+
+from hwspecs.schema import Cluster
+
+if TYPE_CHECKING:
+    import networkx
+
+from hwspecs.errors import PlanError
+from planner.comm.network import (
+    ClusterView,
+    Level,
+    cluster_view,
+    mesh_levels,
+    pair_level,
+)
+from planner.spec.layout import (
+    DEFAULT_MESH_ORDER,
+    Layout,
+    check_expert_tp,
+    expert_data_parallel_size,
+)
+
+#: Mesh axes a user may order, innermost first by default (see planner.spec.layout).
+MESH_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp")
+#: Process groups the traffic model uses: the mesh axes, the dense-gradient group dp·cp
+#: (CP ranks hold the same weights) and the expert-data-parallel group dp·cp·(tp/etp)/ep.
+GROUP_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp", "dp_cp", "edp")
+#: Mesh factors each group is made of (tpt = the routed experts' TP part, etp; tpe = tp ∩ ep,
+#: tp/etp; cpe = cp ∩ ep, cpr = rest of cp, dpe = dp ∩ ep, dpr = rest of dp).
+GROUP_FACTORS: dict[str, tuple[str, ...]] = {
+    "tp": ("tpt", "tpe"),
+    "cp": ("cpe", "cpr"),
+    "ep": ("tpe", "cpe", "dpe"),
+    "pp": ("pp",),
+    "dp": ("dpe", "dpr"),
+    "dp_cp": ("cpe", "cpr", "dpe", "dpr"),
+    "edp": ("cpr", "dpr"),
+}
+
+
+def resolve_order(order) -> tuple[str, ...]:
+    """Validate a mesh order (innermost first); ``ep`` may be left out (it then sits in dp)."""
+    if isinstance(order, str):
+        order = [part.strip() for part in order.split(",") if part.strip()]
+    order = tuple(order)
+    required = {"tp", "cp", "pp", "dp"}
+    unknown = [axis for axis in order if axis not in MESH_AXES]
+    if unknown or len(set(order)) != len(order) or not required <= set(order):
+        raise PlanError(
+            f"order {','.join(order)!r} must name each of tp, cp, pp, dp once (and ep at most "
+            f"once), innermost first, e.g. {','.join(MESH_AXES)}"
+        )
+    return order
+
+
+def mesh_factors(sizes: dict[str, int], order) -> list[tuple[str, int]]:
+    """The mesh's factors, innermost first, as (name, size); ``sizes`` may give ``etp``."""
+    tp, cp, pp, dp, ep = (int(sizes.get(axis, 1)) for axis in ("tp", "cp", "pp", "dp", "ep"))
+    if min(tp, cp, pp, dp, ep) < 1:
+        raise PlanError(f"parallel degrees must be ≥ 1, got {sizes}")
+    etp = int(sizes.get("etp") or tp)
+    fold = check_expert_tp(tp, ep, dp * cp, etp)
+    ep_rest = ep // fold  # the part of EP carved out of cp·dp
+    ep_cp = math.gcd(ep_rest, cp)
+    ep_dp = ep_rest // ep_cp  # divides dp whenever ep_rest divides dp·cp
+    by_axis = {
+        "tp": [("tpt", etp), ("tpe", fold)],
+        "cp": [("cpe", ep_cp), ("cpr", cp // ep_cp)],
+        "ep": [("dpe", ep_dp)],
+        "pp": [("pp", pp)],
+        "dp": [("dpr", dp // ep_dp)],
+    }
+    order = resolve_order(order)
+    if "ep" not in order:
+        by_axis["dp"] = by_axis["ep"] + by_axis["dp"]
+    return [factor for axis in order for factor in by_axis[axis]]
+
+
+def axis_groups(axis: str, sizes: dict[str, int], order) -> np.ndarray:
+    """Ranks of every group of ``axis``: an int array (num_groups, group_size), rows ascending."""
+    factors = mesh_factors(sizes, order)
+    dims = [size for _, size in factors]
+    grid = np.arange(math.prod(dims), dtype=np.int64).reshape(dims[::-1])
+    last = len(dims) - 1
+    members = [last - i for i, (name, _) in enumerate(factors) if name in GROUP_FACTORS[axis]]
+    others = [ax for ax in range(len(dims)) if ax not in members]
+    group_size = math.prod(grid.shape[ax] for ax in members)
+    return np.sort(grid.transpose(others + sorted(members)).reshape(-1, group_size), axis=1)
+
+
+def degrees(layout: Layout | dict) -> dict[str, int]:
+    """The five mesh degrees of a Layout (or of a dict holding some of them; the rest are 1),
+    plus ``etp`` where the routed experts' TP degree is not tp."""
+    if isinstance(layout, Layout):
+        sizes = {axis: getattr(layout, axis) for axis in MESH_AXES}
+        etp = layout.expert_tp
+    else:
+        unknown = set(layout) - {*MESH_AXES, "etp"}
+        if unknown:
+            raise PlanError(
+                f"unknown axes {sorted(unknown)}; choose from {', '.join(MESH_AXES)} (and etp)"
+            )
+        sizes = {axis: int(layout.get(axis, 1)) for axis in MESH_AXES}
+        etp = int(layout.get("etp") or sizes["tp"])
+    if etp != sizes["tp"]:
+        sizes["etp"] = etp
+    return sizes
+
+
+def group_size(axis: str, sizes: dict[str, int]) -> int:
+    """Ranks in one group of ``axis`` (a mesh axis or a derived group)."""
+    tp, cp, pp, dp, ep = (sizes[a] for a in ("tp", "cp", "pp", "dp", "ep"))
+    return {
+        "tp": tp,
+        "cp": cp,
+        "ep": ep,
+        "pp": pp,
+        "dp": dp,
+        "dp_cp": dp * cp,
+        "edp": int(expert_data_parallel_size(dp, cp, tp, ep, sizes.get("etp") or tp)),
+    }[axis]
+
+
+# ----- placements ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """All groups of one axis: their size, an example, and the levels they cross."""
+
+    axis: str
+    group_size: int
+    num_groups: int
+    example_ranks: tuple[int, ...]
+    levels: tuple[Level, ...]
+    neighbour_level: Level | None  # slowest level of stage-to-stage sends (pp only)
+
+
+@dataclass(frozen=True)
+class Placement:
+    view: ClusterView
+    order: tuple[str, ...]
+    sizes: dict[str, int]
+    groups: dict[str, GroupPlacement]
+
+
+_PLACEMENTS: dict[tuple, Placement] = {}
+_PLACEMENT_CACHE_SIZE = 4096
+
+
+def cluster_key(cluster: Cluster, gpus: int) -> tuple:
+    """A cache key for a cluster's contents (two files may share an id)."""
+    return (cluster.id, hash(cluster.model_dump_json()), gpus)
+
+
+def place_groups(
+    cluster: Cluster | str,
+    layout: Layout | dict,
+    order=DEFAULT_MESH_ORDER,
+    gpus: int | None = None,
+) -> Placement:
+    """Place ``layout`` on the first tp·cp·pp·dp devices of ``cluster`` (cached).
+
+    ``gpus``, when given, must equal tp·cp·pp·dp (the CLI's ``--gpus``). A dict without
+    ``dp`` gets the dp that fills ``gpus`` (or the whole cluster).
+    """
+    sizes = degrees(layout)
+    order = resolve_order(order)
+    view = cluster_view(cluster, None)
+    if gpus is not None:
+        cluster_view(view.cluster, gpus)  # checks that the cluster has that many
+    if isinstance(layout, dict) and "dp" not in layout:
+        total, inner = gpus or view.num_gpus, sizes["tp"] * sizes["cp"] * sizes["pp"]
+        if total % inner:
+            raise PlanError(f"tp·cp·pp = {inner} does not tile {total} GPUs; pick sizes whose "
+                            f"product divides {total}")  # fmt: skip
+        sizes["dp"] = total // inner
+    num_gpus = sizes["tp"] * sizes["cp"] * sizes["pp"] * sizes["dp"]
+    if gpus is not None and gpus != num_gpus:
+        raise PlanError(f"tp·cp·pp·dp = {num_gpus} but gpus is {gpus}; they must be equal")
+    if num_gpus > view.num_gpus:
+        raise PlanError(
+            f"the layout needs tp·cp·pp·dp = {num_gpus} GPUs; cluster '{view.cluster.id}' "
+            f"has {view.num_gpus}"
+        )
+    return placement_for_view(cluster_view(view.cluster, num_gpus), order, sizes)
+
+
+def placement_for_view(
+    view: ClusterView, order: tuple[str, ...], sizes: dict, view_key: tuple | None = None
+) -> Placement:
+    """The cached placement of ``sizes`` on ``view`` (whose num_gpus is tp·cp·pp·dp);
+    ``view_key``: ``cluster_key(view.cluster, view.num_gpus)``, when the caller has it."""
+    view_key = view_key or cluster_key(view.cluster, view.num_gpus)
+    key = (view_key, order, tuple(sorted(sizes.items())))
+    found = _PLACEMENTS.get(key)
+    if found is not None:
+        return found
+    factors = mesh_factors(sizes, order)  # validates ep against dp·cp
+    groups = {}
+    for axis in GROUP_AXES:
+        shape = _group_shape(factors, axis)
+        group_key = (view_key, axis == "pp", shape)
+        fields = _GROUP_FIELDS.get(group_key)
+        if fields is None:
+            fields = _group_fields(view, axis, shape, sizes, order)
+            if len(_GROUP_FIELDS) >= _PLACEMENT_CACHE_SIZE:
+                _GROUP_FIELDS.clear()
+            _GROUP_FIELDS[group_key] = fields
+        groups[axis] = GroupPlacement(axis, *fields)
+    if len(_PLACEMENTS) >= _PLACEMENT_CACHE_SIZE:
+        _PLACEMENTS.clear()
+    placement = Placement(view, order, dict(sizes), groups)
+    _PLACEMENTS[key] = placement
+    return placement
+
+
+#: GroupPlacement fields but the axis, per (cluster key, pp?, group shape): axes of different
+#: layouts whose groups have the same shape share them.
+_GROUP_FIELDS: dict[tuple, tuple] = {}
+
+
+def _group_shape(factors: list[tuple[str, int]], axis: str) -> tuple[tuple[int, bool], ...]:
+    """The mesh as ``axis`` sees it: (size, in the group) innermost first, runs merged.
+
+    Two meshes with the same shape have the same groups (neighbouring factors that are both
+    in, or both out of, the group act as one factor of their product).
+    """
+    shape: list[tuple[int, bool]] = []
+    for name, size in factors:
+        member = name in GROUP_FACTORS[axis]
+        if size == 1:
+            continue
+        if shape and shape[-1][1] == member:
+            shape[-1] = (shape[-1][0] * size, member)
+        else:
+            shape.append((size, member))
+    return tuple(shape)
+
+
+def _group_fields(view: ClusterView, axis: str, shape, sizes: dict, order) -> tuple:
+    """group_size, num_groups, example_ranks, levels, neighbour_level of ``axis``'s groups."""
+    size = math.prod(n for n, member in shape if member)
+    example, stride = np.zeros(1, dtype=np.int64), 1  # the group of rank 0, ascending
+    for n, member in shape:
+        if member:
+            example = (np.arange(n, dtype=np.int64)[:, None] * stride + example).ravel()
+        stride *= n
+    neighbour = None
+    if axis == "pp" and size > 1:
+        ranks = axis_groups(axis, sizes, order)
+        neighbour = pair_level(view, ranks[:, :-1].ravel(), ranks[:, 1:].ravel())
+    levels = mesh_levels(view, shape)
+    num_groups = math.prod(n for n, _ in shape) // size
+    return size, num_groups, tuple(example.tolist()), levels, neighbour
+
+
+# ----- the report ----------------------------------------------------------------------
+
+
+class LevelReport(BaseModel):
+    """One network level a group crosses."""
+
+    tier: str
+    link: str
+    kind: str
+    participants: int
+    members_per_instance_below: int
+    crossing_ranks_per_instance: int
+    concurrent_groups: int
+    oversubscription: float
+    share: float
+    bytes_per_s_per_rank: float
+    bidirectional: bool
+    latency_s: float
+
+    @classmethod
+    def of(cls, level: Level) -> LevelReport:
+        fields = dataclasses.asdict(level)
+        fields["members_per_instance_below"] = fields.pop("members_below")
+        fields["crossing_ranks_per_instance"] = fields.pop("crossing_ranks")
+        return cls.model_validate({k: v for k, v in fields.items() if k in cls.model_fields})
+
+
+class AxisPlacement(BaseModel):
+    """Where the groups of one axis sit and what they cross."""
+
+    axis: str
+    group_size: int
+    num_groups: int
+    example_ranks: list[int]
+    tiers: list[str]
+    tier: str
+    bottleneck_tier: str
+    bottleneck_bytes_per_s_per_rank: float
+    levels: list[LevelReport]
+    neighbour_level: LevelReport | None = None
+
+
+class TierReport(BaseModel):
+    name: str
+    link: str
+    kind: str
+    group_size: int
+    instances: int
+    oversubscription: float
+    bytes_per_s_per_direction: float
+
+
+class TopologyReport(BaseModel):
+    """Rank placement of one layout on one cluster."""
+
+    cluster: str
+    num_gpus: int
+    order: list[str]
+    sizes: dict[str, int]
+    torus_shape: list[int] | None
+    tiers: list[TierReport]
+    axes: list[AxisPlacement]
+    notes: list[str]
+
+
+def bottleneck(levels: tuple[Level, ...]) -> Level | None:
+    """The level with the lowest bus-bandwidth ceiling per rank (outermost on ties)."""
+    if not levels:
+        return None
+    return min(reversed(levels), key=lambda level: level.group_bytes_per_s)
+
+
+def axis_report(group: GroupPlacement) -> AxisPlacement:
+    levels = group.levels
+    if group.axis == "pp" and group.neighbour_level is not None:
+        levels = (group.neighbour_level,)
+    slowest = bottleneck(levels)
+    tiers = list(
+        dict.fromkeys(
+            level.tier.split("-")[0] if level.kind == "torus" else level.tier for level in levels
+        )
+    )
+    return AxisPlacement(
+        axis=group.axis,
+        group_size=group.group_size,
+        num_groups=group.num_groups,
+        example_ranks=list(group.example_ranks),
+        tiers=tiers,
+        tier=tiers[-1] if tiers else "local",
+        bottleneck_tier=slowest.tier if slowest else "local",
+        bottleneck_bytes_per_s_per_rank=slowest.group_bytes_per_s if slowest else 0.0,
+        levels=[LevelReport.of(level) for level in group.levels],
+        neighbour_level=LevelReport.of(group.neighbour_level) if group.neighbour_level else None,
+    )
+
+
+def topology_report(
+    cluster: Cluster | str,
+    layout: Layout | dict,
+    order=DEFAULT_MESH_ORDER,
+    gpus: int | None = None,
+) -> TopologyReport:
+    """Which ranks form each group, which tiers they cross, at which bandwidth per rank.
+
+    Lists the five mesh axes, plus ``dp_cp`` when cp > 1 and ``edp`` when ep > 1.
+    ``bottleneck_bytes_per_s_per_rank`` is the bus-bandwidth ceiling of the slowest level:
+    members of the group per instance below × per-rank link rate after sharing (× 2 for a
+    bidirectional torus ring), before the collective algorithm's efficiency.
+    """
+    placement = place_groups(cluster, layout, order, gpus)
+    view, sizes = placement.view, placement.sizes
+    shown = list(MESH_AXES)
+    if sizes["cp"] > 1 and sizes["dp"] > 1:
+        shown.append("dp_cp")
+    if sizes["ep"] > 1 and group_size("edp", sizes) > 1:
+        shown.append("edp")
+    tiers = [
+        TierReport(
+            name=tier.name,
+            link=tier.link,
+            kind=view.links[tier.link].kind,
+            group_size=tier.group_size,
+            instances=-(-view.num_gpus // tier.group_size),
+            oversubscription=tier.oversubscription,
+            bytes_per_s_per_direction=view.links[tier.link].bytes_per_s_per_direction,
+        )
+        for tier in view.tiers
+    ]
+    notes = [
+        "ranks fill the innermost tier first; all groups of an axis run at the same time",
+        "pp levels: the stage-to-stage sends; other axes: the whole group's collectives",
+    ]
+    return TopologyReport(
+        cluster=view.cluster.id,
+        num_gpus=view.num_gpus,
+        order=list(placement.order),
+        sizes=sizes,
+        torus_shape=list(view.torus_shape) if view.torus_shape else None,
+        tiers=tiers,
+        axes=[axis_report(placement.groups[axis]) for axis in shown],
+        notes=notes,
+    )
+
+
+# ----- the cluster as a graph ----------------------------------------------------------
+
+
+def cluster_graph(cluster: Cluster | str, gpus: int | None = None) -> networkx.Graph:
+    """The cluster's first ``gpus`` devices as a networkx graph.
+
+    Nodes: ``("gpu", r)`` and ``(tier name, instance)`` switches. A GPU links to the switch
+    of its scale-up domain (tier 0) and, through its NIC, to the switch of tier 1; each
+    switch of tier k ≥ 1 links up to the one of tier k+1. A torus tier has no switch: its
+    chips link to their neighbours along each axis (wrapping when the cluster says so).
+    Edges carry ``link`` (id) and ``tier`` (name). The top switch a shortest path between
+    two GPUs passes through names the tier their traffic crosses.
+    """
+    view = cluster_view(cluster, gpus)
+    import networkx as nx  # imported here: the search does not need the graph
+
+    graph = nx.Graph()
+    ranks = range(view.num_gpus)
+    graph.add_nodes_from((("gpu", r) for r in ranks), kind="gpu")
+    for index, tier in enumerate(view.tiers):
+        if view.is_torus_tier(index):
+            _add_torus_edges(graph, view, tier)
+            continue
+        count = -(-view.num_gpus // tier.group_size)
+        graph.add_nodes_from(((tier.name, i) for i in range(count)), kind="switch", level=index)
+        if index <= 1:  # GPUs attach to the scale-up switch and, by NIC, to the first leaf
+            graph.add_edges_from((("gpu", r), (tier.name, r // tier.group_size)) for r in ranks)
+        else:
+            inner = view.tiers[index - 1]
+            graph.add_edges_from(
+                ((inner.name, i), (tier.name, i * inner.group_size // tier.group_size))
+                for i in range(-(-view.num_gpus // inner.group_size))
+            )
+        for u, v in graph.edges((tier.name, i) for i in range(count)):
+            graph.edges[u, v].setdefault("tier", tier.name)
+            graph.edges[u, v].setdefault("link", tier.link)
+    return graph
+
+
+def _add_torus_edges(graph, view: ClusterView, tier) -> None:
+    shape, domain = view.torus_shape, tier.group_size
+    for rank in range(view.num_gpus):
+        base, local = rank - rank % domain, rank % domain
+        stride = 1
+        for extent in shape:
+            coord = (local // stride) % extent
+            step = coord + 1
+            if step < extent or (view.cluster.torus_wraparound and extent > 2):
+                neighbour = base + local + ((step % extent) - coord) * stride
+                if neighbour < view.num_gpus:
+                    graph.add_edge(
+                        ("gpu", rank), ("gpu", neighbour), tier=tier.name, link=tier.link
+                    )
+            stride *= extent

@@ -1,0 +1,487 @@
+"""Per-axis communication for many layouts at once: the search's form of :mod:`planner.comm.report`.
+
+:func:`axis_times_vectorized` takes one numpy column per layout field (scalars broadcast)
+and returns one column per quantity, with no Python loop per row. The terms come from
+:func:`planner.comm.report.step_terms` (the same formulas the explained report uses); the
+collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp): every
+algorithm costs ``alpha + beta · bytes`` (:mod:`planner.comm.collectives`), so a row's time is
+``min over algorithms of alpha[combo] + beta[combo] · message_bytes``. Placements are cached
+by :func:`planner.comm.topology.placement_for_view`, so repeated calls are cheap. Everything but
+the exposure depends on a few fields (degrees, chunks, micro-batches, SP, full recompute,
+ZeRO stage, layer split): terms, bytes and raw times are worked out once per distinct
+combination of them and broadcast; only terms whose exposure reads the compute times are
+split into exposed and hidden per row (:mod:`planner.columns.codes`).
+
+The same tables say how long each physical link of a rank is busy per byte
+(:class:`planner.comm.collectives.Cost`), so each row also gets, per link, the seconds each axis keeps
+it busy, exposed and hidden; :mod:`planner.comm.contention` turns those into the time lost where
+axes share a link (``link_contention_s``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from hwspecs.catalog import load_accelerator
+from hwspecs.schema import Cluster
+from planner.columns.codes import Labels, distinct_rows
+from planner.comm.collectives import ALGORITHMS, algorithm_costs, volume_factor
+from planner.comm.contention import sharing_delay
+from planner.comm.network import as_cluster, cluster_view
+from planner.comm.terms import (
+    AXIS_GROUPS,
+    EP_OVERLAP_SCHEDULES,
+    ep_overlap_sm_share,
+    ep_routing,
+    exposed_time,
+    stage_layers,
+    step_terms,
+)
+from planner.comm.topology import cluster_key, placement_for_view, resolve_order
+from planner.pipeline.schedules.registry import SCHEDULES, get_schedule
+from planner.spec.job import Job
+from planner.spec.layout import (
+    DEFAULT_MESH_ORDER,
+    V_SHAPE_SCHEDULES,
+    expert_data_parallel_size,
+    expert_split_ok,
+    resolved_etp,
+)
+
+#: Axes whose columns :func:`axis_times_vectorized` returns (all of them, zeros where idle).
+AXES: tuple[str, ...] = tuple(AXIS_GROUPS)
+#: Most algorithms :func:`planner.comm.collectives.algorithm_costs` offers for one op.
+NUM_ALGORITHMS = len(ALGORITHMS)
+
+
+def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) -> list:
+    """The placement of each (tp, cp, ep, pp, dp, etp) combination; None where it cannot be
+    placed."""
+    views, placements = {}, []
+    for tp, cp, ep, pp, dp, etp in combos.tolist():
+        num_gpus = tp * cp * pp * dp
+        if num_gpus > cluster.num_gpus or not expert_split_ok(tp, cp, dp, ep, etp):
+            placements.append(None)  # stays unpriced: the row cannot be placed
+            continue
+        if num_gpus not in views:
+            views[num_gpus] = cluster_view(cluster, num_gpus), cluster_key(cluster, num_gpus)
+        view, view_key = views[num_gpus]
+        sizes = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
+        if etp != tp:
+            sizes["etp"] = etp
+        placements.append(placement_for_view(view, order, sizes, view_key))
+    return placements
+
+
+#: Costs of each distinct (group levels, op, routing), shared by every call: the levels come
+#: from :mod:`planner.comm.topology`'s caches, and each entry keeps its group alive, so the ids in
+#: the key stay its own.
+_GROUP_COSTS: dict[tuple, tuple] = {}
+_GROUP_COSTS_SIZE = 16384
+
+
+class _CostTables:
+    """alpha, beta [combination, algorithm] of one (placement group, op), priced on first
+    use: every algorithm costs ``alpha + beta · bytes`` (:func:`planner.comm.collectives.algorithm_costs`),
+    inf alpha where an algorithm is unavailable or the combination cannot be placed; and
+    {link: seconds busy per byte [combination, algorithm]}. Each distinct group (placements
+    share one levels tuple per group shape) is priced once (:data:`_GROUP_COSTS`)."""
+
+    def __init__(self, placements: list, routing=None):
+        self.placements = placements
+        self.routing = routing  # the EP all-to-all's node-limited routing (ep_routing)
+        self.tables: dict[tuple[str, str], tuple] = {}
+        self.group_rows: dict[str, tuple[np.ndarray, list]] = {}
+        self.groups = _GROUP_COSTS
+
+    def __call__(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray, dict]:
+        if (group_name, op) not in self.tables:
+            self.tables[group_name, op] = self._price(group_name, op)
+        return self.tables[group_name, op]
+
+    def _distinct_groups(self, group_name: str) -> tuple[np.ndarray, list]:
+        """Each combination's row in the stacked tables of one group (0: cannot be placed,
+        1 + i: the i-th distinct group), and those distinct groups (first seen first)."""
+        if group_name not in self.group_rows:
+            rows: dict[tuple, int] = {}
+            groups, where = [], np.zeros(len(self.placements), dtype=np.int64)
+            for u, placement in enumerate(self.placements):
+                if placement is None:
+                    continue
+                group = placement.groups[group_name]
+                # Level holds a dict (not hashable): the identity of the shared levels is
+                # the key, and the cost entry keeps the group (and so its levels) alive.
+                key = (id(group.levels), id(group.neighbour_level), group.group_size)
+                if key not in rows:
+                    rows[key] = len(groups) + 1
+                    groups.append(group)
+                where[u] = rows[key]
+            self.group_rows[group_name] = where, groups
+        return self.group_rows[group_name]
+
+    def _price(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray, dict]:
+        routing = self.routing if group_name == "ep" else None
+        where, groups = self._distinct_groups(group_name)
+        entries = []
+        for group in groups:
+            key = (id(group.levels), id(group.neighbour_level), group.group_size, op, routing)
+            if key not in self.groups:
+                if len(self.groups) >= _GROUP_COSTS_SIZE:
+                    self.groups.clear()
+                self.groups[key] = (*_group_costs(group, op, routing), group)
+            entries.append(key)
+        costs = [(np.full(NUM_ALGORITHMS, np.inf), np.zeros(NUM_ALGORITHMS), {})]
+        costs += [self.groups[key][:3] for key in entries]
+        alpha = np.stack([cost[0] for cost in costs])[where]
+        beta = np.stack([cost[1] for cost in costs])[where]
+        busy_links = dict.fromkeys(link for cost in costs for link in cost[2])
+        zero = np.zeros(NUM_ALGORITHMS)
+        links = {
+            link: np.stack([cost[2].get(link, zero) for cost in costs])[where]
+            for link in busy_links
+        }
+        usable = np.flatnonzero(np.isfinite(alpha).any(axis=0))
+        if not len(usable):  # no combination can be placed: one column, priced at inf
+            usable = np.arange(1)
+        return alpha[:, usable], beta[:, usable], {k: v[:, usable] for k, v in links.items()}
+
+
+def chunks_column(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+    """Model chunks per rank: the vpp, except zbv and dualpipev, which always run two."""
+    fixed = {name: spec.fixed_vpp for name, spec in SCHEDULES.items() if spec.fixed_vpp}
+    codes, names = _codes(schedule)
+    per_name = np.array([fixed.get(name, 0) for name in names], dtype=np.int64)
+    return np.where(per_name[codes] > 0, per_name[codes], vpp) if len(names) else vpp.copy()
+
+
+def _codes(column) -> tuple[np.ndarray, list]:
+    """Each row's index into the column's distinct values, and those values (hashing, unless
+    the column comes as :class:`planner.columns.codes.Labels`)."""
+    if isinstance(column, Labels):
+        return column.codes, list(column.values)
+    values = np.asarray(column)
+    codes, names = pd.factorize(values.ravel())
+    return codes.reshape(values.shape), names.tolist()
+
+
+def _distinct(column) -> list:
+    return _codes(column)[1]
+
+
+def _is_one_of(column, names) -> np.ndarray:
+    """Rows whose value is one of ``names`` (string columns: one hash pass, no sort)."""
+    codes, values = _codes(column)
+    return np.array([value in names for value in values], dtype=bool)[codes]
+
+
+def placeable(
+    cluster: Cluster, num_layers: int, tp, cp, pp, dp, ep, chunks, split="auto", etp=None
+):
+    """Rows that can be placed: the cluster has the GPUs, the EP group can be formed out of
+    dp·cp and the tp/etp folded TP ranks (the combinations :class:`_CostTables` leaves
+    unpriced) and the layer split is legal."""
+    etp = tp if etp is None else etp
+    priced = (tp * cp * pp * dp <= cluster.num_gpus) & expert_split_ok(tp, cp, dp, ep, etp)
+    return priced & np.asarray(stage_layers(num_layers, pp, chunks, split)[3])
+
+
+def _group_costs(group, op: str, routing=None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """alpha, beta [algorithm] of ``op`` on one group placement (inf where unavailable) and
+    {link: seconds busy per byte [algorithm]}; ``routing``: node-limited routing of an EP
+    all-to-all (:func:`ep_routing`), or None."""
+    alpha = np.full(NUM_ALGORITHMS, np.inf)
+    beta = np.zeros_like(alpha)
+    busy: dict[str, np.ndarray] = {}
+    if op == "p2p":
+        levels = (group.neighbour_level,) if group.neighbour_level else ()
+    else:
+        levels = group.levels
+    costs = algorithm_costs(op, levels, group.group_size, routing)
+    if not costs:  # a group of one rank: nothing to send
+        alpha[0] = 0.0
+    for a, cost in enumerate(costs.values()):
+        alpha[a], beta[a] = cost.alpha_s, cost.beta_s_per_byte
+        for link, seconds_per_byte in cost.link_busy_s_per_byte:
+            busy.setdefault(link, np.zeros(NUM_ALGORITHMS))[a] = seconds_per_byte
+    return alpha, beta, busy
+
+
+def _cheapest(alpha, beta, live: np.ndarray, num_bytes, shape) -> tuple[np.ndarray, np.ndarray]:
+    """The cheapest algorithm's time for one collective of ``num_bytes`` on the ``live`` rows
+    (flat indices; ``alpha``, ``beta`` [live row, algorithm]), 0 on the other rows; and the
+    index of that algorithm on each live row."""
+    sent = np.broadcast_to(np.asarray(num_bytes, dtype=float), shape).ravel()[live]
+    each = alpha + beta * sent[:, None]
+    choice = each.argmin(axis=-1)
+    time = np.zeros(int(np.prod(shape)))
+    time[live] = each[np.arange(len(live)), choice]
+    return time.reshape(shape), choice
+
+
+def _link_busy(per_byte: dict, at: np.ndarray, choice, live, sent, shape) -> dict:
+    """{link: seconds the link is busy} of ``sent`` bytes per row on the chosen algorithm
+    (``per_byte`` tables [combination, algorithm] read at combination ``at`` of each live row)."""
+    busy = {}
+    for link, table in per_byte.items():
+        flat = np.zeros(int(np.prod(shape)))
+        flat[live] = sent.ravel()[live] * table[at, choice]
+        busy[link] = flat.reshape(shape)
+    return busy
+
+
+def _group_sizes(key: dict) -> dict[str, np.ndarray]:
+    """Ranks in each placement group (:data:`AXIS_GROUPS`) of the rows."""
+    tp, cp, pp, dp, ep, etp = (key[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp"))
+    return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp_cp": dp * cp,
+            "edp": expert_data_parallel_size(dp, cp, tp, ep, etp)}  # fmt: skip
+
+
+def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[tuple]:
+    """Every collective term that some row runs, priced on the rows of ``key`` (columns tp,
+    cp, pp, dp, ep, etp, chunks, b, m, sp, full, zero, v_shape): (term, count, message bytes,
+    one collective's seconds, one bucket's seconds, raw seconds, {link: seconds busy}).
+
+    Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp)."""
+    rows = key["tp"].shape
+    combos = np.stack([key[k] for k in ("tp", "cp", "ep", "pp", "dp", "etp")], axis=-1)
+    combos = combos.reshape(-1, 6)
+    radix = combos.max(axis=0, initial=0) + 1  # one integer key per row: np.unique on ints is fast
+    keys = np.ravel_multi_index(tuple(combos.T), tuple(radix))
+    unique_keys, inv = np.unique(keys, return_inverse=True)
+    unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
+    inv = inv.reshape(rows)
+    costs = _CostTables(_placements(cluster, unique, order), ep_routing(job.model))
+    terms = step_terms(
+        job, *(key[k] for k in ("tp", "cp", "pp", "dp", "ep", "chunks", "b", "m", "sp", "full",
+                                 "zero")), split, key["v_shape"], key["etp"],
+    )  # fmt: skip
+    priced = []
+    with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
+        for term in terms:
+            count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
+            if not count.any():
+                continue
+            alpha, beta, per_byte = costs(AXIS_GROUPS[term.axis], term.op)
+            message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
+            # One collective's time, on the rows that run it (the others count 0 of them).
+            live = np.flatnonzero(count > 0)
+            at = inv.ravel()[live]
+            ab = alpha[at], beta[at]
+            one, choice = _cheapest(*ab, live, message, rows)
+            bucket = one
+            if np.any(term.bucket_bytes):
+                bucket = _cheapest(*ab, live, term.bucket_bytes, rows)[0]
+            raw = np.where(count > 0, count * one, 0.0)
+            busy = _link_busy(per_byte, at, choice, live, count * message, rows)
+            priced.append((term, count, message, one, bucket, raw, busy))
+    return priced
+
+
+def _add(columns: dict, name: str, rows: np.ndarray | None, values: np.ndarray) -> None:
+    """``columns[name] += values``, on ``rows`` of it only when given."""
+    if rows is None:
+        columns[name] = columns[name] + values
+    else:
+        columns[name][rows] += values
+
+
+def _reshaped(out: dict, rows: tuple) -> dict:
+    """Every column (and every column of a {link: column} dict) in the rows' shape."""
+    return {
+        name: {link: c.reshape(rows) for link, c in value.items()}
+        if isinstance(value, dict)
+        else value.reshape(rows)
+        for name, value in out.items()
+    }
+
+
+def axis_times_vectorized(
+    job: Job,
+    cluster: Cluster | str,
+    *,
+    tp,
+    cp=1,
+    pp=1,
+    dp=1,
+    ep=1,
+    etp=None,
+    vpp=1,
+    micro_batch_size=1,
+    num_microbatches=None,
+    zero_stage=1,
+    sequence_parallel=True,
+    recompute="none",
+    schedule="1f1b",
+    pipeline_layer_split="auto",
+    order=DEFAULT_MESH_ORDER,
+    forward_s=None,
+    backward_s=None,
+    tp_comm_overlap=False,
+) -> dict[str, np.ndarray]:
+    """Per-axis bytes and times per step for rows of layouts (numpy columns, scalars broadcast).
+
+    Integer columns: ``tp, cp, pp, dp, ep, etp`` (None: tp, the routed experts' TP degree),
+    ``vpp, micro_batch_size, num_microbatches`` (None:
+    global batch / (dp · micro_batch_size), as Layout resolves it), ``zero_stage``; boolean
+    ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "full"),
+    ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``
+    (``recompute`` and ``schedule`` may come as :class:`planner.columns.codes.Labels` of the rows).
+    Optional float columns ``forward_s``, ``backward_s`` give compute
+    per micro-batch on the busiest rank for the overlap rules; without them exposed = raw.
+
+    Returns ``{axis}_bytes_per_step``, ``{axis}_time_s``, ``{axis}_exposed_time_s`` for each
+    axis in :data:`AXES` (tp, cp, ep, pp, dp, edp), ``total_time_s``,
+    ``total_exposed_time_s``, ``link_contention_s`` (:func:`planner.comm.contention.sharing_delay`
+    summed over links; 0 without compute times), ``num_microbatches`` and ``valid``; and two
+    dicts {link: column}: ``link_busy_s`` (seconds the rank's link is busy per step, all
+    axes) and ``link_busiest_axis_s`` (the axis that keeps it busiest, alone). Rows that cannot be placed
+    (more GPUs than the cluster, ep not dividing dp·cp, an illegal layer split, a batch that
+    dp · micro_batch_size does not divide) are NaN and
+    ``valid`` False; layout rules about the model (heads by tp, …) are the search's filter.
+    """
+    cluster = as_cluster(cluster)
+    order = resolve_order(order)
+    tp, cp, pp, dp, ep, vpp, b, zero = np.broadcast_arrays(
+        *(
+            np.asarray(x, dtype=np.int64)
+            for x in (tp, cp, pp, dp, ep, vpp, micro_batch_size, zero_stage)
+        )
+    )
+    etp = np.broadcast_to(resolved_etp(etp, tp), tp.shape)
+    rows = tp.shape
+    sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
+    if isinstance(recompute, Labels):
+        full = recompute.isin(("full",)).astype(np.int64).reshape(rows)
+    else:
+        full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
+    if not isinstance(schedule, Labels):
+        schedule = np.broadcast_to(np.asarray(schedule), rows)
+    for name in _distinct(schedule):
+        get_schedule(str(name))  # an unknown name raises its one-line error
+    chunks = chunks_column(schedule, vpp)
+    ep_overlap = _is_one_of(schedule, EP_OVERLAP_SCHEDULES)
+    batch_ok = np.ones(rows, dtype=bool)
+    if num_microbatches is not None:
+        m = np.broadcast_to(np.asarray(num_microbatches, dtype=np.int64), rows)
+    elif job.global_batch_size is None:  # as Layout.resolved_num_microbatches
+        m = np.where(vpp > 1, pp * vpp, pp)
+    else:
+        m, remainder = np.divmod(job.global_batch_size, dp * b)
+        batch_ok = remainder == 0
+    compute = None  # None: every term exposed (also where compute runs the collectives)
+    accelerator = load_accelerator(cluster.accelerator)
+    if forward_s is not None and backward_s is not None and accelerator.overlaps_communication:
+        compute = (
+            np.asarray(forward_s, dtype=float),
+            np.asarray(backward_s, dtype=float),
+        )
+
+    # Everything but the exposure depends on the degrees, chunks, micro-batches, SP, full
+    # recompute, ZeRO stage and layer split only: it is worked out on one row per distinct
+    # combination ("key") and broadcast; only terms whose exposure reads the compute times
+    # are split into exposed and hidden per row.
+    count_rows = int(np.prod(rows))
+    flat = {  # every column over the rows, one dimension
+        name: np.broadcast_to(column, rows).reshape(count_rows)
+        for name, column in {
+            "tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "chunks": chunks,
+            "b": b, "m": m,
+            "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
+            "batch_ok": batch_ok,
+        }.items()
+    }  # fmt: skip
+    split = pipeline_layer_split
+    if np.ndim(split):
+        flat["split"] = np.broadcast_to(np.asarray(split), rows).reshape(count_rows)
+    key_rows, inv = distinct_rows(*(flat[k] for k in flat if k != "batch_ok"))
+    key = {name: column[key_rows] for name, column in flat.items()}
+    split_key = key["split"] if np.ndim(split) else split
+    priced = _priced_terms(job, cluster, order, key, split_key)
+    ep_overlap_rows = np.broadcast_to(ep_overlap, rows).reshape(count_rows)
+    if compute is not None:
+        compute = tuple(np.broadcast_to(x, rows).reshape(count_rows) for x in compute)
+    # Axes whose exposure reads the compute times are summed per row; the others per key.
+    per_row = {
+        term.axis
+        for term, *_ in priced
+        if compute is not None
+        and not (term.rule == "cp_exposed" or (term.rule == "exposed" and not tp_comm_overlap))
+    }
+    out, exposed_by_axis = {}, {}
+    for axis in AXES:
+        out[f"{axis}_bytes_per_step"] = np.zeros(len(key_rows))
+        out[f"{axis}_time_s"] = np.zeros(len(key_rows))
+        exposed_by_axis[axis] = np.zeros(count_rows if axis in per_row else len(key_rows))
+    link_exposed: dict[str, dict[str, np.ndarray]] = {}  # link → axis → busy seconds
+    link_hidden: dict[str, dict[str, np.ndarray]] = {}
+    pooled = sum(raw for term, *_, raw, _ in priced if term.rule == "ep")  # one DualPipe window
+    sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
+    sizes, factors = _group_sizes(key), {}  # bytes sent per byte, per (op, group)
+    with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
+        for term, count, message, one, bucket, raw, busy in priced:
+            group = "pp" if term.op == "p2p" else AXIS_GROUPS[term.axis]
+            if (term.op, group) not in factors:
+                factors[term.op, group] = volume_factor(term.op, sizes[group])
+            out[f"{term.axis}_bytes_per_step"] += count * message * factors[term.op, group]
+            out[f"{term.axis}_time_s"] += raw
+            if term.axis in per_row:  # on the rows that run the term (the others add 0)
+                live = np.flatnonzero((count > 0)[inv])
+                at = inv[live]
+                exposed = exposed_time(
+                    term.rule, raw[at], one[at], bucket[at], flat["m"][live], flat["pp"][live],
+                    flat["chunks"][live], tuple(x[live] for x in compute), tp_comm_overlap,
+                    ep_overlap_rows[live], pooled[at] if term.rule == "ep" else None, sm_share,
+                )  # fmt: skip
+                raw, busy = raw[at], {link: seconds[at] for link, seconds in busy.items()}
+            else:
+                live = None  # exposed = raw under these rules: as without compute times
+                exposed = exposed_time(term.rule, raw, one, bucket, key["m"], key["pp"],
+                                       key["chunks"], None)  # fmt: skip
+                exposed = np.where(count > 0, exposed, 0.0)
+            _add(exposed_by_axis, term.axis, live, exposed)
+            # Each link's busy time splits as the term's time does: exposed and hidden.
+            exposed_share = np.where(raw > 0, np.minimum(exposed / np.where(raw > 0, raw, 1), 1), 1)
+            size = count_rows if live is not None else len(key_rows)
+            for link, seconds in busy.items():
+                for split_by, share in (
+                    (link_exposed, exposed_share),
+                    (link_hidden, 1 - exposed_share),
+                ):
+                    axes = split_by.setdefault(link, {})
+                    if term.axis not in axes:
+                        axes[term.axis] = np.zeros(size)
+                    _add(axes, term.axis, live, seconds * share)
+    valid = placeable(cluster, job.model.num_layers, key["tp"], key["cp"], key["pp"], key["dp"],
+                      key["ep"], key["chunks"], split_key, key["etp"])[inv] & flat["batch_ok"]  # fmt: skip
+
+    def rowwise(column: np.ndarray, axis: str) -> np.ndarray:
+        """A per-key or per-row column of ``axis`` over the rows."""
+        return column if axis in per_row else column[inv]
+
+    for axis in AXES:
+        out[f"{axis}_bytes_per_step"] = out[f"{axis}_bytes_per_step"][inv]
+        out[f"{axis}_time_s"] = out[f"{axis}_time_s"][inv]
+        out[f"{axis}_exposed_time_s"] = rowwise(exposed_by_axis[axis], axis)
+    for key_name, column in out.items():
+        out[key_name] = np.where(valid, column, np.nan)
+    out["total_time_s"] = sum(out[f"{axis}_time_s"] for axis in AXES)
+    out["total_exposed_time_s"] = sum(out[f"{axis}_exposed_time_s"] for axis in AXES)
+    for split_by in (link_exposed, link_hidden):
+        for axes in split_by.values():
+            for axis in axes:
+                axes[axis] = rowwise(axes[axis], axis)
+    window = flat["m"] * (compute[0] + compute[1]) if compute is not None else np.zeros(count_rows)
+    contention = sum(
+        (sharing_delay(link_exposed[link], link_hidden[link], window) for link in link_exposed),
+        np.zeros(count_rows),
+    )
+    out["link_contention_s"] = np.where(valid, contention, np.nan)
+    out["num_microbatches"] = flat["m"]
+    out["valid"] = valid
+    out["link_busy_s"], out["link_busiest_axis_s"] = {}, {}
+    for link in link_exposed:
+        per_axis = [link_exposed[link][a] + link_hidden[link][a] for a in link_exposed[link]]
+        out["link_busy_s"][link] = np.where(valid, sum(per_axis), np.nan)
+        out["link_busiest_axis_s"][link] = np.where(valid, np.maximum.reduce(per_axis), np.nan)
+    return _reshaped(out, rows)

@@ -1,0 +1,555 @@
+"""Compute time per operation on one GPU: a roofline over FLOPs and HBM traffic.
+
+Each operation runs for ``max(FLOPs / (peak × matmul efficiency), bytes / (HBM bandwidth ×
+HBM efficiency))`` (Williams et al. 2009, the roofline model), on the shapes the GPU really
+runs after the TP / CP / EP splits: GEMM FLOPs and weights split by TP, tokens by CP (and
+by TP under sequence parallelism for the element-wise work), routed tokens spread over the
+EP group. Element-wise operations (norms, rotary, the SwiGLU/GELU activation, residual
+adds, the softmax without flash attention, cross-entropy) have no FLOPs in the model count
+and cost their memory traffic. Backward element-wise work reads the saved input and the
+incoming gradient and writes one gradient: twice the forward traffic.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict
+
+from hwspecs.schema import Accelerator
+from planner.cost.activations import kv_heads_per_rank
+from planner.cost.flops import attention_core_ops
+from planner.spec.finetune import (
+    FinetuneSpec,
+    dequantization_bytes_per_weight,
+    layer_quantized_params,
+    targeted_linears,
+)
+from planner.spec.model import ModelSpec
+from planner.structure.linears import expert_fold, layer_linears, token_rows
+
+
+class OpTime(BaseModel):
+    """Seconds of one operation for one micro-batch on one GPU: forward, B, W."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    forward_s: float
+    input_grad_s: float
+    weight_grad_s: float
+    forward_flops: float
+    bound: str  # "compute" or "memory" (of the forward); "overhead": dispatch_time
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.input_grad_s + self.weight_grad_s
+
+
+#: FlashAttention's backward recomputes the score matrix: 5 matmuls against the forward's 2,
+#: so 2.5x the forward FLOPs (Dao 2023, FlashAttention-2 §3.1.2; the FLOP count behind the
+#: backward TFLOP/s the FlashAttention papers report).
+FLASH_BACKWARD_FLOPS_RATIO = 2.5
+
+
+def attention_dtype(gemm_dtype: str) -> str:
+    """The dtype attention runs in: FP8 recipes keep attention in BF16 (DeepSeek-V3 §3.3.1)."""
+    return "bf16" if gemm_dtype in ("fp8", "fp4") else gemm_dtype
+
+
+#: Output tile of one GEMM thread block: 128 × 256, the default Hopper tile of CUTLASS 3.x
+#: (``KernelTmaWarpSpecializedCooperative``, TileShape 128x256x64) — a documented default.
+GEMM_TILE_M, GEMM_TILE_N = 128, 256
+
+
+class GpuRates(BaseModel):
+    """Achievable rates of one accelerator for one GEMM dtype."""
+
+    model_config = ConfigDict(frozen=True)
+
+    matmul_flops_per_s: float
+    hbm_bytes_per_s: float
+    compute_units: int | None = None
+    #: Attention in its own dtype (:func:`attention_dtype`): fused kernels (FlashAttention)
+    #: forward and backward, and unfused batched GEMMs; None: at the matmul rate.
+    attention_forward_flops_per_s: float | None = None
+    attention_backward_flops_per_s: float | None = None
+    attention_matmul_flops_per_s: float | None = None
+    #: Fixed seconds per dispatched operation (:attr:`Accelerator.op_overhead_s`; 0 unset),
+    #: per operation on a DTensor (:attr:`Accelerator.sharded_op_overhead_s`; unset: the
+    #: plain figure) and per functional collective beyond its c10d cost.
+    op_overhead_s: float = 0.0
+    sharded_op_overhead_s: float = 0.0
+    functional_collective_overhead_s: float = 0.0
+
+    @classmethod
+    def of(cls, accelerator: Accelerator, gemm_dtype: str) -> GpuRates:
+        dtype = attention_dtype(gemm_dtype)
+        forward, backward = accelerator.achievable_attention_flops_per_s(dtype)
+        return cls(
+            matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(gemm_dtype),
+            hbm_bytes_per_s=accelerator.hbm_bytes_per_s * accelerator.hbm_bandwidth_efficiency,
+            compute_units=accelerator.num_compute_units,
+            attention_forward_flops_per_s=forward,
+            attention_backward_flops_per_s=backward,
+            attention_matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(dtype),
+            op_overhead_s=accelerator.op_overhead_s or 0.0,
+            sharded_op_overhead_s=(
+                accelerator.sharded_op_overhead_s or accelerator.op_overhead_s or 0.0
+            ),
+            functional_collective_overhead_s=accelerator.functional_collective_overhead_s or 0.0,
+        )
+
+    def roofline_s(self, flops: float, num_bytes: float) -> float:
+        return max(flops / self.matmul_flops_per_s, num_bytes / self.hbm_bytes_per_s)
+
+    def wave_efficiency(self, m: float, n: float, count: float = 1) -> float:
+        """Fraction of the GPU's SMs busy over a GEMM's waves of output tiles.
+
+        A (m × n) output splits into ⌈m/128⌉·⌈n/256⌉ tiles, one per SM at a time; the last
+        wave leaves SMs idle (wave quantization, NVIDIA's "Matrix Multiplication Background
+        User's Guide"). The measured matmul efficiency is for shapes with whole waves, so
+        this factor multiplies it. 1.0 when the accelerator lists no compute units (TPUs).
+        """
+        if not self.compute_units:
+            return 1.0
+        tiles = math.ceil(m / GEMM_TILE_M) * math.ceil(n / GEMM_TILE_N) * count
+        waves = math.ceil(tiles / self.compute_units)
+        return tiles / (waves * self.compute_units)
+
+    def gemm_s(self, m: float, n: float, k: float, element_bytes: float, count: float = 1) -> float:
+        """Roofline time of ``count`` (m × k)·(k × n) GEMMs with wave quantization."""
+        flops = 2.0 * m * n * k * count
+        moved = (m * k + k * n + m * n) * element_bytes * count
+        compute = flops / (self.matmul_flops_per_s * self.wave_efficiency(m, n, count))
+        return max(compute, moved / self.hbm_bytes_per_s)
+
+
+def gemm_time(
+    name: str,
+    tokens: float,
+    k: float,
+    n: float,
+    rates: GpuRates,
+    element_bytes: float,
+    count: float = 1,
+) -> OpTime:
+    """``count`` GEMMs of (tokens × k)·(k × n) and their two backward GEMMs.
+
+    Forward (tokens × n output), input gradient ``dX = dY·Wᵀ`` (tokens × k output) and weight
+    gradient ``dW = Xᵀ·dY`` (k × n output) have the same FLOPs but their own output shapes,
+    so their own waves.
+    """
+    flops = 2.0 * tokens * k * n * count
+    forward = rates.gemm_s(tokens, n, k, element_bytes, count)
+    moved = (tokens * k + k * n + tokens * n) * element_bytes * count
+    bound = (
+        "compute" if flops / rates.matmul_flops_per_s >= moved / rates.hbm_bytes_per_s else "memory"
+    )
+    return OpTime(
+        name=name,
+        forward_s=forward,
+        input_grad_s=rates.gemm_s(tokens, k, n, element_bytes, count),
+        weight_grad_s=rates.gemm_s(k, n, tokens, element_bytes, count),
+        forward_flops=flops,
+        bound=bound,
+    )
+
+
+def dispatch_time(name: str, ops, rates: GpuRates, sharded=None, collectives=None) -> OpTime:
+    """The fixed host cost of dispatching ``ops`` (a :class:`planner.structure.op_counts.PassOps`):
+    ``operations × op_overhead_s`` per pass, on top of the roofline times (an eager
+    framework runs each operation after its dispatch, so the two add). ``sharded``: how
+    many of ``ops`` run on DTensors, at ``sharded_op_overhead_s`` each instead;
+    ``collectives``: functional collectives issued, ``functional_collective_overhead_s``
+    each (their transfer is the communication model's)."""
+    extra = rates.sharded_op_overhead_s - rates.op_overhead_s
+    per_collective = rates.functional_collective_overhead_s
+    forward, input_grad, weight_grad = (
+        count * rates.op_overhead_s + on_dtensors * extra + issued * per_collective
+        for count, on_dtensors, issued in zip(
+            ops, sharded or (0, 0, 0), collectives or (0, 0, 0), strict=True
+        )
+    )
+    return OpTime(
+        name=name,
+        forward_s=forward,
+        input_grad_s=input_grad,
+        weight_grad_s=weight_grad,
+        forward_flops=0.0,
+        bound="overhead",
+    )
+
+
+def elementwise_time(name: str, forward_bytes: float, rates: GpuRates) -> OpTime:
+    """Memory-bound work: forward traffic once, backward twice (all of it input gradient)."""
+    seconds = forward_bytes / rates.hbm_bytes_per_s
+    return OpTime(
+        name=name,
+        forward_s=seconds,
+        input_grad_s=2 * seconds,
+        weight_grad_s=0.0,
+        forward_flops=0.0,
+        bound="memory",
+    )
+
+
+def layer_op_times(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    flash_attention: bool,
+    moe_layer: bool,
+    rates: GpuRates,
+    element_bytes: float = 2.0,
+    etp: int | None = None,
+) -> list[OpTime]:
+    """Every operation of one transformer layer for one micro-batch on one GPU (``etp``:
+    the routed experts' TP degree, None for tp)."""
+    tokens = seq_len * micro_batch_size / cp
+    h, e = model.hidden_size, element_bytes
+    sp_tokens = tokens / tp if sequence_parallel and tp > 1 else tokens
+    q_local = model.num_attention_heads * model.head_dim / tp
+    kv_local = kv_heads_per_rank(model, tp) * model.head_dim
+    ops: list[OpTime] = []
+    if model.attention_kind == "mla":
+        nq, rope = model.num_attention_heads / tp, model.qk_rope_head_dim
+        kv_rank, v = model.kv_lora_rank, model.value_head_dim
+        if model.q_lora_rank:
+            ops.append(gemm_time("attention.q_down_proj", tokens, h, model.q_lora_rank, rates, e))
+            ops.append(
+                gemm_time(
+                    "attention.q_up_proj", tokens, model.q_lora_rank, nq * model.head_dim, rates, e
+                )
+            )
+        else:
+            ops.append(gemm_time("attention.q_proj", tokens, h, nq * model.head_dim, rates, e))
+        ops.append(gemm_time("attention.kv_down_proj", tokens, h, kv_rank + rope, rates, e))
+        ops.append(
+            gemm_time(
+                "attention.kv_up_proj", tokens, kv_rank, nq * (model.head_dim - rope + v), rates, e
+            )
+        )
+        ops.append(gemm_time("attention.out_proj", tokens, nq * v, h, rates, e))
+        qkv_width = nq * (2 * model.head_dim + v)
+    else:
+        ops.append(gemm_time("attention.qkv_proj", tokens, h, q_local + 2 * kv_local, rates, e))
+        ops.append(gemm_time("attention.out_proj", tokens, q_local, h, rates, e))
+        qkv_width = q_local + 2 * kv_local
+    # Attention core: each rank's local queries against all keys; heads split by TP.
+    core = attention_core_ops(model, seq_len, micro_batch_size / cp, causal=True)
+    core_flops = sum(op.forward for op in core) / tp
+    core_bytes = tokens * (qkv_width + q_local) * e
+    if not flash_attention:
+        scores = model.num_attention_heads / tp * tokens * seq_len
+        core_bytes += scores * e * (3 if model.dropout > 0 else 2)
+    ops.append(attention_core_time(core_flops, core_bytes, flash_attention, rates))
+    ops.extend(_mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e, etp))
+    # Routed rows × etp/tp at width f/etp: the same elements whatever etp (expert_fold).
+    ffn = _activation_width(model, moe_layer, ep) / tp
+    activation_bytes = tokens * ffn * e * (3 if model.mlp_kind == "swiglu" else 2)
+    norm_and_residual = sp_tokens * h * e * (2 * 2 + 2 * 3)
+    rotary = 2 * tokens * (q_local + kv_local) * e if model.position_embedding == "rope" else 0.0
+    ops.append(elementwise_time("elementwise.norms_residuals", norm_and_residual, rates))
+    ops.append(elementwise_time("elementwise.rotary", rotary, rates))
+    ops.append(elementwise_time("elementwise.mlp_activation", activation_bytes, rates))
+    return ops
+
+
+def attention_core_time(
+    forward_flops: float, forward_bytes: float, flash_attention: bool, rates: GpuRates
+) -> OpTime:
+    """Scores, softmax and the weighted sum of one layer: forward and input gradient.
+
+    Fused (FlashAttention) kernels run at the accelerator's measured attention rates, and
+    their backward does 2.5x the forward FLOPs (the scores are recomputed); without fusion
+    the two batched GEMMs run at the matmul rate of attention's dtype and the backward does
+    2x. Backward
+    traffic is twice the forward's (read Q, K, V, O, dO; write dQ, dK, dV).
+    """
+    if flash_attention:
+        forward_rate = rates.attention_forward_flops_per_s or rates.matmul_flops_per_s
+        backward_rate = rates.attention_backward_flops_per_s or rates.matmul_flops_per_s
+        backward_flops = FLASH_BACKWARD_FLOPS_RATIO * forward_flops
+    else:
+        forward_rate = backward_rate = (
+            rates.attention_matmul_flops_per_s or rates.matmul_flops_per_s
+        )
+        backward_flops = 2.0 * forward_flops
+    memory_s = forward_bytes / rates.hbm_bytes_per_s
+    return OpTime(
+        name="attention.core",
+        forward_s=max(forward_flops / forward_rate, memory_s),
+        input_grad_s=max(backward_flops / backward_rate, 2 * memory_s),
+        weight_grad_s=0.0,
+        forward_flops=forward_flops,
+        bound="compute",
+    )
+
+
+def _activation_width(model: ModelSpec, moe_layer: bool, ep: int = 1) -> float:
+    """Width of the MLP activation per token (routed top-k and shared experts for MoE; the
+    routed copies at the busiest EP rank's load, :meth:`ModelSpec.routed_load_factor`)."""
+    if not moe_layer:
+        return model.ffn_hidden_size
+    routed = model.num_experts_per_token * model.routed_load_factor(ep)
+    return (routed + model.num_shared_experts) * model.moe_ffn_hidden_size
+
+
+def _mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e, etp=None) -> list[OpTime]:
+    """The dense MLP's GEMM, or the router, routed experts (grouped GEMM, width m·f/etp over
+    rows tokens·k·load·etp/tp: :func:`planner.structure.linears.expert_fold`) and shared experts."""
+    h, m = model.hidden_size, model.mlp_matrices
+    if not moe_layer:
+        return [gemm_time("mlp", tokens, h, m * model.ffn_hidden_size / tp, rates, e)]
+    f = model.moe_ffn_hidden_size
+    # The busiest EP rank's routed copies (balanced: tokens·k; ModelSpec.routed_load_factor),
+    # over the TP ranks folded into EP.
+    routed_tokens = (
+        tokens * model.num_experts_per_token * model.routed_load_factor(ep) / expert_fold(tp, etp)
+    )
+    local_experts = model.num_routed_experts / ep
+    # Grouped GEMM over the local experts: FLOPs follow the routed tokens, weights all local experts.
+    routed = gemm_time(
+        "moe.routed_experts",
+        routed_tokens / local_experts,
+        h,
+        m * f / (tp if etp is None else etp),
+        rates,
+        e,
+        count=local_experts,
+    )
+    ops = [gemm_time("moe.router", tokens, h, model.num_routed_experts, rates, e), routed]
+    if model.num_shared_experts:
+        ops.append(
+            gemm_time(
+                "moe.shared_experts", tokens, h, m * f * model.num_shared_experts / tp, rates, e
+            )
+        )
+    return ops
+
+
+def head_op_times(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    rates: GpuRates,
+    element_bytes: float = 2.0,
+) -> list[OpTime]:
+    """LM head GEMM (vocabulary split by TP) and the cross-entropy over FP32 logits."""
+    tokens = seq_len * micro_batch_size / cp
+    vocab = model.vocab_size / tp
+    head = gemm_time("lm_head", tokens, model.hidden_size, vocab, rates, element_bytes)
+    # Cross-entropy: read 16-bit logits, write and read FP32 probabilities.
+    loss = elementwise_time(
+        "elementwise.cross_entropy", tokens * vocab * (element_bytes + 8), rates
+    )
+    return [head, loss]
+
+
+def frozen(op: OpTime) -> OpTime:
+    """An operation whose weight does not train: its input gradient stays, W is 0."""
+    return op.model_copy(update={"weight_grad_s": 0.0})
+
+
+def adapter_op_times(
+    model: ModelSpec,
+    spec: FinetuneSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    moe_layer: bool,
+    rates: GpuRates,
+    element_bytes: float = 2.0,
+    etp: int | None = None,
+) -> list[OpTime]:
+    """A recipe's own work in one layer for one micro-batch on one GPU.
+
+    Each targeted module's adapter GEMMs ``A: in → r`` and ``B: r → out`` on the module's
+    local shape (column-parallel: A whole, B split; row-parallel: A split, B whole, as
+    :func:`planner.spec.finetune.module_adapter_params` splits them), with their tokens as the
+    base module sees them (routed experts: the local experts' share). VeRA's A and B are
+    frozen (no W). DoRA forms ``B·A`` once per micro-batch for its weight norm (forward
+    only: the norm is detached). QLoRA dequantizes every NF4 weight of the layer in the
+    forward and again in the backward's input gradient (and in a full recomputation, which
+    reruns the forward): the bytes of :func:`planner.cost.adapters.dequantization_bytes_per_pass`
+    for this layer, at HBM bandwidth.
+    """
+    tokens = seq_len * micro_batch_size / cp
+    r, e = spec.lora_rank, element_bytes
+    ops: list[OpTime] = []
+    for linear in targeted_linears(model, spec, moe_layer, tp):
+        width_in, width_out = linear.local_shape(tp, etp)
+        copies = linear.local_count(ep)
+        rows = token_rows(linear, model, tokens, ep, expert_fold(tp, etp)) / copies
+        key = f"{spec.recipe}.{linear.path}"
+        a = gemm_time(f"{key}.A", rows, width_in, r, rates, e, copies)
+        b = gemm_time(f"{key}.B", rows, r, width_out, rates, e, copies)
+        ops += [frozen(a), frozen(b)] if spec.recipe == "vera" else [a, b]
+        if spec.recipe == "dora":
+            norm_s = rates.gemm_s(width_out, width_in, r, e, copies)
+            ops.append(
+                OpTime(
+                    name=f"{key}.weight_norm",
+                    forward_s=norm_s,
+                    input_grad_s=0.0,
+                    weight_grad_s=0.0,
+                    forward_flops=2.0 * width_out * r * width_in * copies,
+                    bound="compute",
+                )
+            )
+    if spec.quantized:
+        weights = sum(layer_quantized_params(model, spec, moe_layer, tp, ep, etp))
+        dequantize_s = weights * dequantization_bytes_per_weight(spec, e) / rates.hbm_bytes_per_s
+        ops.append(
+            OpTime(
+                name="qlora.dequantize",
+                forward_s=dequantize_s,
+                input_grad_s=dequantize_s,
+                weight_grad_s=0.0,
+                forward_flops=0.0,
+                bound="memory",
+            )
+        )
+    return ops
+
+
+#: GEMMs DeepSeek-V3 keeps in BF16 under its FP8 recipe (arXiv 2412.19437 §3.3: "the
+#: embedding module, the output head, MoE gating modules, normalization operators, and
+#: attention operators"); attention's dtype is already :func:`attention_dtype`'s (in
+#: :class:`GpuRates`), and the norms and the embedding are memory-bound here.
+KEPT_IN_BF16 = ("moe.router", "lm_head")
+
+
+def keep_in_bf16(ops: list[OpTime], ops_at_bf16: list[OpTime]) -> list[OpTime]:
+    """``ops`` (timed at the FP8 rate) with the :data:`KEPT_IN_BF16` ones from ``ops_at_bf16``
+    (an MTP module's copies, ``mtp.``-prefixed, too)."""
+    bf16 = {op.name: op for op in ops_at_bf16}
+    return [bf16[op.name] if op.name.removeprefix(MTP_PREFIX) in KEPT_IN_BF16 else op for op in ops]
+
+
+MTP_PREFIX = "mtp."
+
+
+def mtp_op_times(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    flash_attention: bool,
+    rates: GpuRates,
+    element_bytes: float = 2.0,
+    etp: int | None = None,
+    layer_ops: list[OpTime] | None = None,
+) -> list[OpTime]:
+    """One DeepSeek-V3 multi-token-prediction module for one micro-batch on one GPU.
+
+    arXiv 2412.19437 §2.2: the projection of the normed hidden state and the next token's
+    embedding ``[h; h] → h``, one transformer layer (MoE when the model is), and the shared
+    output head with its cross-entropy (§3.2.3: on the rank of the last stage). Names carry
+    the ``mtp.`` prefix. ``layer_ops``: the layer's operations when the caller has them
+    (:func:`planner.cost.stage_times.shape_times` passes the model's own layer, FP8
+    quantization included), else :func:`layer_op_times`.
+    """
+    tokens = seq_len * micro_batch_size / cp
+    h = model.hidden_size
+    ops = [gemm_time("projection", tokens, 2 * h, h / tp, rates, element_bytes)]
+    if layer_ops is None:
+        layer_ops = layer_op_times(
+            model, seq_len, micro_batch_size, tp, cp, ep, sequence_parallel, flash_attention,
+            model.is_moe, rates, element_bytes, etp,
+        )  # fmt: skip
+    ops += layer_ops
+    ops += head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
+    return [op.model_copy(update={"name": MTP_PREFIX + op.name}) for op in ops]
+
+
+def measures_recompute_s(
+    model: ModelSpec,
+    measures,
+    ops: list[OpTime],
+    tokens: float,
+    moe_layer: bool,
+    rates: GpuRates,
+    element_bytes: float,
+) -> float:
+    """Forward work DeepSeek-V3's memory measures rerun in one layer's backward, seconds.
+
+    arXiv 2412.19437 §3.2.3: both RMSNorms (read the input, write the output: 2·tokens·h
+    each) and MLA's query and KV up-projections (with the rotary embedding of their
+    output); §3.3.3: the MoE SwiGLU's output from its cached inputs. ``ops``: the layer's
+    operations (:func:`layer_op_times`), ``tokens`` as the norms see them (÷ tp under SP).
+    """
+    by_name = {op.name: op for op in ops}
+    seconds = 0.0
+    if measures.recompute_norms_and_mla_up_proj:
+        norms = 2 * 2 * tokens * model.hidden_size * element_bytes
+        seconds += norms / rates.hbm_bytes_per_s
+        if model.attention_kind == "mla":
+            names = ("attention.q_up_proj", "attention.q_proj", "attention.kv_up_proj")
+            seconds += sum(by_name[name].forward_s for name in names if name in by_name)
+            seconds += by_name["elementwise.rotary"].forward_s
+    if measures.swiglu_input_cached and moe_layer:
+        seconds += by_name["elementwise.mlp_activation"].forward_s
+    return seconds
+
+
+#: Bytes moved per element to quantize a 16-bit operand to FP8 with per-tile scales: read
+#: 2, write 1 (DeepSeek-V3 §3.3.2; the scales, one FP32 per 128 elements, are negligible).
+QUANTIZE_BYTES = 3.0
+#: Re-tiling an FP8 operand for the transposed GEMM (1×128 tiles → 128×1): read 1, write 1.
+REQUANTIZE_BYTES = 2.0
+
+
+def fp8_quantization_time(
+    model: ModelSpec,
+    tokens: float,
+    tp: int,
+    ep: int,
+    moe_layer: bool,
+    rates: GpuRates,
+    etp: int | None = None,
+) -> OpTime:
+    """The online FP8 quantization around one layer's FP8 GEMMs, for one micro-batch.
+
+    DeepSeek-V3 §3.3.2 (fine-grained quantization, Figure 6): each FP8 GEMM reads operands
+    quantized on the fly, per 1×128 activation tile. Forward quantizes the input ``X``;
+    the input gradient quantizes ``dY``; the weight gradient needs both transposed: ``dY``
+    quantized again along the other axis and the cached FP8 ``X`` re-tiled. Memory-bound at
+    HBM rate: ``3·|X|``, ``3·|dY|`` and ``3·|dY| + 2·|X|`` bytes. Weights are quantized
+    once per step (left out), the router and the output head stay BF16
+    (:data:`KEPT_IN_BF16`). Elements per module: the rank's rows (tokens × token share ×
+    copies, routed experts balanced over EP) × its local in / out features; modules that
+    read one tensor (Q/K/V, MLA's two down projections, gate and up) quantize it once.
+    """
+    inputs: dict[tuple, float] = {}  # modules reading one tensor (Q/K/V, gate/up) share it
+    dy_elements = 0.0
+    for linear in layer_linears(model, moe_layer, tp):
+        if linear.name in KEPT_IN_BF16 or linear.block == "router":
+            continue
+        width_in, width_out = linear.local_shape(tp, etp)
+        rows = token_rows(linear, model, tokens, ep, expert_fold(tp, etp))
+        shared = (linear.block, linear.prefix, linear.in_features)  # column-parallel siblings
+        inputs[linear.path if linear.tp_split == "row" else shared] = rows * width_in
+        dy_elements += rows * width_out
+    x_elements = sum(inputs.values())
+    hbm = rates.hbm_bytes_per_s
+    return OpTime(
+        name="fp8.quantize",
+        forward_s=QUANTIZE_BYTES * x_elements / hbm,
+        input_grad_s=QUANTIZE_BYTES * dy_elements / hbm,
+        weight_grad_s=(QUANTIZE_BYTES * dy_elements + REQUANTIZE_BYTES * x_elements) / hbm,
+        forward_flops=0.0,
+        bound="memory",
+    )

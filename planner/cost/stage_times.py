@@ -1,0 +1,269 @@
+"""Compute time per pipeline rank for one micro-batch: F, B, W and recomputation.
+
+A rank's time is the sum over the layers it holds (its virtual stages) of each layer's
+operation times (:mod:`planner.cost.compute`), plus the embedding on the rank holding the first
+stage and the LM head and loss on the rank holding the last. Recomputation runs before the
+backward: the attention core's forward under ``selective`` (Korthikanti et al. 2022 §4.2),
+every layer's forward under ``full``. The schedules take ``f, b, w`` per rank per
+micro-batch through the rank's whole share (one direction's share for DualPipe).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from planner.cost.compute import (
+    GpuRates,
+    OpTime,
+    adapter_op_times,
+    dispatch_time,
+    elementwise_time,
+    fp8_quantization_time,
+    frozen,
+    head_op_times,
+    keep_in_bf16,
+    layer_op_times,
+    measures_recompute_s,
+    mtp_op_times,
+)
+from planner.spec.finetune import FinetuneSpec
+from planner.spec.layout import dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
+from planner.spec.model import ModelSpec
+from planner.structure import op_counts
+
+
+class LayerTimes(BaseModel):
+    """One layer's seconds for one micro-batch on one GPU (dense or MoE)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    forward_s: float
+    input_grad_s: float
+    weight_grad_s: float
+    attention_forward_s: float
+    ops: list[OpTime]
+    #: Forward work the job's memory measures rerun in the backward (planner.spec.measures).
+    measures_recompute_s: float = 0.0
+
+    @classmethod
+    def of(cls, ops: list[OpTime], measures_recompute_s: float = 0.0) -> LayerTimes:
+        core = [op for op in ops if op.name == "attention.core"]
+        return cls(
+            measures_recompute_s=measures_recompute_s,
+            forward_s=sum(op.forward_s for op in ops),
+            input_grad_s=sum(op.input_grad_s for op in ops),
+            weight_grad_s=sum(op.weight_grad_s for op in ops),
+            attention_forward_s=sum(op.forward_s for op in core),
+            ops=ops,
+        )
+
+    def recompute_s(self, recompute: str) -> float:
+        """Forward work rerun before this layer's backward under ``recompute`` (plus what
+        the memory measures rerun, which full recomputation already covers)."""
+        if recompute == "full":
+            return self.forward_s
+        if recompute == "selective":
+            return self.attention_forward_s + self.measures_recompute_s
+        return self.measures_recompute_s
+
+
+class ShapeTimes(BaseModel):
+    """Times of the pieces a rank is built from, for one micro-batch shape on one GPU."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dense: LayerTimes
+    moe: LayerTimes | None
+    embedding: OpTime
+    head: list[OpTime]
+
+
+def shape_times(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    flash_attention: bool,
+    rates: GpuRates,
+    element_bytes: float,
+    finetune: FinetuneSpec | None = None,
+    bf16_rates: GpuRates | None = None,
+    measures=None,
+    etp: int | None = None,
+) -> ShapeTimes:
+    """Per-layer, embedding and head times for one (tp, cp, ep, SP, micro-batch) shape
+    (``etp``: the routed experts' TP degree, None for tp).
+
+    Under an adapter recipe (``finetune`` training adapters) every base weight is frozen:
+    its GEMMs keep their forward and input gradient but lose the weight gradient, the
+    embedding's backward (a scatter-add into the frozen table) goes, and each layer gains
+    its adapters' GEMMs and QLoRA's dequantization (:func:`planner.cost.compute.adapter_op_times`).
+    ``bf16_rates`` (under FP8 GEMMs): the rates of the operations DeepSeek-V3 keeps in BF16
+    (:data:`planner.cost.compute.KEPT_IN_BF16`), and each layer pays the online quantization of
+    its FP8 GEMMs' operands (:func:`planner.cost.compute.fp8_quantization_time`); ``measures``: the job's memory measures, whose
+    recomputation each layer pays (:func:`planner.cost.compute.measures_recompute_s`).
+    """
+    tuned = finetune is not None and finetune.trains_adapters
+    args = (
+        model,
+        seq_len,
+        micro_batch_size,
+        tp,
+        cp,
+        ep,
+        sequence_parallel and tp > 1,
+        flash_attention,
+    )
+
+    def module(moe_layer: bool) -> list[OpTime]:
+        """The layer's own operations (FP8 ones with their quantization): what a
+        transformer layer and an MTP module's layer both run."""
+        ops = layer_op_times(
+            *args, moe_layer=moe_layer, rates=rates, element_bytes=element_bytes, etp=etp
+        )
+        if bf16_rates is not None:
+            at_bf16 = layer_op_times(
+                *args, moe_layer=moe_layer, rates=bf16_rates, element_bytes=element_bytes, etp=etp
+            )
+            ops = keep_in_bf16(ops, at_bf16)
+            tokens = seq_len * micro_batch_size / cp
+            ops = [*ops, fp8_quantization_time(model, tokens, tp, ep, moe_layer, rates, etp)]
+        return ops
+
+    modules = {kind: module(kind) for kind in ((False, True) if model.is_moe else (False,))}
+
+    def layer(moe_layer: bool) -> LayerTimes:
+        ops = modules[moe_layer]
+        rerun = 0.0
+        if measures is not None and measures.any:
+            norm_tokens = seq_len * micro_batch_size / cp / (tp if sequence_parallel else 1)
+            rerun = measures_recompute_s(
+                model, measures, ops, norm_tokens, moe_layer, rates, element_bytes
+            )
+        if rates.op_overhead_s:
+            layer_ops, sharded, collectives = op_counts.layer_pass_ops(model, moe_layer), None, None
+            if cp > 1:  # the parallel forms' own operations (planner.structure.op_counts)
+                layer_ops = layer_ops + op_counts.CP_LAYER_OPS
+            if ep > 1 and moe_layer:
+                layer_ops = layer_ops + op_counts.EP_LAYER_OPS
+            if tp > 1:
+                tp_ops = op_counts.tensor_parallel_ops(sequence_parallel)
+                layer_ops, sharded, collectives = layer_ops + tp_ops.added, *tp_ops[1:]
+            ops = [*ops, dispatch_time("dispatch.layer", layer_ops, rates, sharded, collectives)]
+        if tuned:
+            ops = [frozen(op) for op in ops] + adapter_op_times(
+                model, finetune, seq_len, micro_batch_size, tp, cp, ep, moe_layer, rates,
+                element_bytes, etp,
+            )  # fmt: skip
+        return LayerTimes.of(ops, rerun)
+
+    dense = layer(False)
+    moe = layer(True) if model.is_moe else None
+    tokens = seq_len * micro_batch_size / cp
+    # Embedding lookup: write the hidden states; its backward scatter-adds the gradients.
+    embedding = elementwise_time("embedding", tokens * model.hidden_size * element_bytes, rates)
+    head_args = (model, seq_len, micro_batch_size, tp, cp)
+    head = head_op_times(*head_args, rates, element_bytes)
+    if bf16_rates is not None:  # the output head stays BF16
+        head = keep_in_bf16(head, head_op_times(*head_args, bf16_rates, element_bytes))
+    if model.num_mtp_modules:  # MTP sits with the head (DeepSeek-V3 §3.2.3)
+        own = modules[model.is_moe]  # its layer is one more of the model's layers
+        mtp = mtp_op_times(*args, rates, element_bytes, etp, layer_ops=own)
+        if bf16_rates is not None:
+            mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes, etp, own))
+        head = head + mtp * model.num_mtp_modules
+    if rates.op_overhead_s:
+        tp_ends = op_counts.tensor_parallel_ops(sequence_parallel, ends=True) if tp > 1 else None
+        embedding, head = _with_dispatch(model, embedding, head, rates, tp_ends)
+    if tuned:
+        embedding = embedding.model_copy(update={"input_grad_s": 0.0})
+        head = [frozen(op) for op in head]
+    return ShapeTimes(dense=dense, moe=moe, embedding=embedding, head=head)
+
+
+def _with_dispatch(
+    model: ModelSpec, embedding: OpTime, head: list[OpTime], rates: GpuRates, tp_ends=None
+) -> tuple[OpTime, list[OpTime]]:
+    """The embedding and the head (+ MTP modules: a projection, a layer, a head each) with
+    their operations' dispatch cost (:mod:`planner.structure.op_counts`); ``tp_ends``: DTensor TP's
+    changes to the ends (:func:`planner.structure.op_counts.tensor_parallel_ops`), counted with the
+    head."""
+    first = dispatch_time("dispatch", op_counts.embedding_pass_ops(model), rates)
+    mtp = op_counts.LINEAR_OPS + op_counts.layer_pass_ops(model, model.is_moe)
+    last = op_counts.head_pass_ops(model) + (mtp + op_counts.head_pass_ops(model)) * (
+        model.num_mtp_modules
+    )
+    embedding = embedding.model_copy(
+        update={
+            "forward_s": embedding.forward_s + first.forward_s,
+            "input_grad_s": embedding.input_grad_s + first.input_grad_s + first.weight_grad_s,
+        }
+    )
+    sharded = collectives = None
+    if tp_ends is not None:
+        last, sharded, collectives = last + tp_ends.added, *tp_ends[1:]
+    return embedding, [*head, dispatch_time("dispatch.head", last, rates, sharded, collectives)]
+
+
+class RankStructure(BaseModel):
+    """What each pipeline rank holds: dense and MoE layers, embedding, head (one direction)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dense_layers: list[float]
+    moe_layers: list[float]
+    has_embedding: list[bool]
+    has_head: list[bool]
+
+
+def rank_structure(
+    model: ModelSpec, pp: int, vpp: int, schedule: str, split: str, layers=None
+) -> RankStructure:
+    """Layers per rank for one direction of the pipeline (DualPipe's mirror is its copy);
+    ``layers``: the virtual stages' (dense, MoE) layer counts, when the caller has them."""
+    dense, moe = layers or dense_and_moe_layers_per_virtual_stage(model, pp, vpp, split)
+    ranks = virtual_stage_ranks(schedule, pp, vpp)
+    return RankStructure(
+        dense_layers=np.bincount(ranks, weights=dense, minlength=pp).tolist(),
+        moe_layers=np.bincount(ranks, weights=moe, minlength=pp).tolist(),
+        has_embedding=(np.arange(pp) == ranks[0]).tolist(),
+        has_head=(np.arange(pp) == ranks[-1]).tolist(),
+    )
+
+
+class RankTimes(BaseModel):
+    """Per rank, one micro-batch: forward, input-gradient (with recompute), weight-gradient."""
+
+    forward_s: list[float]
+    input_grad_s: list[float]
+    weight_grad_s: list[float]
+    recompute_s: list[float]
+
+
+def rank_times(shape: ShapeTimes, structure: RankStructure, recompute: str) -> RankTimes:
+    """Sum layer, embedding and head times onto each rank."""
+    dense = np.asarray(structure.dense_layers)
+    moe = np.asarray(structure.moe_layers)
+    emb = np.asarray(structure.has_embedding, dtype=float)
+    head = np.asarray(structure.has_head, dtype=float)
+    moe_t = shape.moe or shape.dense
+
+    def per_rank(attribute: str) -> np.ndarray:
+        layer = dense * getattr(shape.dense, attribute) + moe * getattr(moe_t, attribute)
+        op_attr = attribute
+        extra = emb * getattr(shape.embedding, op_attr) + head * sum(
+            getattr(op, op_attr) for op in shape.head
+        )
+        return layer + extra
+
+    recompute_s = dense * shape.dense.recompute_s(recompute) + moe * moe_t.recompute_s(recompute)
+    return RankTimes(
+        forward_s=per_rank("forward_s").tolist(),
+        input_grad_s=per_rank("input_grad_s").tolist(),
+        weight_grad_s=per_rank("weight_grad_s").tolist(),
+        recompute_s=recompute_s.tolist(),
+    )

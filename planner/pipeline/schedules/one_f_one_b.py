@@ -1,0 +1,38 @@
+"""1F1B, PipeDream-Flush (Narayanan et al., SC'21 §2.2; Megatron-LM's non-interleaved schedule).
+
+Rank ``r`` runs ``min(p−r−1, m)`` warm-up forwards, then alternates one forward and one full
+backward, then drains the remaining backwards. At most ``min(p−r, m)`` micro-batches are in
+flight on rank ``r``; bubble ``(p−1)(F+B+W)``.
+"""
+
+from __future__ import annotations
+
+from planner.pipeline.schedules.actions import (
+    FORWARD,
+    FULL_BACKWARD,
+    Action,
+    Schedule,
+    check_sizes,
+    check_vpp,
+)
+
+NAME = "1f1b"
+
+
+def one_f_one_b(pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
+    """Per-rank actions of 1F1B on ``pp`` ranks (one stage each)."""
+    check_sizes(NAME, pp, num_microbatches)
+    check_vpp(NAME, vpp, 1)
+    schedule: Schedule = []
+    for rank in range(pp):
+        warmup = min(pp - rank - 1, num_microbatches)
+        ops = [Action(FORWARD, mb, rank) for mb in range(warmup)]
+        for step in range(num_microbatches - warmup):
+            ops.append(Action(FORWARD, warmup + step, rank))
+            ops.append(Action(FULL_BACKWARD, step, rank))
+        ops.extend(
+            Action(FULL_BACKWARD, mb, rank)
+            for mb in range(num_microbatches - warmup, num_microbatches)
+        )
+        schedule.append(ops)
+    return schedule

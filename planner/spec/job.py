@@ -1,0 +1,68 @@
+"""The training job: model, sequence length, global batch, precision and fine-tuning recipe."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.cost.weight_pass import WeightPassMemory
+from planner.spec.finetune import FinetuneSpec, check_targets
+from planner.spec.measures import MemoryMeasures
+from planner.spec.model import ModelSpec
+from planner.spec.precision import PrecisionSpec
+
+
+class Job(BaseModel):
+    """What is trained: the model, at which sequence length and batch, in which precision.
+
+    ``global_batch_tokens`` is the number of tokens per optimizer step (Llama 3 405B:
+    16,777,216 = 2,048 sequences of 8,192). ``flash_attention`` stores no attention score
+    matrix (Dao et al. 2022); set it off to reproduce Korthikanti et al.'s accounting.
+    ``finetune`` trains adapters on a frozen (for QLoRA: NF4) base; None is full training.
+    ``memory_measures``: DeepSeek-V3's activation-memory measures taken (none by default).
+    ``weight_pass_memory``: what zero-bubble schedules keep between B and W — the weight
+    GEMMs' inputs and output gradients (``inputs``, the zero-bubble paper's M_W) or the
+    whole saved graph plus those gradients (``graph``, torch.distributed.pipelining).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSpec
+    seq_len: int = Field(gt=0)
+    global_batch_tokens: int | None = Field(None, gt=0)
+    precision: PrecisionSpec = PrecisionSpec()
+    flash_attention: bool = True
+    finetune: FinetuneSpec | None = None
+    memory_measures: MemoryMeasures = MemoryMeasures()
+    weight_pass_memory: WeightPassMemory = "inputs"
+    runtime_overhead_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        description="CUDA context, cuBLAS/NCCL workspaces: documented default of 1 GiB",
+    )
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_sequences(self) -> Job:
+        if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            raise ValueError(
+                f"global_batch_tokens {self.global_batch_tokens} is not a multiple of "
+                f"seq_len {self.seq_len}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_targets_exist(self) -> Job:
+        if self.finetune is not None:
+            check_targets(self.model, self.finetune)
+        return self
+
+    @property
+    def active_memory_measures(self) -> MemoryMeasures:
+        """The measures that apply under this job's GEMM dtype (FP8 caches need FP8 GEMMs)."""
+        return self.memory_measures.for_gemm_dtype(self.precision.gemm_dtype)
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """Sequences per optimizer step."""
+        if self.global_batch_tokens is None:
+            return None
+        return self.global_batch_tokens // self.seq_len

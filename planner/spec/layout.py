@@ -1,0 +1,263 @@
+"""One parallel layout, validated once.
+
+The same :class:`Layout` is costed by the planner, printed by the CLI and launched by the
+validator. Axes are ``tp`` (tensor), ``cp`` (context), ``pp`` (pipeline), ``dp`` (data) and
+``ep`` (expert, carved out of the ``dp·cp`` ranks, and of ``tp`` too when ``etp = 1``);
+``tp·cp·pp·dp`` is the GPU count. Its invariants against a model and job are checked in
+:func:`check_layout`, with messages that name both numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from hwspecs.errors import PlanError
+
+RecomputeName = Literal["none", "selective", "full"]
+LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced"]
+
+#: Mesh axes, innermost first, as Llama 3 orders them ([TP, CP, PP, DP]) with EP inside DP.
+DEFAULT_MESH_ORDER: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp")
+
+
+class Layout(BaseModel):
+    """Degrees of parallelism and the per-layout training knobs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    ep: int = Field(
+        1, ge=1, description="expert parallel; divides dp·cp (ep/tp of it does under etp 1)"
+    )
+    etp: int | None = Field(
+        None,
+        ge=1,
+        description="expert tensor parallel (Megatron-Core --expert-tensor-parallel-size): "
+        "1 or tp; None means tp. With 1 the routed experts are whole on every rank and the "
+        "TP ranks fold into the EP group (MoE parallel folding)",
+    )
+    vpp: int = Field(1, ge=1, description="virtual pipeline stages (chunks) per rank")
+    micro_batch_size: int = Field(1, ge=1, description="sequences per micro-batch")
+    num_microbatches: int | None = Field(
+        None, ge=1, description="micro-batches per step per pipeline; default from the batch"
+    )
+    schedule: str = "1f1b"
+    zero_stage: int = Field(1, ge=0, le=3)
+    sequence_parallel: bool = True
+    recompute: RecomputeName = "none"
+    pipeline_layer_split: LayerSplit = Field(
+        "auto",
+        description="'first-last-fewer': one layer fewer on the first and last stage "
+        "(Llama 3 §3.3.2); 'balanced': stage sizes differ by at most one, the extra layers "
+        "on the middle stages; 'auto' picks 'even', else 'first-last-fewer', else 'balanced'",
+    )
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel degree of the routed experts: ``etp``, or ``tp`` when not given."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_zero_group_size(self) -> int:
+        """Ranks over which ZeRO shards routed-expert states: the expert-data-parallel group."""
+        return int(expert_data_parallel_size(self.dp, self.cp, self.tp, self.ep, self.expert_tp))
+
+    @property
+    def zero_group_size(self) -> int:
+        """Ranks over which ZeRO shards dense model states: dp·cp (CP ranks hold the same weights)."""
+        return self.dp * self.cp
+
+    def resolved_num_microbatches(self, global_batch_size: int | None) -> int:
+        """Micro-batches per step from the global batch (sequences), or the explicit count."""
+        if self.num_microbatches is not None:
+            return self.num_microbatches
+        if global_batch_size is None:
+            return self.pp * self.vpp if self.vpp > 1 else self.pp
+        per_replica = self.dp * self.micro_batch_size
+        if global_batch_size % per_replica:
+            raise PlanError(
+                f"global batch of {global_batch_size} sequences is not divisible by "
+                f"dp {self.dp} × micro_batch_size {self.micro_batch_size}"
+            )
+        return global_batch_size // per_replica
+
+
+def resolved_etp(etp, tp) -> np.ndarray:
+    """The routed experts' TP degree per row: ``etp`` where given, ``tp`` where it is None
+    (or 0 in an integer column); numpy columns or scalars."""
+    if etp is None:
+        return np.asarray(tp, dtype=np.int64)
+    column = np.asarray(etp)
+    if column.dtype == object:  # None where a layout leaves etp out
+        column = np.array([0 if v is None else v for v in column.ravel()]).reshape(column.shape)
+    return np.where(column > 0, column, tp).astype(np.int64)
+
+
+def expert_data_parallel_size(dp, cp, tp, ep, etp):
+    """Ranks holding the same routed experts (ZeRO shards their states over them):
+    ``dp·cp·(tp/etp)/ep``, i.e. dp·cp over the part of the EP group carved out of it
+    (Megatron-Core's expert-data-parallel group under MoE parallel folding); at least 1.
+    Works on numpy columns."""
+    return np.maximum(dp * cp * (tp // etp) // ep, 1)
+
+
+def layers_per_virtual_stage(
+    num_layers: int, pp: int, vpp: int = 1, split: LayerSplit = "auto"
+) -> np.ndarray:
+    """Transformer layers in each virtual stage, in torch's stage order (chunk c, rank r → c·pp + r).
+
+    ``first-last-fewer`` gives the first and the last virtual stage one layer fewer, as
+    Llama 3 405B did (126 layers on 16 stages: 7, 8, …, 8, 7), leaving room for the
+    embedding and the LM head. ``balanced`` spreads ``L mod S`` extra layers over the
+    middle stages (DeepSeek-V3's 61 layers on 16 stages: 3, 3, 4, …, 4, 3, 3).
+    """
+    stages = pp * vpp
+    if split == "auto":
+        if num_layers % stages == 0:
+            split = "even"
+        elif stages > 1 and (num_layers + 2) % stages == 0:
+            split = "first-last-fewer"
+        else:
+            split = "balanced"
+    if split != "first-last-fewer" and num_layers < stages:
+        raise PlanError(
+            f"num_layers {num_layers} is fewer than pp·vpp = {pp}·{vpp} = {stages} stages"
+        )
+    if split == "balanced":
+        layers = np.full(stages, num_layers // stages, dtype=np.int64)
+        extra = num_layers % stages
+        start = (stages - extra) // 2
+        layers[start : start + extra] += 1
+        return layers
+    if split == "even":
+        if num_layers % stages:
+            raise PlanError(
+                f"num_layers {num_layers} is not divisible by pp·vpp = {pp}·{vpp} = {stages}"
+            )
+        return np.full(stages, num_layers // stages, dtype=np.int64)
+    if stages == 1 or (num_layers + 2) % stages:
+        raise PlanError(
+            f"num_layers {num_layers} cannot be split over pp·vpp = {stages} stages, neither "
+            f"evenly nor with one layer fewer on the first and last stage"
+        )
+    layers = np.full(stages, (num_layers + 2) // stages, dtype=np.int64)
+    layers[0] -= 1
+    layers[-1] -= 1
+    return layers
+
+
+def dense_and_moe_layers_per_virtual_stage(
+    model, pp: int, vpp: int = 1, split: LayerSplit = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, MoE) transformer layers in each virtual stage; an MoE model's first
+    ``num_dense_layers`` layers are dense (DeepSeek-V3's first three), the rest MoE."""
+    layers = layers_per_virtual_stage(model.num_layers, pp, vpp, split)
+    starts = np.concatenate([[0], np.cumsum(layers)[:-1]])
+    first_moe = model.num_dense_layers if model.is_moe else model.num_layers
+    dense = np.clip(first_moe - starts, 0, layers)
+    return dense, layers - dense
+
+
+def check_layout(layout: Layout, model, seq_len: int | None = None) -> None:
+    """Check a layout against a model (and sequence length); raise PlanError naming the rule."""
+    heads, kv_heads = model.num_attention_heads, model.num_kv_heads
+    if heads % layout.tp:
+        raise PlanError(f"tp {layout.tp} does not divide num_attention_heads {heads}")
+    if model.attention_kind != "mla" and layout.tp % kv_heads and kv_heads % layout.tp:
+        raise PlanError(
+            f"tp {layout.tp} and num_kv_heads {kv_heads} must divide one another "
+            f"(KV heads are split, or replicated when tp > kv heads)"
+        )
+    if model.ffn_hidden_size % layout.tp:
+        raise PlanError(f"tp {layout.tp} does not divide ffn_hidden_size {model.ffn_hidden_size}")
+    if model.is_moe and model.moe_ffn_hidden_size % layout.tp:
+        raise PlanError(
+            f"tp {layout.tp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}"
+        )
+    layers_per_virtual_stage(model.num_layers, layout.pp, layout.vpp, layout.pipeline_layer_split)
+    if (layout.ep > 1 or layout.expert_tp != layout.tp) and not model.is_moe:
+        axis = f"ep {layout.ep}" if layout.ep > 1 else f"etp {layout.etp}"
+        raise PlanError(f"{axis} needs a mixture-of-experts model; {model.name} is dense")
+    check_expert_tp(layout.tp, layout.ep, layout.dp * layout.cp, layout.etp)
+    if layout.ep > 1 and model.num_routed_experts % layout.ep:
+        raise PlanError(
+            f"ep {layout.ep} does not divide num_routed_experts {model.num_routed_experts}"
+        )
+    if seq_len is not None and layout.cp > 1 and seq_len % (2 * layout.cp):
+        raise PlanError(
+            f"seq_len {seq_len} is not divisible by 2·cp = {2 * layout.cp} "
+            f"(load-balanced context parallelism splits the sequence into 2·cp chunks)"
+        )
+    if (
+        seq_len is not None
+        and layout.sequence_parallel
+        and layout.tp > 1
+        and (seq_len // layout.cp) % layout.tp
+    ):
+        raise PlanError(
+            f"sequence parallelism needs seq_len/cp = {seq_len // layout.cp} divisible "
+            f"by tp {layout.tp}"
+        )
+
+
+def check_expert_tp(tp: int, ep: int, dp_cp: int, etp: int | None) -> int:
+    """Check ``etp`` against tp, ep and dp·cp; return the TP ranks folded into EP (tp/etp).
+
+    Megatron-Core's MoE parallel folding (``--expert-tensor-parallel-size``): etp is tp
+    (the experts split like the dense MLP) or 1 (whole experts; the tp/etp TP ranks join
+    the EP group, whose other ``ep/(tp/etp)`` ranks are carved out of dp·cp).
+    """
+    etp = tp if etp is None else etp
+    if etp not in (1, tp):
+        raise PlanError(f"etp must be 1 or tp (={tp}); got {etp}")
+    fold = tp // etp
+    if ep % fold:
+        raise PlanError(
+            f"ep {ep} is not a multiple of tp/etp = {fold} (with etp 1 the TP ranks are part "
+            f"of each EP group)"
+        )
+    if dp_cp % (ep // fold):
+        carved = f"ep/(tp/etp) = {ep // fold}" if fold > 1 else f"ep {ep}"
+        raise PlanError(f"{carved} does not divide dp·cp = {dp_cp} (EP is carved out of dp·cp)")
+    return fold
+
+
+def expert_split_ok(tp, cp, dp, ep, etp):
+    """:func:`check_expert_tp` on numpy columns: rows whose EP group can be formed (etp is 1
+    or tp, tp/etp divides ep and the rest of ep divides dp·cp)."""
+    etp_ok = (etp == 1) | (etp == tp)
+    fold = tp // np.maximum(etp, 1)
+    return etp_ok & (ep % fold == 0) & ((dp * cp) % np.maximum(ep // fold, 1) == 0)
+
+
+#: Schedules whose ranks each hold two chunks in a V: rank r holds stages r and 2·pp−1−r.
+V_SHAPE_SCHEDULES = frozenset({"zbv", "dualpipev"})
+
+
+def virtual_stage_ranks(schedule: str, pp: int, vpp: int) -> np.ndarray:
+    """The pipeline rank that holds each virtual stage, in torch's stage numbering.
+
+    Interleaved (and every one-chunk schedule): stage c·pp + r sits on rank r. V-shape
+    schedules (ZB-V, DualPipeV): rank r holds stages r and 2·pp − 1 − r, so the first and
+    the last stage share rank 0. DualPipe runs the pipeline in both directions with every
+    rank holding stages r and pp − 1 − r; the direction that starts on rank r is counted
+    here, the mirrored copy shows up as the schedule's second parameter copy.
+    """
+    stages = np.arange(pp * vpp)
+    if schedule in V_SHAPE_SCHEDULES:
+        if vpp != 2:
+            raise PlanError(
+                f"schedule '{schedule}' holds exactly 2 chunks per rank (vpp 2), got {vpp}"
+            )
+        return np.where(stages < pp, stages, 2 * pp - 1 - stages)
+    return stages % pp

@@ -507,3 +507,41 @@ def plan(
         explanation=explain_plan(found, results, accelerator, mem_headroom),
     )
     return result, found.table
+
+
+# ----- types and functions the front ends use, imported on first use -------------------
+
+#: name → module: ``from planner.api import Layout`` imports :mod:`planner.spec.layout` then.
+_EXPORTS = {
+    "Job": "planner.spec.job",
+    "Layout": "planner.spec.layout",
+    "check_layout": "planner.spec.layout",
+    "layers_per_virtual_stage": "planner.spec.layout",
+    "virtual_stage_ranks": "planner.spec.layout",
+    "ModelSpec": "planner.spec.model",
+    "PrecisionSpec": "planner.spec.precision",
+    "axis_traffic": "planner.comm.report",
+    "estimate_layout": "planner.estimate",
+    "memory_report": "planner.cost.memory",
+    "p2p_time": "planner.pipeline.simulate",
+    "simulate": "planner.pipeline.simulate",
+    "schedule_report": "planner.pipeline.simulate",
+    "ScheduleReport": "planner.pipeline.simulate",
+    "generate_schedule": "planner.pipeline.schedules.registry",
+    "SCHEDULES": "planner.pipeline.schedules.registry",
+    "SearchSpace": "planner.search",
+    "TopologyReport": "planner.comm.topology",
+    "FLASH_BACKWARD_FLOPS_RATIO": "planner.cost.compute",
+    "attention_core_ops": "planner.cost.flops",
+}
+
+
+def __getattr__(name: str):
+    """The front ends' types and functions (PEP 562), so the CLI starts without importing them."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'planner.api' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(_EXPORTS[name])
+    attribute = "estimate" if name == "estimate_layout" else name
+    return getattr(module, attribute)

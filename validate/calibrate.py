@@ -98,7 +98,7 @@ class AttentionPoint(BaseModel):
     @property
     def backward_flops_per_s(self) -> float:
         """On FlashAttention's backward count, 2.5× the forward's (:mod:`planner.cost.compute`)."""
-        from planner.cost.compute import FLASH_BACKWARD_FLOPS_RATIO
+        from planner.api import FLASH_BACKWARD_FLOPS_RATIO
 
         return FLASH_BACKWARD_FLOPS_RATIO * self.forward_flops / self.backward_s
 
@@ -272,7 +272,7 @@ def measure_attention(workload: Workload, sync=_no_sync) -> AttentionPoint:
     import torch
     import torch.nn.functional as F
 
-    from planner.cost.flops import attention_core_ops
+    from planner.api import attention_core_ops
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

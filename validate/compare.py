@@ -25,8 +25,7 @@ from pydantic import BaseModel, Field
 
 from hwspecs.errors import PlanError
 from hwspecs.schema import Accelerator, Cluster
-from planner.spec.job import Job
-from planner.spec.layout import Layout
+from planner.api import Job, Layout
 from validate.results import RunResult
 from validate.timelines import measured_pipeline, replay
 
@@ -62,7 +61,7 @@ class ValidationReport(BaseModel):
 def predict_comm_bytes(job: Job, layout: Layout, cluster: Cluster | str) -> dict[str, float]:
     """Bytes one GPU sends per step, per axis, from :func:`planner.comm.report.axis_traffic`."""
     try:
-        from planner.comm.report import axis_traffic
+        from planner.api import axis_traffic
     except ImportError as error:
         raise NotImplementedError(
             f"comm-bytes prediction needs planner/traffic.py ({error})"
@@ -74,7 +73,7 @@ def predict_comm_bytes(job: Job, layout: Layout, cluster: Cluster | str) -> dict
 def predict_step_time(job: Job, layout: Layout, cluster: Cluster | str) -> StepTimePrediction:
     """Step time and bubble from :func:`planner.estimate.estimate` on the (calibrated) cluster."""
     from hwspecs.catalog import load_cluster
-    from planner.estimate import estimate
+    from planner.api import estimate_layout as estimate
 
     if cluster is None:
         raise PlanError("no cluster given (calibrate this machine: llmplan calibrate)")
@@ -87,7 +86,7 @@ def predict_step_time(job: Job, layout: Layout, cluster: Cluster | str) -> StepT
 
 def predict_memory(job: Job, layout: Layout, accelerator: Accelerator | None = None):
     """The planner's memory report for this job and layout."""
-    from planner.cost.memory import memory_report
+    from planner.api import memory_report
 
     return memory_report(job, layout, accelerator)
 
@@ -122,7 +121,7 @@ def _p2p_seconds(spec, cluster) -> float:
     if cluster is None:
         return 0.0
     from hwspecs.catalog import load_cluster, load_link
-    from planner.pipeline.simulate import p2p_time
+    from planner.api import p2p_time
 
     spec_cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
     link = load_link(spec_cluster.tiers[0].link)

@@ -145,7 +145,7 @@ def measure_pipeline_action_overheads(
     """
     import torch
 
-    from planner.spec.layout import Layout
+    from planner.api import Layout
     from validate.spec import RunSpec
     from validate.workloads.mesh import build_groups
     from validate.workloads.train import build_trainer

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from hwspecs.errors import unknown_name_error
-from planner.spec.layout import Layout
+from planner.api import Layout
 from validate.results import RankFailure, RankResult, RunResult
 from validate.spec import RunSpec, Workload
 

@@ -13,10 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hwspecs.errors import PlanError
-from planner.spec.job import Job
-from planner.spec.layout import Layout, check_layout
-from planner.spec.model import ModelSpec
-from planner.spec.precision import PrecisionSpec
+from planner.api import Job, Layout, ModelSpec, PrecisionSpec, check_layout
 
 #: Schedules the pipeline workload can run, by the planner's name (torch's class in
 #: :mod:`validate.workloads.pipeline`). ``llmplan:<name>`` runs the planner's own action

@@ -61,8 +61,7 @@ def mean_durations(rows: list[dict], num_stages: int) -> dict[str, list[float]]:
 
 def replay(result: RunResult, p2p_s: float = 0.0) -> dict | None:
     """The planner's simulation of this run's schedule with its measured action durations."""
-    from planner.pipeline.schedules.registry import generate_schedule
-    from planner.pipeline.simulate import simulate
+    from planner.api import generate_schedule, simulate
 
     spec = result.spec
     layout = spec.planner_layout()

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.spec.measures import E5M6_BYTES, FP8_BYTES, MemoryMeasures
 from planner.spec.model import ModelSpec
+from planner.structure.linears import kv_heads_per_rank
 
 #: Bytes of a dropout mask element (PyTorch stores masks as uint8/bool).
 DROPOUT_MASK_BYTES = 1
@@ -66,11 +67,6 @@ class ActivationShape(BaseModel):
     def replicated_share(self) -> float:
         """Share of a TP-replicated tensor a rank stores: 1/tp under SP, else all of it."""
         return 1.0 / self.tp if self.sequence_parallel else 1.0
-
-
-def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
-    """KV heads held by one TP rank: split when tp ≤ KV heads, replicated (one) beyond."""
-    return max(model.num_kv_heads // tp, 1)
 
 
 def attention_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:

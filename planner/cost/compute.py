@@ -17,7 +17,6 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from hwspecs.schema import Accelerator
-from planner.cost.activations import kv_heads_per_rank
 from planner.cost.flops import attention_core_ops
 from planner.spec.finetune import (
     FinetuneSpec,
@@ -26,7 +25,7 @@ from planner.spec.finetune import (
     targeted_linears,
 )
 from planner.spec.model import ModelSpec
-from planner.structure.linears import expert_fold, layer_linears, token_rows
+from planner.structure.linears import expert_fold, kv_heads_per_rank, layer_linears, token_rows
 
 
 class OpTime(BaseModel):

@@ -42,6 +42,7 @@ from planner.spec.precision import (
     sharded_bytes_per_param,
     zero_shard_factors,
 )
+from planner.structure.linears import kv_heads_per_rank
 
 MEMORY_PARTS = (
     "weights",
@@ -119,7 +120,7 @@ def attention_params_per_rank(model: ModelSpec, tp: int) -> float:
         whole = h * (kv_rank + rope) + kv_rank + ((h * q_rank + q_rank) if q_rank else 0)
         split = kv_rank * nq * (qk - rope + v) + nq * v * h + (q_rank or h) * nq * qk
         return whole + split / tp
-    kv_local = act.kv_heads_per_rank(model, tp) * model.head_dim
+    kv_local = kv_heads_per_rank(model, tp) * model.head_dim
     qw = model.query_width
     weights = (h * qw + qw * h) / tp + 2 * h * kv_local
     biases = (qw / tp + 2 * kv_local) if (model.qkv_bias or model.linear_bias) else 0

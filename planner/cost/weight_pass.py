@@ -27,14 +27,11 @@ peak_activation_units`: at F = B = W the simulator shows its per-rank peak stays
 
 from __future__ import annotations
 
-from typing import Literal
-
 from planner.cost.activations import ActivationShape, layer_activation_tensors
+from planner.spec.job import WeightPassMemory
 from planner.spec.measures import FP8_BYTES, MemoryMeasures
 from planner.spec.model import ModelSpec
 from planner.structure.linears import expert_fold, layer_linears, token_rows
-
-WeightPassMemory = Literal["inputs", "graph"]
 
 #: Stored tensors that are weight-GEMM inputs, whole (Q/K/V or MLA down projections, the
 #: output projection, gate/up and the router, the routed experts' gathered tokens, MLA's

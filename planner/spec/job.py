@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from planner.cost.weight_pass import WeightPassMemory
 from planner.spec.finetune import FinetuneSpec, check_targets
 from planner.spec.measures import MemoryMeasures
 from planner.spec.model import ModelSpec
 from planner.spec.precision import PrecisionSpec
+
+#: What zero-bubble schedules keep between B and W (:mod:`planner.cost.weight_pass`).
+WeightPassMemory = Literal["inputs", "graph"]
 
 
 class Job(BaseModel):

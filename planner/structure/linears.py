@@ -23,7 +23,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from planner.cost.activations import kv_heads_per_rank
 from planner.spec.model import ModelSpec
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -31,6 +30,11 @@ MLA_MODULES = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_pro
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 ROUTER_MODULES = ("router",)
 MODULE_NAMES = tuple(dict.fromkeys(ATTENTION_MODULES + MLA_MODULES + MLP_MODULES + ROUTER_MODULES))
+
+
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    """KV heads held by one TP rank: split when tp ≤ KV heads, replicated (one) beyond."""
+    return max(model.num_kv_heads // tp, 1)
 
 
 class Linear(BaseModel):

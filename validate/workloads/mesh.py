@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from planner.spec.layout import Layout
+from planner.api import Layout
 
 MESH_AXES = ("dp", "pp", "cp", "tp")
 

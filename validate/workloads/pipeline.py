@@ -32,7 +32,7 @@ from torch.distributed.pipelining.schedules import (
     _PipelineScheduleRuntime,
 )
 
-from planner.spec.layout import Layout, layers_per_virtual_stage, virtual_stage_ranks
+from planner.api import Layout, layers_per_virtual_stage, virtual_stage_ranks
 from validate.spec import Workload
 from validate.workloads.model import build_model
 
@@ -109,7 +109,7 @@ def make_schedule(stages, layout: Layout, num_microbatches: int, loss_fn):
 
 def planner_actions(name: str, layout: Layout, num_microbatches: int) -> dict[int, list[_Action]]:
     """The planner's schedule as torch actions; DualPipe's F&B pairs become OVERLAP_F_B."""
-    from planner.pipeline.schedules.registry import generate_schedule
+    from planner.api import generate_schedule
 
     schedule = generate_schedule(name, layout.pp, num_microbatches, layout.vpp)
     result = {}
@@ -147,7 +147,7 @@ def torch_compute_order(schedule, pp_rank: int) -> list[tuple[str, int, int]]:
 def planner_compute_order(layout: Layout, num_microbatches: int, pp_rank: int):
     """(kind, micro-batch, stage) of the planner's schedule for a rank, or None if it has none."""
     try:
-        from planner.pipeline.schedules.registry import generate_schedule
+        from planner.api import generate_schedule
     except ImportError:
         return None
     ops = generate_schedule(schedule_name(layout), layout.pp, num_microbatches, layout.vpp)

@@ -30,7 +30,6 @@ from hwspecs.schema import Accelerator, Cluster
 from planner.columns.codes import Labels, coded, distinct_rows, unique_rows
 from planner.columns.tables import (
     MEMORY_SHAPE_KEYS,
-    NUM_SLOTS,
     TIME_SHAPE_KEYS,
     one_value_or_column,
     rows_by_value,
@@ -327,8 +326,9 @@ def _activation_columns(job: Job, c: dict, S: dict, R: dict) -> dict[str, np.nda
     weight_ratio = np.divide(
         weight_bytes, layer_bytes, out=np.zeros_like(layer_bytes), where=layer_bytes > 0
     )
-    inflight = np.zeros((n, NUM_SLOTS))  # micro-batches between F and B (the ends' tensors)
-    units = np.zeros((n, NUM_SLOTS))  # … and those waiting for W, at M_W / M_B
+    num_slots = R["slot"].shape[1]
+    inflight = np.zeros((n, num_slots))  # micro-batches between F and B (the ends' tensors)
+    units = np.zeros((n, num_slots))  # … and those waiting for W, at M_W / M_B
     for sch, rows in rows_by_value(c["schedule"]):
         per_row = [c[k][rows, None] for k in ("pp", "m", "vpp")]  # against the slots' ranks
         slots = R["slot"][rows].astype(np.int64)
@@ -348,7 +348,7 @@ def _activation_columns(job: Job, c: dict, S: dict, R: dict) -> dict[str, np.nda
         d = dualpipe
         slot, p = R["slot"][d], c["pp"][d, None]
         Sd = {key: S[key][d, None] for key in ("act_dense", "act_moe", "first_extra",
-                                               "last_extra", "working")}  # fmt: skip
+                                               "last_extra")}  # fmt: skip
 
         def stage_bytes(dense, moe, has_embedding, has_head):
             return (
@@ -362,9 +362,7 @@ def _activation_columns(job: Job, c: dict, S: dict, R: dict) -> dict[str, np.nda
         own = stage_bytes(R["dense_layers"][d], on_dualpipe("moe_layers"), slot == 0, slot == p - 1)
         mirror = stage_bytes(R["mirror_dense_layers"][d], on_dualpipe("mirror_moe_layers"),
                              slot == p - 1, slot == 0)  # fmt: skip
-        activations[d] = (
-            own * (p - slot) + mirror * (slot + 1) + Sd["working"] * (act_layers[d] > 0)
-        )
+        activations[d] = own * (p - slot) + mirror * (slot + 1) + working[d] * (act_layers[d] > 0)
     return {"activations": activations, "logits_buffers": R["head"] * S["logits"][:, None]}
 
 

@@ -31,7 +31,6 @@ from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage, 
 from planner.structure import op_counts
 from planner.structure.linears import layer_linears
 
-NUM_SLOTS = 5
 #: Shape-table entries the memory model reads; the others are per-layer times.
 MEMORY_SHAPE_KEYS = (
     *("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward", "logits"),
@@ -71,11 +70,29 @@ def _with_mirror(per_rank: list[float], mirrored: int) -> np.ndarray:
     return values + mirrored * values[::-1]
 
 
-def _slots(pp: int, layers: np.ndarray) -> np.ndarray:
-    """The ranks examined for peaks: 0, 1, the first with the most layers, pp−2, pp−1."""
-    candidates = [0, 1, int(np.argmax(layers)), pp - 2, pp - 1]
-    ranks = sorted({r for r in candidates if 0 <= r < pp})
-    return np.array((ranks + [ranks[-1]] * NUM_SLOTS)[:NUM_SLOTS])
+def examined_ranks(content: np.ndarray) -> np.ndarray:
+    """The pipeline ranks whose memory and compute can peak, of ``content`` ([feature, rank]:
+    what each rank holds — layers of each kind, embedding, head, DualPipe's mirrored stage).
+
+    Ranks that hold the same take the same time, and their memory differs only by position:
+    the schedule's in-flight micro-batches and weight-pass units at a rank
+    (:func:`planner.pipeline.closed_form.peak_activation_units`) are monotone along the
+    pipeline — falling for most schedules, rising for the zero-bubble ones when a micro-batch
+    waiting for W holds more than one waiting for B (``M_W > M_B``) — and DualPipe's two
+    directions are linear in the position with opposite signs. So the first and the last
+    rank of each distinct content hold its peak; ``tests/consistency`` pins the choice
+    against every rank."""
+    _, first = np.unique(content.T, axis=0, return_index=True)
+    _, last = np.unique(content.T[::-1], axis=0, return_index=True)
+    ranks = set(first.tolist()) | set((content.shape[1] - 1 - last).tolist())
+    return np.array(sorted(ranks), dtype=np.int64)
+
+
+def _padded(values: np.ndarray, width: int) -> np.ndarray:
+    """[..., slot] values widened to ``width`` slots by repeating the last (a repeated slot
+    changes no sum's peak and no argmax's value)."""
+    pad = [(0, 0)] * (values.ndim - 1) + [(0, width - values.shape[-1])]
+    return np.pad(values, pad, mode="edge")
 
 
 def shape_table(
@@ -181,7 +198,10 @@ def _pipeline_slots(
     mirrored and both directions'), ends."""
     structure = rank_structure(model, pp, vpp, schedule, split, layers)
     dense, moe = np.asarray(structure.dense_layers), np.asarray(structure.moe_layers)
-    slots = _slots(pp, dense + moe)
+    emb, head = (np.asarray(v, dtype=float) for v in (structure.has_embedding, structure.has_head))
+    dualpipe = schedule == "dualpipe"
+    content = np.stack([dense, moe, emb, head, *((dense[::-1], moe[::-1]) if dualpipe else ())])
+    slots = examined_ranks(content)
     out = {
         "dense_layers": dense[slots],
         "moe_layers": moe[slots],
@@ -218,22 +238,27 @@ def structure_table(
     stage_params: dict[tuple, tuple] = {}  # (tp, ep, etp, pp, vpp, split) → (dense, expert)
     stage_layers: dict[tuple, tuple] = {}  # (pp, vpp, split) → (dense, MoE) layers per stage
     pipe_of = np.zeros(len(structs), dtype=np.int64)
-    dense_params, expert_params = np.zeros((2, len(structs), NUM_SLOTS))
-    for u, (t, x, et, p, v, sch, spl) in enumerate(structs):
+    for u, (_, _, _, p, v, sch, spl) in enumerate(structs):
         if (p, v, spl) not in stage_layers:
             stage_layers[p, v, spl] = dense_and_moe_layers_per_virtual_stage(model, p, v, spl)
-        layers = stage_layers[p, v, spl]
         if (p, v, sch, spl) not in pipelines:
             pipelines[p, v, sch, spl] = len(per_pipeline)
-            per_pipeline.append(_pipeline_slots(model, p, v, sch, spl, layers))
+            per_pipeline.append(_pipeline_slots(model, p, v, sch, spl, stage_layers[p, v, spl]))
             layout = Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl)
             layouts.append((layout, virtual_stage_ranks(sch, p, v)))
-        pipe_of[u] = pipe = pipelines[p, v, sch, spl]
+        pipe_of[u] = pipelines[p, v, sch, spl]
+    width = max(len(pipe["slot"]) for pipe in per_pipeline)  # examined ranks, all padded alike
+    per_pipeline = [{k: _padded(a, width) for k, a in pipe.items()} for pipe in per_pipeline]
+    dense_params, expert_params = np.zeros((2, len(structs), width))
+    for u, (t, x, et, p, v, sch, spl) in enumerate(structs):
         if (t, x, et, p, v, spl) not in stage_params:
             layout = Layout(tp=t, ep=x, etp=None if et == t else et, pp=p, vpp=v, dp=x,
                             schedule=sch, pipeline_layer_split=spl)  # fmt: skip
-            stage_params[t, x, et, p, v, spl] = params_per_virtual_stage(model, layout, layers)
+            stage_params[t, x, et, p, v, spl] = params_per_virtual_stage(
+                model, layout, stage_layers[p, v, spl]
+            )
         dense_stage, expert_stage = stage_params[t, x, et, p, v, spl]
+        pipe = pipe_of[u]
         slots = per_pipeline[pipe]["slot"].astype(np.int64)
         dense_params[u] = rank_sums(dense_stage, *layouts[pipe])[slots]  # reads pp, vpp, schedule
         expert_params[u] = rank_sums(expert_stage, *layouts[pipe])[slots]

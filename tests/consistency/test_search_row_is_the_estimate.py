@@ -1,0 +1,140 @@
+"""The search's row and the single-layout report are one computation (DESIGN.md, "One home
+per quantity"): for random valid layouts of every catalog model under every schedule, ZeRO
+stage and recompute policy, the columns model's row (what the search screens and ranks)
+agrees part by part with the report of that layout over every pipeline rank."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from hwspecs.catalog import load_accelerator, load_cluster
+from hwspecs.errors import PlanError
+from planner import api
+from planner.cost.memory import MEMORY_PARTS, memory_report
+from planner.estimate import estimate, layout_columns
+from planner.evaluate import evaluate_columns
+from planner.pipeline import closed_form
+from planner.pipeline.schedules import SCHEDULES
+from planner.spec.layout import Layout, check_layout
+from planner.spec.model import load_model
+
+MODELS = api.catalog_names("models")
+CLUSTER = load_cluster("dgx-h100")
+ACCELERATOR = load_accelerator(CLUSTER.accelerator)
+SEQ_LEN = 4096
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+@st.composite
+def jobs_and_layouts(draw):
+    """A catalog model, a job and a layout that check_layout accepts (others are assumed away)."""
+    name = draw(st.sampled_from(MODELS))
+    model = load_model(name)
+    schedule = draw(st.sampled_from(list(SCHEDULES)))
+    spec = SCHEDULES[schedule]
+    tp = draw(st.sampled_from(_divisors(model.num_attention_heads, 8)))
+    pp = draw(st.sampled_from([p for p in (1, 2, 3, 4, 6, 8, 16) if p <= model.num_layers]))
+    if spec.fixed_vpp is not None:
+        vpp = spec.fixed_vpp
+    elif schedule == "interleaved-1f1b":
+        vpp = draw(st.sampled_from([2, 3, 4]))
+    else:
+        vpp = 1
+    assume(pp > 1 or schedule in ("gpipe", "1f1b"))
+    cp = draw(st.sampled_from([1, 2]))
+    dp = draw(st.sampled_from([1, 2, 4, 8]))
+    ep, etp = 1, None
+    if model.is_moe:
+        ep = draw(st.sampled_from(_divisors(model.num_routed_experts, 64)))
+        etp = draw(st.sampled_from([None, 1]))
+    m = draw(st.sampled_from([pp, 2 * pp, 3 * pp, 4 * pp]))
+    mbs = draw(st.sampled_from([1, 2]))
+    layout_fields = dict(
+        tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
+        micro_batch_size=mbs, num_microbatches=m,
+        zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        sequence_parallel=draw(st.booleans()),
+    )  # fmt: skip
+    try:
+        layout = Layout(**layout_fields)
+        job = api.build_job(name, SEQ_LEN, global_batch_size=dp * m * mbs)
+        check_layout(layout, job.model, SEQ_LEN)
+        closed_form._check(schedule, pp, m, vpp)
+    except (PlanError, ValueError):
+        assume(False)
+    assume(layout.num_gpus <= CLUSTER.num_gpus)
+    return job, layout
+
+
+def _row(job, layout):
+    m = layout.resolved_num_microbatches(job.global_batch_size)
+    row = evaluate_columns(job, CLUSTER, ACCELERATOR, layout_columns(layout, m))
+    return {key: value[0] for key, value in row.items()}
+
+
+PROPERTY = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
+)
+
+
+@PROPERTY
+@given(jobs_and_layouts())
+def test_memory_of_the_search_row_is_the_worst_rank_of_every_rank(case):
+    job, layout = case
+    row = _row(job, layout)
+    report = memory_report(job, layout, ACCELERATOR)
+    assert math.isclose(row["memory_per_gpu_bytes"], report.total_bytes, rel_tol=1e-9)
+    peak = report.per_stage[int(row["peak_rank"])]
+    assert math.isclose(peak.total_bytes, report.total_bytes, rel_tol=1e-9)
+    for part in MEMORY_PARTS:
+        assert math.isclose(
+            row[f"memory_{part}_bytes"], getattr(peak, part), rel_tol=1e-9, abs_tol=1.0
+        ), part
+
+
+@PROPERTY
+@given(jobs_and_layouts())
+def test_estimate_reports_the_search_row(case):
+    job, layout = case
+    row = _row(job, layout)
+    assume(row["valid"])
+    report = estimate(job, layout, CLUSTER)
+    assert math.isclose(report.step_time_s, row["step_time_s"], rel_tol=1e-12)
+    assert math.isclose(report.memory_per_gpu_bytes, row["memory_per_gpu_bytes"], rel_tol=1e-9)
+    assert report.fits == (row["memory_per_gpu_bytes"] <= report.usable_bytes)
+
+
+def test_the_strategy_reaches_every_model_and_schedule():
+    """The property above is not vacuous: it draws every catalog model and schedule."""
+    seen_models, seen_schedules = set(), set()
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(jobs_and_layouts())
+    def collect(case):
+        seen_models.add(case[0].model.name)
+        seen_schedules.add(case[1].schedule)
+
+    collect()
+    assert seen_schedules == set(SCHEDULES)
+    assert len(seen_models) == len(MODELS)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_has_a_layout_whose_memory_rows_agree_at_every_rank(name):
+    """Deterministic companion of the property: one layout per model, every rank examined."""
+    model = load_model(name)
+    pp = 4 if model.num_layers >= 8 else 2
+    layout = Layout(pp=pp, dp=8, ep=8 if model.is_moe else 1, num_microbatches=4 * pp)
+    job = api.build_job(name, SEQ_LEN, global_batch_size=8 * 4 * pp)
+    row = _row(job, layout)
+    report = memory_report(job, layout, ACCELERATOR)
+    assert np.isclose(row["memory_per_gpu_bytes"], report.total_bytes, rtol=1e-9)

@@ -631,7 +631,7 @@ def _model_flops_per_token(job: Job, tuned, causal: bool) -> float:
 
 def _comm_buffer_columns(model, job, tp, cp, pp, ep, etp, zero, sp, mbs, tuned=None) -> np.ndarray:
     """:func:`planner.cost.memory._comm_buffer_bytes` as column arithmetic (same terms)."""
-    from planner.cost.memory import layer_params_per_rank
+    from planner.structure.params import layer_params_per_rank
 
     e, h = job.precision.activation_bytes, model.hidden_size
     tokens = job.seq_len * mbs / cp

@@ -17,12 +17,7 @@ from planner.cost.activations import ActivationShape, layer_activation_tensors
 from planner.cost.adapters import routed_expert_params
 from planner.cost.compute import GpuRates, layer_op_times
 from planner.cost.flops import model_flops_per_token
-from planner.cost.memory import (
-    dualpipe_activations,
-    memory_report,
-    mtp_params_per_rank,
-    params_per_virtual_stage,
-)
+from planner.cost.memory import dualpipe_activations, memory_report
 from planner.cost.optimizers import optimizer_step_cost
 from planner.cost.stage_times import shape_times
 from planner.estimate import layout_columns
@@ -31,6 +26,7 @@ from planner.explain import explain_estimate
 from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.model import load_model
+from planner.structure.params import mtp_params_per_rank, params_per_virtual_stage
 
 MOE_MODELS = ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3")
 H100 = load_accelerator("h100-sxm")

@@ -111,6 +111,7 @@ def axis_traffic(
         layout.pipeline_layer_split,
         layout.schedule in V_SHAPE_SCHEDULES,
         sizes.get("etp"),
+        layout.schedule == "dualpipe",
     )
     times = None if compute is None else (compute.forward_s, compute.backward_s)
     by_axis: dict[str, list[CollectiveTerm]] = {}

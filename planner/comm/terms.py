@@ -62,6 +62,7 @@ from planner.pipeline.closed_form import dualpipe_paired_share
 from planner.spec.job import Job
 from planner.spec.layout import expert_data_parallel_size
 from planner.spec.precision import DTYPE_BYTES
+from planner.structure.params import busiest_rank_params
 
 #: Schedules that overlap one micro-batch's EP all-to-all with another's compute
 #: (DeepSeek-V3 §3.2.1 DualPipe; the V form keeps the F&B overlap).
@@ -153,13 +154,15 @@ class RankShape:
     expert_bucket: np.ndarray
 
 
-def rank_shape(model, tp, pp, ep, chunks, split="auto", etp=None) -> RankShape:
+def rank_shape(
+    model, tp, pp, ep, chunks, split="auto", etp=None, v_shape=False, mirrored=False
+) -> RankShape:
     """Layers and parameters of the busiest rank (first, a middle, or the last one).
 
-    Parameters are split over TP except the norm weights, which every TP rank holds whole
-    (as :func:`planner.cost.memory.layer_params_per_rank` counts them), routed experts over
-    ep·etp (``etp`` None: tp). The embedding sits on the first rank, the final norm and LM head on the last; the dense
-    layers of an MoE model (``num_dense_layers``) are taken to fit on the first rank.
+    Parameters are those the memory model holds
+    (:func:`planner.structure.params.busiest_rank_params`: the rank with the most, DualPipe's
+    two copies included); the dense layers of an MoE model (``num_dense_layers``) are taken
+    to fit on the first rank for the layer counts.
     """
     first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
     middle, last = np.where(pp >= 3, middle, 0), np.where(pp >= 2, last, 0)
@@ -168,27 +171,20 @@ def rank_shape(model, tp, pp, ep, chunks, split="auto", etp=None) -> RankShape:
     moe_layer = model.layer_params(moe_layer=True) - routed * (ep > 1) if model.is_moe else 0
     dense_first = np.minimum(model.num_dense_layers, first) if model.is_moe else first
     moe = [first - dense_first, middle, last] if model.is_moe else [0 * first] * 3
-    held = [first, middle, last]
-    head = model.lm_head_params() + model.norm_params()
-    extra = [model.embedding_params() + np.where(pp == 1, head, 0), 0, np.where(pp >= 2, head, 0)]
-    # Norm weights are whole on every TP rank (two per layer, the final one with the head).
-    norms = [
-        (2 * n + f) * model.norm_params()
-        for n, f in zip(held, [np.where(pp == 1, 1, 0), 0, np.where(pp >= 2, 1, 0)], strict=True)
-    ]
-    params = [
-        ((n - k) * dense_layer + k * moe_layer + e - w) / tp + w
-        for n, k, e, w in zip(held, moe, extra, norms, strict=True)
-    ]
     moe_layers = np.maximum(np.maximum(moe[0], moe[1]), moe[2])
+    dense_params, expert_params, all_params = busiest_rank_params(
+        model, tp, pp, ep, etp, chunks, v_shape, mirrored, split
+    )
+    # Routed experts replicated at ep 1 reduce with the dense weights over dp·cp.
+    dense_params = np.where(ep > 1, dense_params, all_params)
     has_dense = not model.is_moe or model.num_dense_layers > 0
     layer_norms = 2 * model.norm_params()
     expert_tp = tp if etp is None else etp
     return RankShape(
         layers=np.maximum(np.maximum(first, middle), last),
         moe_layers=moe_layers,
-        dense_params=np.maximum(np.maximum(params[0], params[1]), params[2]),
-        expert_params=moe_layers * routed * (ep > 1) / (ep * expert_tp),
+        dense_params=dense_params,
+        expert_params=np.where(ep > 1, expert_params, 0.0),
         dense_bucket=(np.maximum(dense_layer * has_dense, moe_layer) - layer_norms) / tp
         + layer_norms,
         expert_bucket=routed * (ep > 1) / (ep * expert_tp),
@@ -210,7 +206,7 @@ class Term:
 
 def step_terms(
     job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split="auto", v_shape=False,
-    etp=None,
+    etp=None, mirrored=False,
 ):  # fmt: skip
     """All collective terms of one step; every argument may be a numpy array (one row each).
 
@@ -221,7 +217,7 @@ def step_terms(
     model, precision, s, h = job.model, job.precision, job.seq_len, job.model.hidden_size
     act_b, grad_b = precision.activation_bytes, DTYPE_BYTES[precision.gradient_dtype]
     weight_b = DTYPE_BYTES[precision.weight_dtype]
-    shape = rank_shape(model, tp, pp, ep, chunks, split, etp)
+    shape = rank_shape(model, tp, pp, ep, chunks, split, etp, v_shape, mirrored)
     expert_tp = tp if etp is None else etp
     layers = shape.layers
 

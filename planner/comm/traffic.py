@@ -239,7 +239,7 @@ def _group_sizes(key: dict) -> dict[str, np.ndarray]:
 
 def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[tuple]:
     """Every collective term that some row runs, priced on the rows of ``key`` (columns tp,
-    cp, pp, dp, ep, etp, chunks, b, m, sp, full, zero, v_shape): (term, count, message bytes,
+    cp, pp, dp, ep, etp, chunks, b, m, sp, full, zero, v_shape, mirrored): (term, count, message bytes,
     one collective's seconds, one bucket's seconds, raw seconds, {link: seconds busy}).
 
     Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp)."""
@@ -254,7 +254,7 @@ def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[t
     costs = _CostTables(_placements(cluster, unique, order), ep_routing(job.model))
     terms = step_terms(
         job, *(key[k] for k in ("tp", "cp", "pp", "dp", "ep", "chunks", "b", "m", "sp", "full",
-                                 "zero")), split, key["v_shape"], key["etp"],
+                                 "zero")), split, key["v_shape"], key["etp"], key["mirrored"],
     )  # fmt: skip
     priced = []
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
@@ -388,6 +388,7 @@ def axis_times_vectorized(
             "tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "chunks": chunks,
             "b": b, "m": m,
             "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
+            "mirrored": _is_one_of(schedule, ("dualpipe",)),  # two parameter copies per rank
             "batch_ok": batch_ok,
         }.items()
     }  # fmt: skip

@@ -175,7 +175,7 @@ def layer_weight_and_grad_bytes(
 ) -> tuple[float, float]:
     """One whole layer's weights (as stored: NF4 + constants) and its adapter gradients on one
     TP/EP rank: what a ZeRO-3 gather and a ZeRO ≥ 2 gradient bucket hold for that layer."""
-    from planner.cost.memory import layer_params_per_rank
+    from planner.structure.params import layer_params_per_rank
 
     layer = layer_params_per_rank(model, tp, ep, moe_layer, etp)
     layers = (0.0, 1.0) if moe_layer else (1.0, 0.0)

@@ -10,7 +10,7 @@ tensor by tensor, is :func:`planner.cost.activations.apply_memory_measures`.
 Measures that cost no GPU memory in this model need no switch: the EMA of the parameters
 lives in CPU memory (§3.2.3), and the planner keeps no EMA on the GPU to begin with; the
 MTP module shares the embedding and output head with the main model on the same pipeline
-rank (§3.2.3), which :func:`planner.cost.memory.mtp_params_per_rank` counts that way for every
+rank (§3.2.3), which :func:`planner.structure.params.mtp_params_per_rank` counts that way for every
 model with MTP modules.
 """
 

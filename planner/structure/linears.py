@@ -14,7 +14,7 @@ Shapes are ``in_features → out_features`` as ``nn.Linear`` stores them (weight
 ``tp_split`` says how Megatron-style tensor parallelism cuts the module: ``column`` splits
 the output features (Q/K/V, gate, up, MLA up projections), ``row`` the input features (the
 output projection, down), ``none`` keeps it whole on every rank (MLA down projections and
-the router, as :func:`planner.cost.memory.attention_params_per_rank` does).
+the router, as :func:`planner.structure.params.attention_params_per_rank` does).
 """
 
 from __future__ import annotations

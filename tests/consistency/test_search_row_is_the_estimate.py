@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hwspecs.catalog import load_accelerator, load_cluster
 from hwspecs.errors import PlanError
 from planner import api
+from planner.comm.terms import rank_shape
 from planner.cost.memory import MEMORY_PARTS, memory_report
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
@@ -138,3 +139,26 @@ def test_every_model_has_a_layout_whose_memory_rows_agree_at_every_rank(name):
     row = _row(job, layout)
     report = memory_report(job, layout, ACCELERATOR)
     assert np.isclose(row["memory_per_gpu_bytes"], report.total_bytes, rtol=1e-9)
+
+
+@PROPERTY
+@given(jobs_and_layouts())
+def test_data_parallel_traffic_reduces_the_parameters_memory_holds(case):
+    """The DP (and expert-DP) gradient traffic is sized by the parameters of the rank that
+    holds the most, as the memory model counts them (MTP, MLA's whole down-projections,
+    replicated KV heads and DualPipe's two copies included)."""
+    job, layout = case
+    spec = SCHEDULES[layout.schedule]
+    shape = rank_shape(
+        job.model, np.asarray(layout.tp), np.asarray(layout.pp), np.asarray(layout.ep),
+        np.asarray(spec.fixed_vpp or layout.vpp), layout.pipeline_layer_split, layout.etp,
+        layout.schedule in ("zbv", "dualpipev"), layout.schedule == "dualpipe",
+    )  # fmt: skip
+    report = memory_report(job, layout, ACCELERATOR)
+    expert = max(stage.num_expert_params for stage in report.per_stage)
+    dense = max(stage.num_params - stage.num_expert_params for stage in report.per_stage)
+    if layout.ep == 1:  # routed experts replicated like the dense weights: one gradient group
+        dense = max(stage.num_params for stage in report.per_stage)
+        expert = 0
+    assert math.isclose(float(shape.dense_params), dense, rel_tol=1e-6, abs_tol=1)
+    assert math.isclose(float(shape.expert_params), expert, rel_tol=1e-6, abs_tol=1)

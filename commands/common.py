@@ -81,6 +81,14 @@ MoeCapacityFlag = Annotated[
         "and exchanged; default: dropless)",
     ),
 ]
+MemHeadroomFlag = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        max=0.99,
+        help="fraction of HBM kept free: a layout fits in HBM × (1 − headroom)",
+    ),
+]
 MemoryMeasuresFlag = Annotated[
     MeasureSet | None,
     typer.Option(
@@ -149,3 +157,13 @@ def int_list(text: str | None, name: str) -> list[int] | None:
     if not values or min(values) < 1:
         raise PlanError(f"--{name} needs positive integers, got '{text}'")
     return values
+
+
+def fits_line(total_bytes: float, report) -> str:
+    """``77.33 GiB of 75.67 usable (79.65 − 5%): does not fit`` — one wording of "fits" for
+    every command (``report``: capacity_bytes, mem_headroom, usable_bytes, fits)."""
+    verdict = "fits" if report.fits else "does not fit"
+    return (
+        f"{gib(total_bytes)} GiB of {gib(report.usable_bytes)} usable "
+        f"({gib(report.capacity_bytes)} − {100 * report.mem_headroom:g}%): {verdict}"
+    )

@@ -12,6 +12,7 @@ from commands.common import (
     GradDtype,
     JsonFlag,
     MasterDtype,
+    MemHeadroomFlag,
     MemoryMeasuresFlag,
     MoeCapacityFlag,
     MoeImbalanceFlag,
@@ -23,6 +24,7 @@ from commands.common import (
     WeightPassFlag,
     app,
     emit_json,
+    fits_line,
     gib,
     make_console,
     option_value,
@@ -199,6 +201,7 @@ def memory(
     accelerator: Annotated[
         str | None, typer.Option(help="accelerator whose HBM the result is checked against")
     ] = "h100-sxm",
+    mem_headroom: MemHeadroomFlag = 0.05,
     recipe: RecipeFlag = Recipe.full,
     lora_rank: LoraRankFlag = None,
     lora_alpha: LoraAlphaFlag = None,
@@ -261,7 +264,7 @@ def memory(
         sequence_parallel=sequence_parallel,
         schedule=schedule,
     )
-    report = api.memory(job, layout, accelerator)
+    report = api.memory(job, layout, accelerator, mem_headroom)
     if as_json:
         emit_json(report)
         return
@@ -310,10 +313,9 @@ def _print_memory(report, explain: bool) -> None:
     if report.capacity_bytes is None:
         console.print(f"peak: {gib(report.total_bytes)} GiB on rank {report.peak_rank}")
     else:
-        verdict = "fits" if report.fits else "does NOT fit"
         console.print(
-            f"peak: {gib(report.total_bytes)} GiB on rank {report.peak_rank}; "
-            f"{report.accelerator} has {gib(report.capacity_bytes)} GiB: {verdict}"
+            f"peak on rank {report.peak_rank}, {report.accelerator}: "
+            + fits_line(report.total_bytes, report)
         )
     if report.recipe_breakdown_bytes is not None:
         parts = Table(title=f"rank {report.peak_rank} by the {report.recipe} recipe's parts (GiB)")

@@ -12,6 +12,7 @@ from commands.common import (
     EtpFlag,
     GradDtype,
     JsonFlag,
+    MemHeadroomFlag,
     MemoryMeasuresFlag,
     MoeCapacityFlag,
     MoeImbalanceFlag,
@@ -22,6 +23,7 @@ from commands.common import (
     WeightPassFlag,
     app,
     emit_json,
+    fits_line,
     int_list,
     make_console,
     option_value,
@@ -93,7 +95,7 @@ def plan(
     global_batch_size: Annotated[int | None, typer.Option(min=1, help="sequences per step")] = None,
     top: Annotated[int, typer.Option(min=1, help="results to show")] = 5,
     objective: Annotated[str, typer.Option(help="step_time, memory or mfu")] = "step_time",
-    mem_headroom: Annotated[float, typer.Option(help="fraction of HBM kept free")] = 0.05,
+    mem_headroom: MemHeadroomFlag = 0.05,
     tp: Annotated[str | None, typer.Option(help="pin, e.g. 8 or 4,8")] = None,
     cp: Annotated[str | None, typer.Option(help="pin")] = None,
     pp: Annotated[str | None, typer.Option(help="pin")] = None,
@@ -369,6 +371,7 @@ def estimate(
     double_quant: DoubleQuantFlag = None,
     mfu_dtype: Annotated[str, typer.Option()] = "bf16",
     order: Annotated[str | None, typer.Option()] = None,
+    mem_headroom: MemHeadroomFlag = 0.05,
     explain: Annotated[bool, typer.Option("--explain")] = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -404,7 +407,7 @@ def estimate(
         recompute=option_value(recompute),
         sequence_parallel=sequence_parallel,
     )
-    result = api.estimate(job, layout, cluster, gpus, mfu_dtype, order=order)
+    result = api.estimate(job, layout, cluster, gpus, mfu_dtype, mem_headroom, order=order)
     if as_json:
         emit_json(result)
         return
@@ -429,10 +432,7 @@ def estimate(
         if value:
             table.add_row(key, f"{value:.4f}", f"{100 * value / result.step_time_s:.1f}%")
     console.print(table)
-    verdict = "fits" if result.fits else "does NOT fit"
-    console.print(
-        f"memory per GPU {result.memory_per_gpu_bytes / GIB:.2f} GiB of {result.capacity_bytes / GIB:.2f}: {verdict}"
-    )
+    console.print("memory per GPU " + fits_line(result.memory_per_gpu_bytes, result))
     if explain:
         for line in api.explain_estimate(result, job):
             console.print(line)

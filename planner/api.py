@@ -304,13 +304,24 @@ def build_layout(**fields):
     return layout
 
 
-def memory(job, layout, accelerator: str | None = None):
+def _checked_headroom(mem_headroom: float | None) -> float:
+    """The user's headroom, or the one default every command shares."""
+    if mem_headroom is None:
+        from planner.cost.memory import DEFAULT_MEM_HEADROOM
+
+        return DEFAULT_MEM_HEADROOM
+    if not 0 <= mem_headroom < 1:
+        raise PlanError(f"--mem-headroom must be in [0, 1), got {mem_headroom}")
+    return mem_headroom
+
+
+def memory(job, layout, accelerator: str | None = None, mem_headroom: float | None = None):
     """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.cost.memory.memory_report`)."""
     from hwspecs.catalog import load_accelerator
     from planner.cost.memory import memory_report
 
     spec = load_accelerator(accelerator) if accelerator else None
-    return memory_report(job, layout, spec)
+    return memory_report(job, layout, spec, _checked_headroom(mem_headroom))
 
 
 # ----- communication and topology -------------------------------------------------------
@@ -334,16 +345,30 @@ def collective(
 
 
 def comm(job, layout, cluster: str, order: str | None = None, gpus: int | None = None):
-    """Per-axis communication of ``job`` under ``layout`` on ``cluster`` (raw and exposed)."""
-    from hwspecs.catalog import load_cluster
-    from planner.comm.report import axis_traffic
+    """Per-axis communication of ``job`` under ``layout`` on ``cluster``: raw time, and the
+    time exposed behind the compute the columns model gives this layout (the estimate's)."""
+    from hwspecs.catalog import load_accelerator, load_cluster
+    from planner.comm.report import ComputeTimes, axis_traffic
     from planner.comm.topology import resolve_order
+    from planner.estimate import layout_columns
+    from planner.evaluate import evaluate_columns
     from planner.spec.layout import DEFAULT_MESH_ORDER, check_layout
 
     check_layout(layout, job.model, job.seq_len)
     mesh = resolve_order(order) if order else DEFAULT_MESH_ORDER
+    spec = load_cluster(cluster)
+    m = layout.resolved_num_microbatches(job.global_batch_size)
+    row = evaluate_columns(
+        job, spec, load_accelerator(spec.accelerator), layout_columns(layout, m), order=mesh
+    )
+    compute = ComputeTimes(  # the busiest rank's, per micro-batch, as the estimate times it
+        forward_s=float(row["forward_s"][0]),
+        backward_s=float(
+            row["input_grad_s"][0] + row["recompute_per_microbatch_s"][0] + row["weight_grad_s"][0]
+        ),
+    )
     return axis_traffic(
-        job, layout, load_cluster(cluster), order=mesh, gpus=gpus or layout.num_gpus
+        job, layout, spec, order=mesh, gpus=gpus or layout.num_gpus, compute=compute
     )
 
 
@@ -411,10 +436,11 @@ def estimate(
     cluster: str,
     gpus: int | None = None,
     mfu_dtype: str = "bf16",
-    mem_headroom: float = 0.0,
+    mem_headroom: float | None = None,
     order: str | None = None,
 ):
     """One layout's predicted step (see :func:`planner.estimate.estimate`)."""
+    mem_headroom = _checked_headroom(mem_headroom)
     from hwspecs.catalog import load_cluster
     from planner.comm.topology import resolve_order
     from planner.estimate import estimate as estimate_layout
@@ -441,7 +467,7 @@ def plan(
     gpus: int | None,
     space,
     objective: str = "step_time",
-    mem_headroom: float = 0.05,
+    mem_headroom: float | None = None,
     top: int = 5,
     mfu_dtype: str = "bf16",
     order: str | None = None,
@@ -456,8 +482,7 @@ def plan(
 
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective '{objective}'; choose one of: {', '.join(OBJECTIVES)}")
-    if not 0 <= mem_headroom < 1:
-        raise PlanError(f"mem_headroom must be in [0, 1), got {mem_headroom}")
+    mem_headroom = _checked_headroom(mem_headroom)
     spec = load_cluster(cluster)
     gpus = gpus or spec.num_gpus
     if gpus > spec.num_gpus:

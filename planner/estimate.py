@@ -23,7 +23,12 @@ from hwspecs.catalog import load_accelerator
 from hwspecs.errors import PlanError
 from hwspecs.schema import Cluster
 from planner.comm.traffic import AXES
-from planner.cost.memory import MEMORY_PARTS, StageMemory, memory_report
+from planner.cost.memory import (
+    DEFAULT_MEM_HEADROOM,
+    MEMORY_PARTS,
+    StageMemory,
+    memory_report,
+)
 from planner.evaluate import evaluate_columns
 from planner.spec.job import Job
 from planner.spec.layout import Layout, check_layout
@@ -67,6 +72,7 @@ class Estimate(BaseModel):
     memory_breakdown_bytes: dict[str, float]
     per_stage_memory: list[StageMemory]
     capacity_bytes: int
+    mem_headroom: float
     usable_bytes: float
     fits: bool
 
@@ -85,7 +91,7 @@ def estimate(
     cluster: Cluster,
     gpus: int | None = None,
     mfu_dtype: str = "bf16",
-    mem_headroom: float = 0.0,
+    mem_headroom: float = DEFAULT_MEM_HEADROOM,
     order=None,
 ) -> Estimate:
     """Predict one step of ``job`` under ``layout`` on ``cluster`` (its first ``gpus`` devices)."""
@@ -104,7 +110,7 @@ def estimate(
     value = {key: column[0] for key, column in row.items()}
     if not value["valid"]:
         raise PlanError("this layout cannot be placed on the cluster (see `llmplan topology`)")
-    memory = memory_report(job, layout, accelerator)
+    memory = memory_report(job, layout, accelerator, mem_headroom)
     breakdown = {
         "compute": float(value["compute_s"]),
         "recompute": float(value["recompute_s"]),
@@ -115,7 +121,6 @@ def estimate(
     if job.precision.optimizer == "muon":  # Muon's gather of whole matrices, reported apart
         breakdown["optimizer_comm"] = float(value["optimizer_comm_s"])
     breakdown["link_contention"] = float(value["link_contention_s"])
-    usable = accelerator.hbm_bytes * (1 - mem_headroom)
     return Estimate(
         model=job.model.name,
         cluster=cluster.id,
@@ -147,6 +152,7 @@ def estimate(
         memory_breakdown_bytes={part: memory.breakdown_bytes[part] for part in MEMORY_PARTS},
         per_stage_memory=memory.per_stage,
         capacity_bytes=accelerator.hbm_bytes,
-        usable_bytes=usable,
-        fits=memory.total_bytes <= usable,
+        mem_headroom=mem_headroom,
+        usable_bytes=memory.usable_bytes,
+        fits=memory.fits,
     )

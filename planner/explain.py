@@ -7,6 +7,7 @@ Pure functions from results to text; the CLI prints them.
 from __future__ import annotations
 
 from hwspecs.errors import PlanError
+from planner.cost.memory import usable_memory_bytes
 
 
 def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -> list[str]:
@@ -37,7 +38,7 @@ def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -
         lines.append(f"rejected {count:,}: {reason}")
     if found.smallest_memory is not None:
         small = found.smallest_memory
-        usable = accelerator.hbm_bytes * (1 - mem_headroom) / gib
+        usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom) / gib
         needed = small["memory_per_gpu_bytes"] / gib
         lines.append(  # the excess too: the two can round to the same GiB
             f"smallest layout that did not fit needs {needed:.2f} GiB per GPU, "

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
 from planner.columns.codes import Labels
+from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
 from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
 from planner.spec.job import Job
@@ -266,7 +267,7 @@ def search(
     gpus: int,
     space: SearchSpace | None = None,
     objective: str = "step_time",
-    mem_headroom: float = 0.05,
+    mem_headroom: float = DEFAULT_MEM_HEADROOM,
     order=None,
     mfu_dtype: str = "bf16",
     progress=None,
@@ -288,7 +289,7 @@ def search(
     cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), ("auto",))
     if progress:
         progress(0.3)
-    usable = accelerator.hbm_bytes * (1 - mem_headroom)
+    usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     screened = (  # rows that do not fit are not timed
         screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype)
         if len(cols["tp"])

@@ -60,6 +60,18 @@ MEMORY_PARTS = (
 )
 
 
+#: Fraction of HBM kept free in every "fits" verdict (allocator fragmentation and caching
+#: slack; PyTorch's caching allocator reserves more than it allocates). A documented default
+#: a user sets with ``--mem-headroom``; the same in every command.
+DEFAULT_MEM_HEADROOM = 0.05
+
+
+def usable_memory_bytes(capacity_bytes: float, mem_headroom: float = DEFAULT_MEM_HEADROOM) -> float:
+    """What a layout may use of ``capacity_bytes``: HBM × (1 − headroom); one definition of
+    "fits" for ``plan``, ``estimate`` and ``memory``."""
+    return capacity_bytes * (1 - mem_headroom)
+
+
 class StageMemory(BaseModel):
     """Bytes on one GPU of one pipeline rank, by part."""
 
@@ -100,6 +112,9 @@ class MemoryReport(BaseModel):
     num_microbatches: int
     total_bytes: float
     capacity_bytes: int | None
+    #: The fraction of HBM kept free, and what that leaves (:func:`usable_memory_bytes`).
+    mem_headroom: float
+    usable_bytes: float | None
     fits: bool | None
     peak_rank: int
     breakdown_bytes: dict[str, float]
@@ -127,7 +142,9 @@ def dualpipe_activations(stage_bytes: np.ndarray) -> np.ndarray:
 # ----- the report -----------------------------------------------------------------------
 
 
-def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
+def memory_report(
+    job: Job, layout: Layout, accelerator=None, mem_headroom: float = DEFAULT_MEM_HEADROOM
+) -> MemoryReport:
     """Bytes per GPU on every pipeline rank for ``job`` under ``layout``; see module docstring."""
     model = job.model
     check_layout(layout, model, job.seq_len)
@@ -273,6 +290,7 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         )
     peak = max(stages, key=lambda stage: stage.total_bytes)
     capacity = accelerator.hbm_bytes if accelerator is not None else None
+    usable = None if capacity is None else usable_memory_bytes(capacity, mem_headroom)
     explain = _explain(model, layout, job, peak, dense_bpp, per_dense_layer, m, copies)
     if tuned:
         peak_states = ft.FinetuneStateBytes(
@@ -289,7 +307,9 @@ def memory_report(job: Job, layout: Layout, accelerator=None) -> MemoryReport:
         num_microbatches=m,
         total_bytes=peak.total_bytes,
         capacity_bytes=capacity,
-        fits=None if capacity is None else peak.total_bytes <= capacity,
+        mem_headroom=mem_headroom,
+        usable_bytes=usable,
+        fits=None if usable is None else peak.total_bytes <= usable,
         peak_rank=peak.rank,
         breakdown_bytes={part: getattr(peak, part) for part in MEMORY_PARTS},
         activation_tensors_per_layer=dense_tensors,

@@ -16,6 +16,7 @@ from hwspecs.catalog import load_accelerator, load_cluster
 from hwspecs.errors import PlanError
 from planner import api
 from planner.comm.terms import rank_shape
+from planner.comm.traffic import AXES
 from planner.cost.memory import MEMORY_PARTS, memory_report
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
@@ -162,3 +163,32 @@ def test_data_parallel_traffic_reduces_the_parameters_memory_holds(case):
         expert = 0
     assert math.isclose(float(shape.dense_params), dense, rel_tol=1e-6, abs_tol=1)
     assert math.isclose(float(shape.expert_params), expert, rel_tol=1e-6, abs_tol=1)
+
+
+@PROPERTY
+@given(jobs_and_layouts())
+def test_comm_exposes_what_the_estimate_exposes_per_axis(case):
+    job, layout = case
+    row = _row(job, layout)
+    assume(row["valid"])
+    report = api.comm(job, layout, CLUSTER.id)
+    exposed = {axis.axis: axis.exposed_time_s for axis in report.axes}
+    raw = {axis.axis: axis.time_s for axis in report.axes}
+    for axis in AXES:
+        assert math.isclose(exposed.get(axis, 0.0), row[f"{axis}_exposed_time_s"],
+                            rel_tol=1e-9, abs_tol=1e-12), axis  # fmt: skip
+        assert math.isclose(raw.get(axis, 0.0), row[f"{axis}_time_s"], rel_tol=1e-9,
+                            abs_tol=1e-12), axis  # fmt: skip
+
+
+@PROPERTY
+@given(jobs_and_layouts(), st.sampled_from([0.0, 0.05, 0.2]))
+def test_memory_and_estimate_say_fits_alike(case, headroom):
+    job, layout = case
+    row = _row(job, layout)
+    assume(row["valid"])
+    by_memory = api.memory(job, layout, ACCELERATOR.id, headroom)
+    by_estimate = api.estimate(job, layout, CLUSTER.id, mem_headroom=headroom)
+    usable = ACCELERATOR.hbm_bytes * (1 - headroom)
+    assert by_memory.usable_bytes == by_estimate.usable_bytes == usable
+    assert by_memory.fits == by_estimate.fits == (row["memory_per_gpu_bytes"] <= usable)

@@ -352,7 +352,8 @@ def comm(job, layout, cluster: str, order: str | None = None, gpus: int | None =
     from planner.comm.topology import resolve_order
     from planner.estimate import layout_columns
     from planner.evaluate import evaluate_columns
-    from planner.spec.layout import DEFAULT_MESH_ORDER, check_layout
+    from planner.spec.layout import DEFAULT_MESH_ORDER
+    from planner.spec.rules import check_layout
 
     check_layout(layout, job.model, job.seq_len)
     mesh = resolve_order(order) if order else DEFAULT_MESH_ORDER
@@ -540,7 +541,7 @@ def plan(
 _EXPORTS = {
     "Job": "planner.spec.job",
     "Layout": "planner.spec.layout",
-    "check_layout": "planner.spec.layout",
+    "check_layout": "planner.spec.rules",
     "layers_per_virtual_stage": "planner.spec.layout",
     "virtual_stage_ranks": "planner.spec.layout",
     "ModelSpec": "planner.spec.model",

@@ -31,7 +31,8 @@ from planner.cost.memory import (
 )
 from planner.evaluate import evaluate_columns
 from planner.spec.job import Job
-from planner.spec.layout import Layout, check_layout
+from planner.spec.layout import Layout
+from planner.spec.rules import check_layout
 
 TIME_PARTS = (
     "compute",

@@ -21,6 +21,7 @@ from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
 from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
 from planner.spec.job import Job
+from planner.spec.rules import RULES, schedule_rules
 
 GIB = 2**30
 OBJECTIVES = ("step_time", "memory", "mfu")
@@ -192,72 +193,43 @@ def expand_rows(
 def rejection_masks(
     job: Job, cluster: Cluster, cols: dict, space: SearchSpace
 ) -> list[tuple[str, np.ndarray]]:
-    """(reason, rejected rows) in the order rules are applied."""
+    """(reason, rejected rows) in the order rules are applied: the layout rules of
+    :mod:`planner.spec.rules` (the same table :func:`planner.spec.rules.check_layout` reads)
+    and the schedules' micro-batch rules, with the search space's own three where they read
+    what no layout rule does: TP inside the scale-up domain (unless allowed), a global batch
+    that divides into micro-batches, and pp = 1 listed once (as 1f1b)."""
     model, s = job.model, job.seq_len
-    tp, cp, pp, dp, ep, vpp = (cols[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
-    etp = cols["etp"]
-    fold = tp // np.maximum(etp, 1)  # TP ranks folded into EP (planner.spec.layout.check_expert_tp)
-    schedule, mbs = cols["schedule"], cols["micro_batch_size"]
-
-    def runs(name: str) -> np.ndarray:
-        return Labels.of(schedule).isin((name,))
-
-    stages = pp * vpp
-    L = model.num_layers
-    kv = model.num_kv_heads
+    tp, pp, dp, vpp = (cols[k] for k in ("tp", "pp", "dp", "vpp"))
+    mbs = cols["micro_batch_size"]
     gbs = job.global_batch_size
     m = (
         np.where(gbs % (dp * mbs) == 0, gbs // (dp * mbs), 0)
         if gbs
-        else np.where(vpp > 1, stages, pp)
+        else np.where(vpp > 1, pp * vpp, pp)
     )
-    rules = [
-        (
-            f"tp does not divide the {model.num_attention_heads} attention heads",
-            model.num_attention_heads % tp != 0,
-        ),
-        (
-            f"tp and the {kv} KV heads do not divide one another",
-            (model.attention_kind != "mla") & (tp % kv != 0) & (kv % tp != 0),
-        ),
-        (
-            "tp does not divide the FFN size",
-            (model.ffn_hidden_size % tp != 0) | ((model.moe_ffn_hidden_size or tp) % tp != 0),
-        ),
-        (
+    columns = {**cols, "num_microbatches": m}
+    search_rules = {  # after the layout rule named: (reason, rejected rows)
+        "ffn": (
             f"tp crosses the {cluster.scale_up_domain_size}-GPU scale-up (NVLink) domain",
             (tp > cluster.scale_up_domain_size) & (not space.allow_cross_node_tp),
         ),
-        ("layers do not split over pp·vpp stages", (stages > L) & ((L + 2) % stages != 0)),
-        ("etp is neither 1 nor tp", (etp != 1) & (etp != tp)),
-        ("ep is not a multiple of tp/etp (etp 1 folds TP into EP)", ep % fold != 0),
-        (
-            "ep does not divide dp·cp or the experts",
-            ((dp * cp) % np.maximum(ep // fold, 1) != 0)
-            | ((model.num_routed_experts or 1) % ep != 0),
-        ),
-        ("global batch not divisible by dp × micro-batch size", m == 0),
-        ("sequence not divisible by 2·cp (load-balanced CP)", (cp > 1) & (s % (2 * cp) != 0)),
-        (
-            "sequence/cp not divisible by tp under sequence parallelism",
-            cols["sequence_parallel"] & (tp > 1) & ((s // cp) % tp != 0),
-        ),
-        (
-            "interleaved-1f1b needs micro-batches a multiple of pp",
-            runs("interleaved-1f1b") & ((m % pp != 0) | (m < pp)),
-        ),
-        (
-            "dualpipe needs an even pp and an even number ≥ 2·pp of micro-batches",
-            runs("dualpipe") & ((pp % 2 != 0) | (m % 2 != 0) | (m < 2 * pp)),
-        ),
-        ("dualpipev needs ≥ 2·pp micro-batches", runs("dualpipev") & (m < 2 * pp)),
-        (
-            "a pipeline schedule needs pp > 1 (pp = 1 is listed once, as 1f1b)",
-            (pp == 1) & ~runs("1f1b"),
-        ),
+        "ep_experts": ("global batch not divisible by dp × micro-batch size", m == 0),
+    }
+    masks = []
+    for rule in RULES:
+        masks.append((rule.reason(model), rule.broken(model, s, columns)))
+        if rule.name in search_rules:
+            masks.append(search_rules[rule.name])
+    ok_m = m > 0  # the schedules' rules read m only where the batch divides
+    masks += [
+        (rule.reason(model), rule.broken(model, s, columns) & ok_m) for rule in schedule_rules()
     ]
+    masks.append((
+        "a pipeline schedule needs pp > 1 (pp = 1 is listed once, as 1f1b)",
+        (pp == 1) & ~Labels.of(cols["schedule"]).isin(("1f1b",)),
+    ))  # fmt: skip
     cols["num_microbatches"] = np.maximum(m, 1)
-    return rules
+    return masks
 
 
 def search(
@@ -281,8 +253,8 @@ def search(
     alive = np.ones(len(cells), dtype=bool)
     for reason, mask in rejection_masks(job, cluster, grid, space):
         hit = alive & np.asarray(mask, dtype=bool)
-        if hit.any():
-            rejected[reason] = int(hit.sum()) * copies
+        if hit.any():  # two rules may share a reason
+            rejected[reason] = rejected.get(reason, 0) + int(hit.sum()) * copies
         alive &= ~hit
     grid = {key: value[alive] for key, value in grid.items()}
     cols = expand_rows(grid, cells[alive], grid_shape, space)

@@ -30,8 +30,9 @@ from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
 from planner.explain import explain_estimate
 from planner.search import SearchSpace, search
-from planner.spec.layout import Layout, check_layout
+from planner.spec.layout import Layout
 from planner.spec.model import load_model
+from planner.spec.rules import check_layout
 
 H100 = load_accelerator("h100-sxm")
 DGX = load_cluster("dgx-h100")

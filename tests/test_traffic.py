@@ -11,8 +11,9 @@ from planner.comm.report import ComputeTimes, axis_traffic
 from planner.comm.traffic import AXES, axis_times_vectorized
 from planner.pipeline.schedules import generate_schedule
 from planner.spec.job import Job
-from planner.spec.layout import Layout, check_layout
+from planner.spec.layout import Layout
 from planner.spec.model import load_model
+from planner.spec.rules import check_layout
 
 LLAMA3_ORDER = ("tp", "cp", "pp", "dp")
 

@@ -29,7 +29,8 @@ from planner.comm.terms import (
 from planner.comm.topology import axis_report, group_size, place_groups
 from planner.pipeline.schedules.registry import get_schedule
 from planner.spec.job import Job
-from planner.spec.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES, Layout, check_layout
+from planner.spec.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES, Layout
+from planner.spec.rules import check_layout
 
 
 class ComputeTimes(BaseModel):

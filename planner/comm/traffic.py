@@ -45,9 +45,9 @@ from planner.spec.layout import (
     DEFAULT_MESH_ORDER,
     V_SHAPE_SCHEDULES,
     expert_data_parallel_size,
-    expert_split_ok,
     resolved_etp,
 )
+from planner.spec.rules import expert_split_ok
 
 #: Axes whose columns :func:`axis_times_vectorized` returns (all of them, zeros where idle).
 AXES: tuple[str, ...] = tuple(AXIS_GROUPS)

@@ -31,7 +31,6 @@ from planner.pipeline.closed_form import (
 from planner.spec.job import Job
 from planner.spec.layout import (
     Layout,
-    check_layout,
     dense_and_moe_layers_per_virtual_stage,
     virtual_stage_ranks,
 )
@@ -42,6 +41,7 @@ from planner.spec.precision import (
     sharded_bytes_per_param,
     zero_shard_factors,
 )
+from planner.spec.rules import check_layout
 from planner.structure.params import (
     layer_params_per_rank,
     params_per_virtual_stage,

@@ -164,16 +164,11 @@ def _check(schedule: str, pp, num_microbatches, vpp, **options):
         return _check_rows(schedule, pp, num_microbatches, vpp, **options)
     spec = get_schedule(schedule)
     vpp = spec.resolve_vpp(vpp)
-    if schedule == "interleaved-1f1b":
-        check_group_size(pp, num_microbatches, options.get("microbatch_group_size"))
-    if schedule == "dualpipe" and (pp % 2 or num_microbatches % 2 or num_microbatches < 2 * pp):
-        raise PlanError(
-            f"dualpipe needs an even pp and an even num_microbatches ≥ 2·pp, got {pp}, {num_microbatches}"
-        )
-    if schedule == "dualpipev" and num_microbatches < 2 * pp:
-        raise PlanError(
-            f"dualpipev needs num_microbatches ≥ 2·pp = {2 * pp}, got {num_microbatches}"
-        )
+    group = options.get("microbatch_group_size")
+    if schedule == "interleaved-1f1b" and group is not None:
+        check_group_size(pp, num_microbatches, group)  # Llama 3's N replaces the m rule
+    else:
+        spec.check_microbatches(pp, num_microbatches)
     return vpp
 
 
@@ -184,14 +179,10 @@ def _check_rows(schedule: str, pp, num_microbatches, vpp, **options) -> np.ndarr
     v = np.asarray(spec.default_vpp if vpp is None else vpp)
     p, m, v = np.broadcast_arrays(p, m, v)
     bad = v != spec.fixed_vpp if spec.fixed_vpp is not None else v < spec.min_vpp
-    if schedule == "interleaved-1f1b" and options.get("microbatch_group_size") is None:
-        bad = bad | (m % p != 0)
-    elif schedule == "interleaved-1f1b":
+    if schedule == "interleaved-1f1b" and options.get("microbatch_group_size") is not None:
         bad = np.ones(p.shape, dtype=bool)  # a group size: check each row the scalar way
-    if schedule == "dualpipe":
-        bad = bad | (p % 2 != 0) | (m % 2 != 0) | (m < 2 * p)
-    if schedule == "dualpipev":
-        bad = bad | (m < 2 * p)
+    else:
+        bad = bad | spec.broken_microbatches(p, m)
     for row in np.flatnonzero(bad.ravel()):  # raises on the first broken row
         index = np.unravel_index(row, p.shape)
         _check(schedule, int(p[index]), int(m[index]), int(v[index]), **options)

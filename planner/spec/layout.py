@@ -168,48 +168,6 @@ def dense_and_moe_layers_per_virtual_stage(
     return dense, layers - dense
 
 
-def check_layout(layout: Layout, model, seq_len: int | None = None) -> None:
-    """Check a layout against a model (and sequence length); raise PlanError naming the rule."""
-    heads, kv_heads = model.num_attention_heads, model.num_kv_heads
-    if heads % layout.tp:
-        raise PlanError(f"tp {layout.tp} does not divide num_attention_heads {heads}")
-    if model.attention_kind != "mla" and layout.tp % kv_heads and kv_heads % layout.tp:
-        raise PlanError(
-            f"tp {layout.tp} and num_kv_heads {kv_heads} must divide one another "
-            f"(KV heads are split, or replicated when tp > kv heads)"
-        )
-    if model.ffn_hidden_size % layout.tp:
-        raise PlanError(f"tp {layout.tp} does not divide ffn_hidden_size {model.ffn_hidden_size}")
-    if model.is_moe and model.moe_ffn_hidden_size % layout.tp:
-        raise PlanError(
-            f"tp {layout.tp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}"
-        )
-    layers_per_virtual_stage(model.num_layers, layout.pp, layout.vpp, layout.pipeline_layer_split)
-    if (layout.ep > 1 or layout.expert_tp != layout.tp) and not model.is_moe:
-        axis = f"ep {layout.ep}" if layout.ep > 1 else f"etp {layout.etp}"
-        raise PlanError(f"{axis} needs a mixture-of-experts model; {model.name} is dense")
-    check_expert_tp(layout.tp, layout.ep, layout.dp * layout.cp, layout.etp)
-    if layout.ep > 1 and model.num_routed_experts % layout.ep:
-        raise PlanError(
-            f"ep {layout.ep} does not divide num_routed_experts {model.num_routed_experts}"
-        )
-    if seq_len is not None and layout.cp > 1 and seq_len % (2 * layout.cp):
-        raise PlanError(
-            f"seq_len {seq_len} is not divisible by 2·cp = {2 * layout.cp} "
-            f"(load-balanced context parallelism splits the sequence into 2·cp chunks)"
-        )
-    if (
-        seq_len is not None
-        and layout.sequence_parallel
-        and layout.tp > 1
-        and (seq_len // layout.cp) % layout.tp
-    ):
-        raise PlanError(
-            f"sequence parallelism needs seq_len/cp = {seq_len // layout.cp} divisible "
-            f"by tp {layout.tp}"
-        )
-
-
 def check_expert_tp(tp: int, ep: int, dp_cp: int, etp: int | None) -> int:
     """Check ``etp`` against tp, ep and dp·cp; return the TP ranks folded into EP (tp/etp).
 
@@ -230,14 +188,6 @@ def check_expert_tp(tp: int, ep: int, dp_cp: int, etp: int | None) -> int:
         carved = f"ep/(tp/etp) = {ep // fold}" if fold > 1 else f"ep {ep}"
         raise PlanError(f"{carved} does not divide dp·cp = {dp_cp} (EP is carved out of dp·cp)")
     return fold
-
-
-def expert_split_ok(tp, cp, dp, ep, etp):
-    """:func:`check_expert_tp` on numpy columns: rows whose EP group can be formed (etp is 1
-    or tp, tp/etp divides ep and the rest of ep divides dp·cp)."""
-    etp_ok = (etp == 1) | (etp == tp)
-    fold = tp // np.maximum(etp, 1)
-    return etp_ok & (ep % fold == 0) & ((dp * cp) % np.maximum(ep // fold, 1) == 0)
 
 
 #: Schedules whose ranks each hold two chunks in a V: rank r holds stages r and 2·pp−1−r.

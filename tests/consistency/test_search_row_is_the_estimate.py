@@ -22,8 +22,9 @@ from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
 from planner.pipeline import closed_form
 from planner.pipeline.schedules import SCHEDULES
-from planner.spec.layout import Layout, check_layout
+from planner.spec.layout import Layout
 from planner.spec.model import load_model
+from planner.spec.rules import check_layout
 
 MODELS = api.catalog_names("models")
 CLUSTER = load_cluster("dgx-h100")
@@ -192,3 +193,48 @@ def test_memory_and_estimate_say_fits_alike(case, headroom):
     usable = ACCELERATOR.hbm_bytes * (1 - headroom)
     assert by_memory.usable_bytes == by_estimate.usable_bytes == usable
     assert by_memory.fits == by_estimate.fits == (row["memory_per_gpu_bytes"] <= usable)
+
+
+@st.composite
+def any_layouts(draw):
+    """Degrees drawn without regard to the rules (most break one)."""
+    name = draw(st.sampled_from(MODELS))
+    model = load_model(name)
+    fields = dict(
+        tp=draw(st.sampled_from([1, 2, 3, 4, 8, 16])), cp=draw(st.sampled_from([1, 2, 3, 4])),
+        pp=draw(st.sampled_from([1, 2, 4, 7, 16, 64])), dp=draw(st.sampled_from([1, 2, 3, 8])),
+        ep=draw(st.sampled_from([1, 2, 3, 8, 16] if model.is_moe else [1, 2])),
+        sequence_parallel=draw(st.booleans()),
+    )  # fmt: skip
+    fields["etp"] = draw(st.sampled_from([None, 1, 2]))
+    return name, fields
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_layouts(), st.sampled_from([4096, 4100, 6144]))
+def test_check_layout_and_the_search_reject_by_the_same_rule(case, seq_len):
+    """One rule table: the rule check_layout names is the first the search's screen counts."""
+    from planner.search import SearchSpace, rejection_masks
+    from planner.spec.rules import RULES, first_broken, layout_columns_for_rules
+
+    name, fields = case
+    model = load_model(name)
+    layout = Layout(**fields)
+    job = api.build_job(name, seq_len, global_batch_size=layout.dp * 64)
+    columns = layout_columns_for_rules(layout)
+    found = first_broken(RULES, model, seq_len, columns)
+    try:
+        check_layout(layout, model, seq_len)
+        raised = None
+    except PlanError as error:
+        raised = str(error)
+    assert (raised is None) == (found is None)
+    if found is None:
+        return
+    assert raised == found[0].message(model, seq_len, {**fields, "etp": layout.expert_tp,
+                                                         "vpp": layout.vpp})  # fmt: skip
+    grid = {k: v for k, v in columns.items() if k != "split"}
+    grid["micro_batch_size"] = np.array([1])
+    space = SearchSpace(allow_cross_node_tp=True)
+    hits = [reason for reason, mask in rejection_masks(job, CLUSTER, grid, space) if mask.any()]
+    assert hits and hits[0] == found[0].reason(model)

@@ -20,6 +20,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from hwspecs.errors import PlanError, closest_match_hint
 from planner.pipeline.schedules.actions import Schedule, require
 from planner.pipeline.schedules.dualpipe import dualpipe, dualpipev
@@ -28,6 +30,17 @@ from planner.pipeline.schedules.interleaved import interleaved_1f1b
 from planner.pipeline.schedules.one_f_one_b import one_f_one_b
 from planner.pipeline.schedules.zbv import zbv
 from planner.pipeline.schedules.zero_bubble import zb_h1, zb_h2
+
+
+@dataclass(frozen=True, slots=True)
+class MicrobatchRule:
+    """A constraint a schedule puts on (pp, num_microbatches): ``broken`` on numpy columns
+    (True where the rule fails), ``message`` the one-line error for one layout, ``reason``
+    how the search counts the rows it rejects."""
+
+    reason: str
+    broken: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    message: Callable[[int, int], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +57,22 @@ class ScheduleSpec:
     splits_backward: bool
     parameter_copies: int = 1
     bidirectional: bool = False
+    #: What the generator needs of (pp, num_microbatches), beyond the vpp rule.
+    microbatch_rules: tuple[MicrobatchRule, ...] = ()
+
+    def broken_microbatches(self, pp, num_microbatches) -> np.ndarray:
+        """Rows (numpy columns) that break one of :attr:`microbatch_rules`."""
+        p, m = np.broadcast_arrays(np.asarray(pp), np.asarray(num_microbatches))
+        bad = np.zeros(p.shape, dtype=bool)
+        for rule in self.microbatch_rules:
+            bad |= rule.broken(p, m)
+        return bad
+
+    def check_microbatches(self, pp: int, num_microbatches: int) -> None:
+        """Raise the first broken rule's one-line error."""
+        for rule in self.microbatch_rules:
+            if rule.broken(np.asarray(pp), np.asarray(num_microbatches)):
+                raise PlanError(rule.message(pp, num_microbatches))
 
     def allows_vpp(self, vpp: int) -> bool:
         return vpp == self.fixed_vpp if self.fixed_vpp is not None else vpp >= self.min_vpp
@@ -85,6 +114,37 @@ def _spec(name, generate, description, vpp, splits_backward, **extra) -> Schedul
     )
 
 
+#: Llama 3's interleaved schedule without a group size N (N = pp): m a multiple of pp.
+INTERLEAVED_RULES = (
+    MicrobatchRule(
+        "interleaved-1f1b needs micro-batches a multiple of pp",
+        lambda pp, m: (m % pp != 0) | (m < pp),
+        lambda pp, m: (
+            f"interleaved-1f1b needs num_microbatches to be a multiple of pp (got {m} and "
+            f"pp={pp}), or a microbatch_group_size N with pp ≤ N ≤ num_microbatches"
+        ),
+    ),
+)
+#: DualPipe (deepseek-ai/DualPipe ``DualPipe.step``): the ranks pair up in both directions
+#: and each direction takes half the micro-batches, at least pp each.
+DUALPIPE_RULES = (
+    MicrobatchRule(
+        "dualpipe needs an even pp and an even number ≥ 2·pp of micro-batches",
+        lambda pp, m: (pp % 2 != 0) | (m % 2 != 0) | (m < 2 * pp),
+        lambda pp, m: (
+            f"dualpipe needs an even pp and an even num_microbatches ≥ 2·pp, got {pp}, {m}"
+        ),
+    ),
+)
+#: DualPipeV (the same repository's ``DualPipeV.step``): at least 2·pp micro-batches.
+DUALPIPEV_RULES = (
+    MicrobatchRule(
+        "dualpipev needs ≥ 2·pp micro-batches",
+        lambda pp, m: m < 2 * pp,
+        lambda pp, m: f"dualpipev needs num_microbatches ≥ 2·pp = {2 * pp}, got {m}",
+    ),
+)
+
 SCHEDULES: dict[str, ScheduleSpec] = {
     spec.name: spec
     for spec in (
@@ -96,6 +156,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             "Megatron's interleaved 1F1B over vpp chunks (Llama 3's N: microbatch_group_size)",
             (2, 2),
             False,
+            microbatch_rules=INTERLEAVED_RULES,
         ),
         _spec("zb-h1", zb_h1, "zero-bubble H1: 1F1B memory, W fills the tail", 1, True),
         _spec("zb-h2", zb_h2, "zero-bubble H2: 2p−1 in flight, W reordered", 1, True),
@@ -108,8 +169,16 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             True,
             parameter_copies=2,
             bidirectional=True,
+            microbatch_rules=DUALPIPE_RULES,
         ),
-        _spec("dualpipev", dualpipev, "DualPipe cut into a V (torch's DualPipeV)", 2, True),
+        _spec(
+            "dualpipev",
+            dualpipev,
+            "DualPipe cut into a V (torch's DualPipeV)",
+            2,
+            True,
+            microbatch_rules=DUALPIPEV_RULES,
+        ),
     )
 }
 

@@ -1,0 +1,261 @@
+"""The rules a layout must keep, in one table: a reason, a vectorized predicate, a message.
+
+Each :class:`Rule` reads numpy columns of layouts (one row each; a single layout is a
+1-row column) and says where it is broken. :func:`check_layout` raises the first broken
+rule's message for one layout; the search (:mod:`planner.search`) counts the rows each rule
+rejects, in this order, under the rule's ``reason``. The schedules' own constraints on
+(pp, num_microbatches) come from the schedule registry
+(:attr:`planner.pipeline.schedules.registry.ScheduleSpec.microbatch_rules`).
+
+Sources: TP splits attention heads, KV heads (replicated beyond their count) and the MLP's
+hidden size (Shoeybi et al. 2019 §3); load-balanced context parallelism splits the sequence
+into 2·cp chunks (Llama 3 §3.3.2); sequence parallelism splits each CP shard over TP
+(Korthikanti et al. 2022 §4.2.2); expert parallelism is carved out of dp·cp and, with whole
+experts (etp 1), folds the TP ranks into the EP group (Megatron-Core's MoE parallel folding,
+:func:`planner.spec.layout.check_expert_tp`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hwspecs.errors import PlanError
+from planner.columns.codes import Labels
+from planner.spec.layout import (
+    Layout,
+    check_expert_tp,
+    layers_per_virtual_stage,
+)
+from planner.spec.model import ModelSpec
+
+#: Columns the rules read: tp, cp, pp, dp, ep, etp (resolved: tp where experts split like the
+#: MLP), vpp, sequence_parallel, schedule (strings or Labels) and, where a schedule rule is
+#: checked, num_microbatches; ``split`` the pipeline layer split (one value or a column).
+Columns = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: ``broken(model, seq_len, columns)`` is True on the rows that break it;
+    ``message(model, seq_len, row)`` the one-line error for one layout (``row``: plain
+    values of the columns); ``reason`` how the search counts its rejections."""
+
+    name: str
+    reason: Callable[[ModelSpec], str]
+    broken: Callable[[ModelSpec, int | None, Columns], np.ndarray]
+    message: Callable[[ModelSpec, int | None, dict], str]
+
+
+def _fold(c: Columns) -> np.ndarray:
+    """TP ranks folded into each EP group (tp/etp)."""
+    return c["tp"] // np.maximum(c["etp"], 1)
+
+
+def _layers_broken(model: ModelSpec, c: Columns) -> np.ndarray:
+    """Rows whose layers cannot split over pp·vpp stages (the auto split: evenly, one fewer
+    on the first and last stage, or balanced; a named split is checked per distinct value)."""
+    stages, layers = c["pp"] * c["vpp"], model.num_layers
+    split = c.get("split", "auto")
+    if isinstance(split, str) and split == "auto":
+        return (stages > layers) & ((layers + 2) % stages != 0)
+    splits = np.broadcast_to(np.asarray(split, dtype=object), stages.shape)
+    bad = np.zeros(stages.shape, dtype=bool)
+    for key in {(int(p), int(v), s) for p, v, s in zip(c["pp"], c["vpp"], splits, strict=True)}:
+        try:
+            layers_per_virtual_stage(layers, *key)
+        except PlanError:
+            p, v, s = key
+            bad |= (c["pp"] == p) & (c["vpp"] == v) & (splits == s)
+    return bad
+
+
+def _layers_message(model: ModelSpec, row: dict) -> str:
+    try:
+        layers_per_virtual_stage(model.num_layers, row["pp"], row["vpp"], row.get("split", "auto"))
+    except PlanError as error:
+        return str(error)
+    return ""
+
+
+def _expert_message(row: dict) -> str:
+    try:
+        check_expert_tp(row["tp"], row["ep"], row["dp"] * row["cp"], row["etp"])
+    except PlanError as error:
+        return str(error)
+    return ""
+
+
+def _expert_axis(row: dict) -> str:
+    return f"ep {row['ep']}" if row["ep"] > 1 else f"etp {row['etp']}"
+
+
+def _ffn_message(model: ModelSpec, row: dict) -> str:
+    tp = row["tp"]
+    if model.ffn_hidden_size % tp:
+        return f"tp {tp} does not divide ffn_hidden_size {model.ffn_hidden_size}"
+    return f"tp {tp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "heads",
+        lambda m: f"tp does not divide the {m.num_attention_heads} attention heads",
+        lambda m, s, c: m.num_attention_heads % c["tp"] != 0,
+        lambda m, s, r: f"tp {r['tp']} does not divide num_attention_heads {m.num_attention_heads}",
+    ),
+    Rule(
+        "kv_heads",
+        lambda m: f"tp and the {m.num_kv_heads} KV heads do not divide one another",
+        lambda m, s, c: (
+            (m.attention_kind != "mla")
+            & (c["tp"] % m.num_kv_heads != 0)
+            & (m.num_kv_heads % c["tp"] != 0)
+        ),
+        lambda m, s, r: (
+            f"tp {r['tp']} and num_kv_heads {m.num_kv_heads} must divide one another "
+            f"(KV heads are split, or replicated when tp > kv heads)"
+        ),
+    ),
+    Rule(
+        "ffn",
+        lambda m: "tp does not divide the FFN size",
+        lambda m, s, c: (
+            (m.ffn_hidden_size % c["tp"] != 0) | ((m.moe_ffn_hidden_size or c["tp"]) % c["tp"] != 0)
+        ),
+        lambda m, s, r: _ffn_message(m, r),
+    ),
+    Rule(
+        "layers",
+        lambda m: "layers do not split over pp·vpp stages",
+        lambda m, s, c: _layers_broken(m, c),
+        lambda m, s, r: _layers_message(m, r),
+    ),
+    Rule(
+        "dense_experts",
+        lambda m: "ep or etp on a dense model",
+        lambda m, s, c: (not m.is_moe) & ((c["ep"] > 1) | (c["etp"] != c["tp"])),
+        lambda m, s, r: f"{_expert_axis(r)} needs a mixture-of-experts model; {m.name} is dense",
+    ),
+    Rule(
+        "etp",
+        lambda m: "etp is neither 1 nor tp",
+        lambda m, s, c: (c["etp"] != 1) & (c["etp"] != c["tp"]),
+        lambda m, s, r: _expert_message(r),
+    ),
+    Rule(
+        "ep_fold",
+        lambda m: "ep is not a multiple of tp/etp (etp 1 folds TP into EP)",
+        lambda m, s, c: c["ep"] % _fold(c) != 0,
+        lambda m, s, r: _expert_message(r),
+    ),
+    Rule(
+        "ep_carved",
+        lambda m: "ep does not divide dp·cp or the experts",
+        lambda m, s, c: (c["dp"] * c["cp"]) % np.maximum(c["ep"] // _fold(c), 1) != 0,
+        lambda m, s, r: _expert_message(r),
+    ),
+    Rule(
+        "ep_experts",
+        lambda m: "ep does not divide dp·cp or the experts",
+        lambda m, s, c: (m.num_routed_experts or 1) % c["ep"] != 0,
+        lambda m, s, r: f"ep {r['ep']} does not divide num_routed_experts {m.num_routed_experts}",
+    ),
+    Rule(
+        "cp_sequence",
+        lambda m: "sequence not divisible by 2·cp (load-balanced CP)",
+        lambda m, s, c: (s is not None) & (c["cp"] > 1) & ((s or 1) % (2 * c["cp"]) != 0),
+        lambda m, s, r: (
+            f"seq_len {s} is not divisible by 2·cp = {2 * r['cp']} "
+            f"(load-balanced context parallelism splits the sequence into 2·cp chunks)"
+        ),
+    ),
+    Rule(
+        "sp_sequence",
+        lambda m: "sequence/cp not divisible by tp under sequence parallelism",
+        lambda m, s, c: (
+            (s is not None)
+            & c["sequence_parallel"]
+            & (c["tp"] > 1)
+            & (((s or 1) // c["cp"]) % c["tp"] != 0)
+        ),
+        lambda m, s, r: (
+            f"sequence parallelism needs seq_len/cp = {s // r['cp']} divisible by tp {r['tp']}"
+        ),
+    ),
+)
+
+
+#: The rules that decide whether a row's EP group can be formed.
+EXPERT_GROUP_RULES = tuple(rule for rule in RULES if rule.name in ("etp", "ep_fold", "ep_carved"))
+
+
+def expert_split_ok(tp, cp, dp, ep, etp) -> np.ndarray:
+    """Rows (numpy columns) whose EP group can be formed: :data:`EXPERT_GROUP_RULES` kept."""
+    columns = {"tp": tp, "cp": cp, "dp": dp, "ep": ep, "etp": etp}
+    broken = np.zeros(np.broadcast(tp, cp, dp, ep, etp).shape, dtype=bool)
+    for rule in EXPERT_GROUP_RULES:
+        broken |= rule.broken(None, None, columns)
+    return ~broken
+
+
+def schedule_rules() -> tuple[Rule, ...]:
+    """The registry's (pp, num_microbatches) rules as layout rules, one per schedule rule."""
+    from planner.pipeline.schedules.registry import SCHEDULES
+
+    def runs(name: str, c: Columns) -> np.ndarray:
+        return Labels.of(c["schedule"]).isin((name,))
+
+    return tuple(
+        Rule(
+            f"{name}:{index}",
+            lambda m, rule=rule: rule.reason,
+            lambda m, s, c, name=name, rule=rule: (
+                runs(name, c) & rule.broken(c["pp"], c["num_microbatches"])
+            ),
+            lambda m, s, r, rule=rule: rule.message(r["pp"], r["num_microbatches"]),
+        )
+        for name, spec in SCHEDULES.items()
+        for index, rule in enumerate(spec.microbatch_rules)
+    )
+
+
+def layout_columns_for_rules(layout: Layout, num_microbatches: int | None = None) -> Columns:
+    """One layout as the 1-row columns the rules read (``etp`` resolved)."""
+    columns = {
+        "tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
+        "etp": layout.expert_tp, "vpp": layout.vpp,
+        "sequence_parallel": layout.sequence_parallel, "schedule": layout.schedule,
+    }  # fmt: skip
+    if num_microbatches is not None:
+        columns["num_microbatches"] = num_microbatches
+    out = {key: np.array([value]) for key, value in columns.items()}
+    out["split"] = layout.pipeline_layer_split
+    return out
+
+
+def first_broken(
+    rules, model: ModelSpec, seq_len: int | None, columns: Columns
+) -> tuple[Rule, np.ndarray] | None:
+    """The first rule any row breaks and the rows that break it (None: every row keeps all)."""
+    for rule in rules:
+        broken = np.asarray(rule.broken(model, seq_len, columns), dtype=bool)
+        if broken.any():
+            return rule, broken
+    return None
+
+
+def check_layout(
+    layout: Layout, model: ModelSpec, seq_len: int | None = None, num_microbatches=None
+) -> None:
+    """Check one layout against every rule (the schedule's too, with ``num_microbatches``);
+    raise the first broken rule's one-line message as a :class:`PlanError`."""
+    columns = layout_columns_for_rules(layout, num_microbatches)
+    rules = RULES + (schedule_rules() if num_microbatches is not None else ())
+    found = first_broken(rules, model, seq_len, columns)
+    if found is not None:
+        row = {key: value.item() if isinstance(value, np.ndarray) else value
+               for key, value in columns.items()}  # fmt: skip
+        raise PlanError(found[0].message(model, seq_len, row))

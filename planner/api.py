@@ -473,13 +473,15 @@ def plan(
     mfu_dtype: str = "bf16",
     order: str | None = None,
     progress=None,
+    refine_top: int | None = None,
 ):
-    """Search every layout and return the top ones with their full estimates; also the table."""
+    """Search every layout and return the top ones with their full estimates; also the table.
+    ``refine_top``: rows re-timed by the event simulator (default
+    :data:`planner.refine.DEFAULT_REFINE_TOP`)."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.comm.topology import resolve_order
     from planner.estimate import estimate as estimate_layout
-    from planner.search import LAYOUT_COLUMNS, OBJECTIVES, search
-    from planner.spec.layout import Layout
+    from planner.search import OBJECTIVES, layout_of_row, search
 
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective '{objective}'; choose one of: {', '.join(OBJECTIVES)}")
@@ -490,22 +492,30 @@ def plan(
         raise PlanError(f"--gpus {gpus} exceeds cluster {spec.id}'s {spec.num_gpus} GPUs")
     accelerator = load_accelerator(spec.accelerator)
     mesh = resolve_order(order) if order else None
+    from planner.refine import DEFAULT_REFINE_TOP
+
+    if refine_top is not None and refine_top < 0:
+        raise PlanError(f"--refine-top must be ≥ 0, got {refine_top}")
     found = search(
-        job, spec, accelerator, gpus, space, objective, mem_headroom, mesh, mfu_dtype, progress
-    )
+        job, spec, accelerator, gpus, space, objective, mem_headroom, mesh, mfu_dtype, progress,
+        DEFAULT_REFINE_TOP if refine_top is None else refine_top,
+    )  # fmt: skip
     results = []
-    for rank, row in enumerate(found.table.head(top).itertuples(index=False), start=1):
-        fields = {key: getattr(row, key) for key in LAYOUT_COLUMNS if key != "num_microbatches"}
-        fields = {
-            key: (value.item() if hasattr(value, "item") else value)
-            for key, value in fields.items()
-        }
-        if not job.model.is_moe:  # no routed experts: etp stays unset (tp)
-            fields["etp"] = None
-        layout = Layout(**fields, num_microbatches=int(row.num_microbatches))
+    for rank, row in enumerate(found.table.head(top).to_dict("records"), start=1):
+        layout = layout_of_row(row, job.model.is_moe)
         detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
         entry = detail.model_dump(mode="json")
-        entry["layout"]["num_microbatches"] = int(row.num_microbatches)
+        entry["layout"]["num_microbatches"] = layout.num_microbatches
+        simulated = row["step_time_simulated_s"] == row["step_time_simulated_s"]  # not NaN
+        entry["simulated"] = (  # the event simulator's pipeline, stage by stage
+            {
+                "pipeline_time_closed_form_s": float(row["pipeline_time_s"]),
+                "pipeline_time_simulated_s": float(row["pipeline_time_simulated_s"]),
+                "step_time_simulated_s": float(row["step_time_simulated_s"]),
+            }
+            if simulated
+            else None
+        )
         results.append({"rank": rank, **entry})
     query = {
         "model": job.model.name,

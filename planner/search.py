@@ -20,7 +20,9 @@ from planner.columns.codes import Labels
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
 from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
+from planner.refine import DEFAULT_REFINE_TOP, refine_table
 from planner.spec.job import Job
+from planner.spec.layout import Layout
 from planner.spec.rules import RULES, schedule_rules
 
 GIB = 2**30
@@ -243,8 +245,10 @@ def search(
     order=None,
     mfu_dtype: str = "bf16",
     progress=None,
+    refine_top: int = DEFAULT_REFINE_TOP,
 ) -> SearchResult:
-    """Screen, evaluate and rank every layout of ``job`` on the first ``gpus`` of ``cluster``."""
+    """Screen, evaluate and rank every layout of ``job`` on the first ``gpus`` of ``cluster``;
+    the first ``refine_top`` rows are re-timed by the event simulator (:mod:`planner.refine`)."""
     space = space or SearchSpace()
     grid, cells, grid_shape = screening_grid(job, cluster, gpus, space)
     copies = len(space.zero_stage) * len(space.recompute)  # rows per screened grid row
@@ -302,6 +306,10 @@ def search(
     table = pd.DataFrame(columns) if screened else pd.DataFrame(columns=LAYOUT_COLUMNS)
     if screened:  # ranked: one take of the table's blocks
         table = table.take(ranking).reset_index(drop=True)
+        table = refine_table(
+            job, accelerator, table, refine_top, objective,
+            lambda row: layout_of_row(row, job.model.is_moe),
+        )  # fmt: skip
     return SearchResult(
         candidates_evaluated=total,
         feasible=len(table),
@@ -309,6 +317,16 @@ def search(
         table=table,
         smallest_memory=smallest,
     )
+
+
+def layout_of_row(row: dict, is_moe: bool) -> Layout:
+    """The :class:`Layout` of one row of the search table (etp unset on a dense model)."""
+    fields = {key: row[key] for key in LAYOUT_COLUMNS}
+    fields = {k: (v.item() if hasattr(v, "item") else v) for k, v in fields.items()}
+    fields["num_microbatches"] = int(fields["num_microbatches"])
+    if not is_moe:  # no routed experts: etp stays unset (tp)
+        fields["etp"] = None
+    return Layout(**fields)
 
 
 RANKING_KEYS = {  # objective: (columns, ascending), ties broken by the later columns

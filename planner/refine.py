@@ -1,0 +1,145 @@
+"""The search's top rows re-timed by the event simulator, stage by stage.
+
+The screen times every row's pipeline by the schedule's closed form on the busiest rank's
+per-micro-batch F, B and W, as if every stage took as long as that rank
+(:mod:`planner.pipeline.closed_form`). For the best rows the event simulator
+(:mod:`planner.pipeline.simulate`) runs the schedule's real action lists with each virtual
+stage's own durations — its layers of each kind, the embedding on the first stage, the head
+(and any MTP module) on the last — so stages lighter than the busiest rank shorten the step
+where the schedule lets them. The stage durations come from the same per-layer times the
+columns model sums (:func:`planner.cost.stage_times.shape_times`), scaled so the busiest
+rank's sum is the row's own F, B, W (which include any host-side costs per rank); the
+point-to-point hops stay in the PP axis's exposed time, as in the closed form. The refined
+step time is the row's step time with the simulated pipeline time in place of the closed
+form's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hwspecs.schema import Accelerator
+from planner.cost.compute import GpuRates
+from planner.cost.stage_times import RankStructure, rank_structure, rank_times, shape_times
+from planner.pipeline.schedules.registry import generate_schedule, get_schedule
+from planner.pipeline.simulate import simulate
+from planner.spec.job import Job
+from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage
+
+#: Rows of a search the simulator re-times by default: the rows `llmplan plan` prints. Each
+#: costs one event simulation (about 0.2 s for ZB-V at pp 32 and 64 micro-batches on one
+#: core: the simulator walks every action in Python), so 20 would add about 4 s to the
+#: default plan; ``refine_top`` sets it.
+DEFAULT_REFINE_TOP = 5
+
+
+def stage_durations(
+    job: Job, layout: Layout, accelerator: Accelerator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(F, B + recompute, W per virtual stage, F + B + W per rank) for one micro-batch, in
+    the simulator's stage numbering (model order; DualPipe: one direction's stages)."""
+    model = job.model
+    rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
+    bf16 = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
+    tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
+    shape = shape_times(
+        model, job.seq_len, layout.micro_batch_size, layout.tp, layout.cp, layout.ep,
+        layout.sequence_parallel and layout.tp > 1, job.flash_attention, rates,
+        job.precision.activation_bytes, tuned, bf16, job.active_memory_measures, layout.etp,
+    )  # fmt: skip
+    dense, moe = dense_and_moe_layers_per_virtual_stage(
+        model, layout.pp, layout.vpp, layout.pipeline_layer_split
+    )
+    stages = len(dense)
+    per_stage = rank_times(
+        shape,
+        RankStructure(
+            dense_layers=dense.astype(float).tolist(),
+            moe_layers=moe.astype(float).tolist(),
+            has_embedding=(np.arange(stages) == 0).tolist(),
+            has_head=(np.arange(stages) == stages - 1).tolist(),
+        ),
+        layout.recompute,
+    )
+    per_rank = rank_times(
+        shape,
+        rank_structure(model, layout.pp, layout.vpp, layout.schedule, layout.pipeline_layer_split),
+        layout.recompute,
+    )
+    f = np.asarray(per_stage.forward_s)
+    b = np.asarray(per_stage.input_grad_s) + np.asarray(per_stage.recompute_s)
+    w = np.asarray(per_stage.weight_grad_s)
+    rank_total = (
+        np.asarray(per_rank.forward_s)
+        + np.asarray(per_rank.input_grad_s)
+        + np.asarray(per_rank.recompute_s)
+        + np.asarray(per_rank.weight_grad_s)
+    )
+    return f, b, w, rank_total
+
+
+def simulated_pipeline_time(
+    job: Job, layout: Layout, accelerator: Accelerator, row: dict, num_microbatches: int
+) -> float:
+    """The pipeline's step time by the event simulator with each stage's own durations,
+    scaled to the row's busiest-rank F, B (+ recompute), W per micro-batch."""
+    if layout.pp == 1:
+        return float(row["pipeline_time_s"])
+    f, b, w, rank_total = stage_durations(job, layout, accelerator)
+    if get_schedule(layout.schedule).bidirectional:  # per micro-batch: its two stages' mean
+        rank_total = (rank_total + rank_total[::-1]) / 2
+    busiest = float(rank_total.max()) or 1.0
+    target = (
+        float(row["forward_s"])
+        + float(row["input_grad_s"])
+        + float(row["recompute_per_microbatch_s"])
+        + float(row["weight_grad_s"])
+    )
+    scale = target / busiest
+    actions = generate_schedule(layout.schedule, layout.pp, num_microbatches, layout.vpp)
+    return simulate(actions, f * scale, b * scale, w * scale).step_time
+
+
+def refine(
+    job: Job, accelerator: Accelerator, layouts: list[Layout], rows: list[dict]
+) -> list[dict]:
+    """For each layout (with its row of the columns model): the closed-form and simulated
+    pipeline times and the step time with the simulated one in place."""
+    out = []
+    for layout, row in zip(layouts, rows, strict=True):
+        m = int(row["num_microbatches"])
+        simulated = simulated_pipeline_time(job, layout, accelerator, row, m)
+        closed = float(row["pipeline_time_s"])
+        out.append(
+            {
+                "pipeline_time_closed_form_s": closed,
+                "pipeline_time_simulated_s": simulated,
+                "step_time_closed_form_s": float(row["step_time_s"]),
+                "step_time_simulated_s": float(row["step_time_s"]) - closed + simulated,
+            }
+        )
+    return out
+
+
+def refine_table(
+    job: Job, accelerator: Accelerator, table, top: int, objective: str, layout_of_row
+):
+    """The ranked search table with its first ``top`` rows simulated: columns
+    ``pipeline_time_simulated_s`` and ``step_time_simulated_s`` (NaN below them); under the
+    step-time objective those rows are re-ranked by their simulated step time."""
+    table = table.copy()
+    table["pipeline_time_simulated_s"] = np.nan
+    table["step_time_simulated_s"] = np.nan
+    count = min(top, len(table))
+    if not count:
+        return table
+    head = table.iloc[:count]
+    rows = head.to_dict("records")
+    refined = refine(job, accelerator, [layout_of_row(row) for row in rows], rows)
+    for key in ("pipeline_time_simulated_s", "step_time_simulated_s"):
+        table.loc[table.index[:count], key] = [r[key] for r in refined]
+    if objective == "step_time":
+        order = np.argsort(table["step_time_simulated_s"].to_numpy()[:count], kind="stable")
+        table = table.take(np.concatenate([order, np.arange(count, len(table))]))
+        table = table.reset_index(drop=True)
+    return table

@@ -50,8 +50,8 @@ class Rule:
 
 
 def _fold(c: Columns) -> np.ndarray:
-    """TP ranks folded into each EP group (tp/etp)."""
-    return c["tp"] // np.maximum(c["etp"], 1)
+    """TP ranks folded into each EP group (tp/etp; at least 1, where the etp rule fails)."""
+    return np.maximum(c["tp"] // np.maximum(c["etp"], 1), 1)
 
 
 def _layers_broken(model: ModelSpec, c: Columns) -> np.ndarray:

@@ -1,0 +1,185 @@
+"""Step time, throughput and memory for many layouts at once (numpy columns, one row each).
+
+This is the one model the search screens with and the single-layout estimate reports.
+Pieces that depend only on a few layout fields are computed once per distinct value of
+those fields and broadcast to the rows (:mod:`planner.columns.codes`): per-layer times and
+activation bytes per (tp, cp, ep, etp, SP, micro-batch, recompute) shape and what each pipeline
+rank holds per structure (:mod:`planner.columns.tables`); activations and the pipeline's
+compute per (structure, shape, m); model states and the optimizer step per (structure,
+ZeRO stage, dp·cp); communication buffers per (tp, cp, pp, ep, etp, ZeRO stage, SP,
+micro-batch); whether a row can be placed per (structure, cp, dp); collectives per
+(degrees, chunks, micro-batches, SP, recompute, ZeRO stage, split)
+(:mod:`planner.comm.traffic`). Per row only sums, peaks and the exposure of the
+collectives that hide behind compute are taken. String columns travel as codes
+(:class:`planner.columns.codes.Labels`). No Python loop runs per row.
+
+Per row: the busiest pipeline rank's F, B (+ recomputation) and W per micro-batch feed the
+schedule's closed-form step time (:mod:`planner.pipeline.closed_form`); the exposed
+communication per axis (:mod:`planner.comm.traffic`), the optimizer step and the time
+lost where axes share a link (:mod:`planner.comm.contention`) are added after it
+(:mod:`planner.evaluate.time`); memory per examined rank and its peak come first
+(:mod:`planner.evaluate.memory`). The examined ranks are the first and the last of each
+distinct content a pipeline's ranks hold (:func:`planner.columns.tables.examined_ranks`),
+which hold every rank's compute and memory peaks; ``tests/consistency`` checks them against
+every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hwspecs.schema import Accelerator, Cluster
+from planner.columns.codes import Labels, coded, distinct_rows
+from planner.columns.tables import one_value_or_column, shape_table, structure_table
+from planner.comm.traffic import AXES, chunks_column, placeable
+from planner.cost.compute import GpuRates
+from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
+from planner.evaluate.time import data_parallel_form, time_columns
+from planner.spec.job import Job
+from planner.spec.layout import expert_data_parallel_size, resolved_etp
+
+#: Integer layout columns :func:`evaluate_columns` reads.
+INT_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_microbatches",
+               "zero_stage")  # fmt: skip
+
+
+def evaluate_columns(
+    job: Job,
+    cluster: Cluster,
+    accelerator: Accelerator,
+    columns: dict,
+    order=None,
+    mfu_dtype: str = "bf16",
+    memory_limit_bytes: float | None = None,
+) -> dict[str, np.ndarray]:
+    """Evaluate rows of layouts. ``columns``: tp, cp, pp, dp, ep, vpp, micro_batch_size,
+    num_microbatches, zero_stage (ints), optionally etp (ints; None or absent: tp),
+    sequence_parallel (bool), recompute, schedule,
+    pipeline_layer_split (strings, or :class:`planner.columns.codes.Labels`). Returns one array
+    per quantity.
+
+    Memory comes first, on every row. With ``memory_limit_bytes`` only the rows that fit in
+    it and can be placed are timed (the search's screen); the others keep their memory and
+    ``valid`` and carry NaN times. Each row's numbers do not depend on the other rows.
+    """
+    if memory_limit_bytes is not None:  # the screen, its timed rows spread over all rows
+        memory, valid, rows, timed = screen_columns(
+            job, cluster, accelerator, columns, memory_limit_bytes, order, mfu_dtype
+        )
+        full = {}
+        for key, value in timed.items():
+            full[key] = valid.copy() if key == "valid" else np.full(len(valid), np.nan)
+            full[key][rows] = value
+        return in_output_order(full, memory)
+    c = _prepared(columns)
+    rates, bf16_rates, tuned = _rates(job, accelerator)
+    shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
+    memory = memory_columns(job, c, shapes, structs, tuned)
+    timed = time_columns(
+        job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+    )
+    return in_output_order(timed, memory)
+
+
+def screen_columns(
+    job: Job,
+    cluster: Cluster,
+    accelerator: Accelerator,
+    columns: dict,
+    memory_limit_bytes: float,
+    order=None,
+    mfu_dtype: str = "bf16",
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
+    without spreading the timed rows back over all rows: (memory outputs of every row,
+    which rows can be placed, the rows timed — placeable and fitting —, the timed outputs
+    of those rows only, one per row of them)."""
+    c = _prepared(columns)
+    rates, bf16_rates, tuned = _rates(job, accelerator)
+    shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
+    memory = memory_columns(job, c, shapes, structs, tuned)
+    valid, rows, timed = _timed_if_fit(
+        job, cluster, accelerator, c, shapes, structs, memory, memory_limit_bytes, order,
+        mfu_dtype, rates, tuned,
+    )  # fmt: skip
+    return memory, valid, rows, timed
+
+
+def _timed_if_fit(
+    job, cluster, accelerator, c, shapes, structs, memory, limit, order, mfu_dtype, rates, tuned
+):
+    """(placeable rows, the placeable rows within ``limit`` bytes, their timed outputs)."""
+    # Placeable or not depends on the structure (tp, ep, etp, pp, vpp, schedule, split), cp, dp.
+    some, inverse = distinct_rows(c["structure"], c["cp"], c["dp"])
+    valid = placeable(cluster, job.model.num_layers,
+                      *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
+                      chunks_column(c["schedule"][some], c["vpp"][some]),
+                      one_value_or_column(c["split"][some]), c["etp"][some])[inverse]  # fmt: skip
+    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= limit))
+    sub = {key: value[rows] for key, value in c.items()}
+    timed = time_columns(
+        job, cluster, accelerator, sub, shapes, structs, order, mfu_dtype, rates, tuned
+    )
+    return valid, rows, timed
+
+
+def _prepared(columns: dict) -> dict:
+    """The layout columns under the names the models read (ints as int64; SP only with TP)."""
+    col = {k: np.asarray(columns[k]) for k in (*INT_COLUMNS, "sequence_parallel")}
+    c = {k: col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
+    c["etp"] = resolved_etp(columns.get("etp"), c["tp"])  # the routed experts' TP degree
+    c["mbs"], c["m"], c["zero"] = (
+        col[k].astype(np.int64) for k in ("micro_batch_size", "num_microbatches", "zero_stage")
+    )
+    c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
+    c["dp_cp"] = c["dp"] * c["cp"]  # the ZeRO group
+    c["edp"] = expert_data_parallel_size(c["dp"], c["cp"], c["tp"], c["ep"], c["etp"])
+    # String columns as codes, hashed once (the search hands them over coded).
+    c["schedule"], c["recompute"], c["split"] = (
+        Labels.of(columns[k]) for k in ("schedule", "recompute", "pipeline_layer_split")
+    )
+    return c
+
+
+def _rates(job: Job, accelerator: Accelerator) -> tuple:
+    """(GPU rates of the GEMM dtype, BF16 rates under FP8 or None, the adapter recipe or None)."""
+    rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
+    bf16_rates = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
+    tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
+    return rates, bf16_rates, tuned
+
+
+def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple[dict, dict]:
+    """The per-shape and per-structure tables. Adds to ``c`` each row's index into them
+    (``shape``, ``structure``) and into the distinct (structure, shape, m) combinations —
+    what activations and the pipeline's compute depend on — and (structure, ZeRO stage,
+    dp·cp) ones — what model states and the optimizer step depend on (``held``,
+    ``states``), all as :class:`planner.columns.codes.Labels` of indices."""
+    shapes, shape_inv = shape_table(
+        job, rates, tuned, *(c[k] for k in ("tp", "cp", "ep", "etp", "sp", "mbs", "recompute")),
+        bf16_rates,
+    )  # fmt: skip
+    structs, struct_inv = structure_table(
+        job, *(c[k] for k in ("tp", "ep", "etp", "pp", "vpp", "schedule", "split"))
+    )
+    c["shape"] = coded(shape_inv, len(shapes["fd"]))
+    c["structure"] = coded(struct_inv, len(structs["slot"]))
+    # The wrapper's operations cost time only where the accelerator records host costs.
+    c["form"] = data_parallel_form(c["zero"], c["dp_cp"])
+    held = ("shape", "m", "form") if rates.op_overhead_s else ("shape", "m")
+    for name, columns in (("held", held), ("states", ("zero", "dp_cp"))):
+        chosen, inverse = distinct_rows(c["structure"], *(c[k] for k in columns))
+        c[name] = coded(inverse, len(chosen))
+    return shapes, structs
+
+
+def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
+    """Timed and memory outputs in one order: throughput, memory per GPU and peak rank,
+    exposed communication and validity, the memory parts, then per-axis communication."""
+    keys = list(timed)
+    after_hfu, first_axis = keys.index("hfu") + 1, keys.index(f"{AXES[0]}_exposed_time_s")
+    out = {key: timed[key] for key in keys[:after_hfu]}
+    out.update({key: memory[key] for key in MEMORY_OUTPUTS})
+    out.update({key: timed[key] for key in keys[after_hfu:first_axis]})
+    out.update({key: value for key, value in memory.items() if key not in MEMORY_OUTPUTS})
+    out.update({key: timed[key] for key in keys[first_axis:]})
+    return out

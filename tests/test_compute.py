@@ -105,7 +105,7 @@ def test_unfused_attention_stays_in_bf16_under_fp8_gemms():
 def test_fp8_quantization_moves_each_operand_once_per_pass():
     """Llama 3 8B layer, 4096 tokens: Q/K/V read one input, gate/up one, o and down their own
     (X = 4096·(h + q + h + f) elements); dY = every module's output."""
-    from planner.cost.compute import fp8_quantization_time
+    from planner.cost.recipe_ops import fp8_quantization_time
 
     model = load_model("llama3-8b")
     h, f, q, kv = 4096, 14336, 4096, 1024

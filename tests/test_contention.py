@@ -204,7 +204,9 @@ def test_contention_is_nonnegative_and_changes_only_the_step(moe_table, index):
     layout = _layout_of(row)
     columns = layout_columns(layout, layout.num_microbatches)
     with_term = evaluate_columns(MOE_JOB, DGX, H100, columns)
-    with mock.patch("planner.evaluate.time._link_contention", lambda comm, step: np.zeros(len(step))):
+    with mock.patch(
+        "planner.evaluate.time._link_contention", lambda comm, step: np.zeros(len(step))
+    ):
         without = evaluate_columns(MOE_JOB, DGX, H100, columns)
     contention = with_term["link_contention_s"]
     assert np.all(contention >= 0)

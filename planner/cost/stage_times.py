@@ -19,14 +19,12 @@ from planner.cost.compute import (
     adapter_op_times,
     dispatch_time,
     elementwise_time,
-    fp8_quantization_time,
     frozen,
     head_op_times,
-    keep_in_bf16,
     layer_op_times,
-    measures_recompute_s,
     mtp_op_times,
 )
+from planner.cost.recipe_ops import fp8_quantization_time, keep_in_bf16, measures_recompute_s
 from planner.spec.finetune import FinetuneSpec
 from planner.spec.layout import dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.spec.model import ModelSpec
@@ -103,9 +101,9 @@ def shape_times(
     embedding's backward (a scatter-add into the frozen table) goes, and each layer gains
     its adapters' GEMMs and QLoRA's dequantization (:func:`planner.cost.compute.adapter_op_times`).
     ``bf16_rates`` (under FP8 GEMMs): the rates of the operations DeepSeek-V3 keeps in BF16
-    (:data:`planner.cost.compute.KEPT_IN_BF16`), and each layer pays the online quantization of
-    its FP8 GEMMs' operands (:func:`planner.cost.compute.fp8_quantization_time`); ``measures``: the job's memory measures, whose
-    recomputation each layer pays (:func:`planner.cost.compute.measures_recompute_s`).
+    (:data:`planner.cost.recipe_ops.KEPT_IN_BF16`), and each layer pays the online quantization of
+    its FP8 GEMMs' operands (:func:`planner.cost.recipe_ops.fp8_quantization_time`); ``measures``: the job's memory measures, whose
+    recomputation each layer pays (:func:`planner.cost.recipe_ops.measures_recompute_s`).
     """
     tuned = finetune is not None and finetune.trains_adapters
     args = (

@@ -1,0 +1,104 @@
+"""What a training recipe adds to a layer's operations: the online FP8 quantization of every
+FP8 GEMM's operands, the operations an FP8 recipe keeps in BF16, and the forward work the
+memory measures rerun in the backward (DeepSeek-V3, arXiv 2412.19437 §3.2.3, §3.3.2)."""
+
+from __future__ import annotations
+
+from planner.cost.compute import MTP_PREFIX, GpuRates, OpTime
+from planner.spec.model import ModelSpec
+from planner.structure.linears import expert_fold, layer_linears, token_rows
+
+#: GEMMs DeepSeek-V3 keeps in BF16 under its FP8 recipe (arXiv 2412.19437 §3.3: "the
+#: embedding module, the output head, MoE gating modules, normalization operators, and
+#: attention operators"); attention's dtype is already :func:`attention_dtype`'s (in
+#: :class:`GpuRates`), and the norms and the embedding are memory-bound here.
+KEPT_IN_BF16 = ("moe.router", "lm_head")
+
+
+def keep_in_bf16(ops: list[OpTime], ops_at_bf16: list[OpTime]) -> list[OpTime]:
+    """``ops`` (timed at the FP8 rate) with the :data:`KEPT_IN_BF16` ones from ``ops_at_bf16``
+    (an MTP module's copies, ``mtp.``-prefixed, too)."""
+    bf16 = {op.name: op for op in ops_at_bf16}
+    return [bf16[op.name] if op.name.removeprefix(MTP_PREFIX) in KEPT_IN_BF16 else op for op in ops]
+
+
+def measures_recompute_s(
+    model: ModelSpec,
+    measures,
+    ops: list[OpTime],
+    tokens: float,
+    moe_layer: bool,
+    rates: GpuRates,
+    element_bytes: float,
+) -> float:
+    """Forward work DeepSeek-V3's memory measures rerun in one layer's backward, seconds.
+
+    arXiv 2412.19437 §3.2.3: both RMSNorms (read the input, write the output: 2·tokens·h
+    each) and MLA's query and KV up-projections (with the rotary embedding of their
+    output); §3.3.3: the MoE SwiGLU's output from its cached inputs. ``ops``: the layer's
+    operations (:func:`layer_op_times`), ``tokens`` as the norms see them (÷ tp under SP).
+    """
+    by_name = {op.name: op for op in ops}
+    seconds = 0.0
+    if measures.recompute_norms_and_mla_up_proj:
+        norms = 2 * 2 * tokens * model.hidden_size * element_bytes
+        seconds += norms / rates.hbm_bytes_per_s
+        if model.attention_kind == "mla":
+            names = ("attention.q_up_proj", "attention.q_proj", "attention.kv_up_proj")
+            seconds += sum(by_name[name].forward_s for name in names if name in by_name)
+            seconds += by_name["elementwise.rotary"].forward_s
+    if measures.swiglu_input_cached and moe_layer:
+        seconds += by_name["elementwise.mlp_activation"].forward_s
+    return seconds
+
+
+#: Bytes moved per element to quantize a 16-bit operand to FP8 with per-tile scales: read
+#: 2, write 1 (DeepSeek-V3 §3.3.2; the scales, one FP32 per 128 elements, are negligible).
+QUANTIZE_BYTES = 3.0
+
+
+#: Re-tiling an FP8 operand for the transposed GEMM (1×128 tiles → 128×1): read 1, write 1.
+REQUANTIZE_BYTES = 2.0
+
+
+def fp8_quantization_time(
+    model: ModelSpec,
+    tokens: float,
+    tp: int,
+    ep: int,
+    moe_layer: bool,
+    rates: GpuRates,
+    etp: int | None = None,
+) -> OpTime:
+    """The online FP8 quantization around one layer's FP8 GEMMs, for one micro-batch.
+
+    DeepSeek-V3 §3.3.2 (fine-grained quantization, Figure 6): each FP8 GEMM reads operands
+    quantized on the fly, per 1×128 activation tile. Forward quantizes the input ``X``;
+    the input gradient quantizes ``dY``; the weight gradient needs both transposed: ``dY``
+    quantized again along the other axis and the cached FP8 ``X`` re-tiled. Memory-bound at
+    HBM rate: ``3·|X|``, ``3·|dY|`` and ``3·|dY| + 2·|X|`` bytes. Weights are quantized
+    once per step (left out), the router and the output head stay BF16
+    (:data:`KEPT_IN_BF16`). Elements per module: the rank's rows (tokens × token share ×
+    copies, routed experts balanced over EP) × its local in / out features; modules that
+    read one tensor (Q/K/V, MLA's two down projections, gate and up) quantize it once.
+    """
+    inputs: dict[tuple, float] = {}  # modules reading one tensor (Q/K/V, gate/up) share it
+    dy_elements = 0.0
+    for linear in layer_linears(model, moe_layer, tp):
+        if linear.name in KEPT_IN_BF16 or linear.block == "router":
+            continue
+        width_in, width_out = linear.local_shape(tp, etp)
+        rows = token_rows(linear, model, tokens, ep, expert_fold(tp, etp))
+        shared = (linear.block, linear.prefix, linear.in_features)  # column-parallel siblings
+        inputs[linear.path if linear.tp_split == "row" else shared] = rows * width_in
+        dy_elements += rows * width_out
+    x_elements = sum(inputs.values())
+    hbm = rates.hbm_bytes_per_s
+    return OpTime(
+        name="fp8.quantize",
+        forward_s=QUANTIZE_BYTES * x_elements / hbm,
+        input_grad_s=QUANTIZE_BYTES * dy_elements / hbm,
+        weight_grad_s=(QUANTIZE_BYTES * dy_elements + REQUANTIZE_BYTES * x_elements) / hbm,
+        forward_flops=0.0,
+        bound="memory",
+    )

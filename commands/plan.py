@@ -145,7 +145,7 @@ def plan(
     """Search every layout and rank them (default: Llama 3 405B on 16,384 H100s)."""
     from hwspecs.errors import PlanError
     from planner import api
-    from planner.search import SearchSpace
+    from planner.api import SearchSpace
 
     try:
         if gpus is None and cluster == api.DEFAULT_PLAN["cluster"]:
@@ -236,7 +236,7 @@ def _name_list(text: str, name: str) -> list[str]:
     values = [part.strip() for part in text.split(",") if part.strip()]
     if name == "schedule":
         from hwspecs.errors import unknown_name_error
-        from planner.pipeline.schedules import SCHEDULES
+        from planner.api import SCHEDULES
 
         for value in values:
             if value not in SCHEDULES:

@@ -8,7 +8,7 @@ panels on one page sharing the time axis, so equal durations line up. The simula
 all the computing; this module only draws. plotly is imported inside the functions so the
 CLI starts fast.
 
-    from planner.pipeline.simulate import schedule_report
+    from planner.api import schedule_report
     from plots.schedule import schedule_figure, write_figure
     write_figure(schedule_figure([schedule_report("zbv", 4, 8)]), html_path="zbv.html")
 """
@@ -23,7 +23,7 @@ from hwspecs.errors import PlanError
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from planner.pipeline.simulate import ScheduleReport
+    from planner.api import ScheduleReport
 
 #: Colour per action kind (torch.distributed.pipelining's visualizer uses the same hues).
 KIND_COLORS = {"F": "#4C78A8", "B": "#2CA6A4", "W": "#59A14F", "BW": "#F28E2B"}

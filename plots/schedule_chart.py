@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from planner.pipeline.simulate import ScheduleReport
+    from planner.api import ScheduleReport
 
 #: rich styles per action kind; DualPipe's second direction is drawn reversed and a rank's
 #: later chunks (interleaved, ZB-V, DualPipeV) underlined.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.comm.topology import TopologyReport
+from planner.api import TopologyReport
 
 MAX_BOUNDARIES = 256
 HIGHLIGHT = "#d62728"

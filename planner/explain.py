@@ -91,8 +91,8 @@ def explain_estimate(result, job) -> list[str]:
 
 def _moe_lines(result, job) -> list[str]:
     """The routing load an MoE estimate assumed and what DualPipe's F&B overlap bought."""
-    from planner.comm.terms import EP_OVERLAP_SCHEDULES
     from planner.pipeline.closed_form import dualpipe_paired_share
+    from planner.pipeline.schedules.registry import EP_OVERLAP_SCHEDULES
 
     model, lay = job.model, result.layout
     if not model.is_moe:

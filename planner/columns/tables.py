@@ -25,6 +25,7 @@ from planner.cost.compute import GpuRates
 from planner.cost.model_states import slot_states
 from planner.cost.stage_times import rank_structure, shape_times
 from planner.cost.weight_pass import weight_pass_bytes_per_layer
+from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
 from planner.spec.job import Job
 from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.structure import op_counts
@@ -199,7 +200,7 @@ def _pipeline_slots(
     structure = rank_structure(model, pp, vpp, schedule, split, layers)
     dense, moe = np.asarray(structure.dense_layers), np.asarray(structure.moe_layers)
     emb, head = (np.asarray(v, dtype=float) for v in (structure.has_embedding, structure.has_head))
-    dualpipe = schedule == "dualpipe"
+    dualpipe = schedule in BIDIRECTIONAL_SCHEDULES
     content = np.stack([dense, moe, emb, head, *((dense[::-1], moe[::-1]) if dualpipe else ())])
     slots = examined_ranks(content)
     out = {
@@ -210,13 +211,13 @@ def _pipeline_slots(
         "slot": slots.astype(float),
     }
     # Model states cover both of DualPipe's directions: add the mirrored stage's layers.
-    mirrored = 1 if schedule == "dualpipe" else 0
+    mirrored = 1 if dualpipe else 0
     for kind, layers in (("dense_layers", dense), ("moe_layers", moe)):
         both = _with_mirror(layers, mirrored)
         out[f"paced_{kind}"] = (both / (1 + mirrored))[slots]  # per micro-batch: the mean
         out[f"mirror_{kind}"] = layers[::-1][slots]  # stage pp − 1 − r
         out[f"both_{kind}"] = both[slots]
-    if schedule == "dualpipe":  # the mirrored direction's embedding and head
+    if dualpipe:  # the mirrored direction's embedding and head
         out["emb"] = np.where(slots == pp - 1, 1.0, out["emb"])
         out["head"] = np.where(slots == 0, 1.0, out["head"])
     return out

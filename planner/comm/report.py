@@ -17,7 +17,6 @@ from hwspecs.schema import Cluster
 from planner.comm.collectives import algorithm_costs, choose, volume_factor
 from planner.comm.terms import (
     AXIS_GROUPS,
-    EP_OVERLAP_SCHEDULES,
     NO_COMPUTE_RULE,
     NO_OVERLAP_RULE,
     RULES,
@@ -27,9 +26,14 @@ from planner.comm.terms import (
     step_terms,
 )
 from planner.comm.topology import axis_report, group_size, place_groups
-from planner.pipeline.schedules.registry import get_schedule
+from planner.pipeline.schedules.registry import (
+    BIDIRECTIONAL_SCHEDULES,
+    EP_OVERLAP_SCHEDULES,
+    V_SHAPE_SCHEDULES,
+    get_schedule,
+)
 from planner.spec.job import Job
-from planner.spec.layout import DEFAULT_MESH_ORDER, V_SHAPE_SCHEDULES, Layout
+from planner.spec.layout import DEFAULT_MESH_ORDER, Layout
 from planner.spec.rules import check_layout
 
 
@@ -112,7 +116,7 @@ def axis_traffic(
         layout.pipeline_layer_split,
         layout.schedule in V_SHAPE_SCHEDULES,
         sizes.get("etp"),
-        layout.schedule == "dualpipe",
+        layout.schedule in BIDIRECTIONAL_SCHEDULES,
     )
     times = None if compute is None else (compute.forward_s, compute.backward_s)
     by_axis: dict[str, list[CollectiveTerm]] = {}

@@ -66,7 +66,6 @@ from planner.structure.params import busiest_rank_params
 
 #: Schedules that overlap one micro-batch's EP all-to-all with another's compute
 #: (DeepSeek-V3 §3.2.1 DualPipe; the V form keeps the F&B overlap).
-EP_OVERLAP_SCHEDULES: tuple[str, ...] = ("dualpipe", "dualpipev")
 #: All-reduces of the vocabulary-parallel cross-entropy per micro-batch (max, sum-exp, target).
 VOCAB_PARALLEL_LOSS_ALL_REDUCES = 3
 #: Report order of the axes and the placement group each one's collectives run on.

@@ -31,7 +31,6 @@ from planner.comm.contention import sharing_delay
 from planner.comm.network import as_cluster, cluster_view
 from planner.comm.terms import (
     AXIS_GROUPS,
-    EP_OVERLAP_SCHEDULES,
     ep_overlap_sm_share,
     ep_routing,
     exposed_time,
@@ -39,11 +38,16 @@ from planner.comm.terms import (
     step_terms,
 )
 from planner.comm.topology import cluster_key, placement_for_view, resolve_order
-from planner.pipeline.schedules.registry import SCHEDULES, get_schedule
+from planner.pipeline.schedules.registry import (
+    BIDIRECTIONAL_SCHEDULES,
+    EP_OVERLAP_SCHEDULES,
+    SCHEDULES,
+    V_SHAPE_SCHEDULES,
+    get_schedule,
+)
 from planner.spec.job import Job
 from planner.spec.layout import (
     DEFAULT_MESH_ORDER,
-    V_SHAPE_SCHEDULES,
     expert_data_parallel_size,
     resolved_etp,
 )
@@ -388,7 +392,7 @@ def axis_times_vectorized(
             "tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "chunks": chunks,
             "b": b, "m": m,
             "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
-            "mirrored": _is_one_of(schedule, ("dualpipe",)),  # two parameter copies per rank
+            "mirrored": _is_one_of(schedule, BIDIRECTIONAL_SCHEDULES),  # two parameter copies per rank
             "batch_ok": batch_ok,
         }.items()
     }  # fmt: skip

@@ -28,6 +28,7 @@ from planner.pipeline.closed_form import (
     peak_activation_microbatches,
     peak_activation_units,
 )
+from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
 from planner.spec.job import Job
 from planner.spec.layout import (
     Layout,
@@ -213,7 +214,7 @@ def memory_report(
     logits_bytes = act.logits_buffer_bytes(model, shape)
     holds_head = np.zeros(layout.pp)
     holds_head[last_rank] = 1.0
-    if layout.schedule == "dualpipe":
+    if layout.schedule in BIDIRECTIONAL_SCHEDULES:
         holds_head[first_rank] = 1.0
     working = working + act.backward_working_beside_logits(
         act.backward_working_bytes(model, shape), logits_bytes, holds_head
@@ -235,7 +236,7 @@ def memory_report(
     adapter_acts += act_moe_layers * adapter_layer[True] * inflight
     activations[first_rank] += first_extra * inflight[first_rank]
     activations[last_rank] += last_extra * inflight[last_rank]
-    if layout.schedule == "dualpipe":
+    if layout.schedule in BIDIRECTIONAL_SCHEDULES:
         stage_bytes = per_layer.copy()
         stage_bytes[first_rank] += first_extra
         stage_bytes[last_rank] += last_extra

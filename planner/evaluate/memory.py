@@ -16,6 +16,7 @@ from planner.cost import adapters as ft
 from planner.cost.model_states import FIRST_SHARDED_STAGE
 from planner.evaluate.rows import gather, held
 from planner.pipeline import closed_form
+from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
 from planner.spec.job import Job
 from planner.spec.precision import (
     DTYPE_BYTES,
@@ -147,7 +148,7 @@ def _activation_columns(job: Job, c: dict, S: dict, R: dict) -> dict[str, np.nda
     activations = activations + inflight * (
         R["emb"] * S["first_extra"][:, None] + R["head"] * S["last_extra"][:, None]
     )
-    dualpipe = np.flatnonzero(c["schedule"].isin(("dualpipe",)))
+    dualpipe = np.flatnonzero(c["schedule"].isin(BIDIRECTIONAL_SCHEDULES))
     if len(dualpipe):  # rank r: pp − r own chunks, r + 1 mirrored
         d = dualpipe
         slot, p = R["slot"][d], c["pp"][d, None]

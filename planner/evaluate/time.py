@@ -19,7 +19,7 @@ from planner.cost.flops import model_flops_per_token, recompute_flops_per_token,
 from planner.cost.model_states import optimizer_columns
 from planner.evaluate.rows import gather, held
 from planner.pipeline import closed_form
-from planner.pipeline.schedules.registry import SCHEDULES
+from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES, SCHEDULES
 from planner.spec.job import Job
 from planner.structure import op_counts
 
@@ -223,7 +223,7 @@ def _pipeline_columns(c: dict, S: dict, R: dict, accelerator, rates) -> tuple[np
     # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
     # runs half its micro-batches through each of its two stages: per micro-batch it does
     # the mean of their layers, and half of the embedding and of the head (+ MTP).
-    pace = np.where(schedule.isin(("dualpipe",))[:, None], 0.5, 1.0)
+    pace = np.where(schedule.isin(BIDIRECTIONAL_SCHEDULES)[:, None], 0.5, 1.0)
 
     def on_slots(dense_key, moe_key, emb_key=None, head_key=None):
         total = R["paced_dense_layers"] * S[dense_key][:, None] + held(

@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.errors import PlanError
+from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
 
 RecomputeName = Literal["none", "selective", "full"]
 LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced"]
@@ -188,10 +189,6 @@ def check_expert_tp(tp: int, ep: int, dp_cp: int, etp: int | None) -> int:
         carved = f"ep/(tp/etp) = {ep // fold}" if fold > 1 else f"ep {ep}"
         raise PlanError(f"{carved} does not divide dp·cp = {dp_cp} (EP is carved out of dp·cp)")
     return fold
-
-
-#: Schedules whose ranks each hold two chunks in a V: rank r holds stages r and 2·pp−1−r.
-V_SHAPE_SCHEDULES = frozenset({"zbv", "dualpipev"})
 
 
 def virtual_stage_ranks(schedule: str, pp: int, vpp: int) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
 from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.spec.model import ModelSpec
 from planner.structure.linears import kv_heads_per_rank
@@ -92,7 +93,7 @@ def rank_sums(values: np.ndarray, layout: Layout, ranks: np.ndarray | None = Non
     if ranks is None:
         ranks = virtual_stage_ranks(layout.schedule, layout.pp, layout.vpp)
     per_rank = np.bincount(ranks, weights=values, minlength=layout.pp)
-    if layout.schedule == "dualpipe":
+    if layout.schedule in BIDIRECTIONAL_SCHEDULES:
         per_rank = per_rank + per_rank[::-1]
     return per_rank
 

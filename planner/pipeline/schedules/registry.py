@@ -56,7 +56,13 @@ class ScheduleSpec:
     default_vpp: int
     splits_backward: bool
     parameter_copies: int = 1
+    #: Both directions at once (DualPipe): every rank holds stages r and pp − 1 − r.
     bidirectional: bool = False
+    #: Two chunks per rank in a V (ZB-V, DualPipeV): rank r holds stages r and 2·pp − 1 − r.
+    v_shape: bool = False
+    #: One micro-batch's EP all-to-all overlaps another's compute in F&B pairs (DeepSeek-V3
+    #: §3.2.1; deepseek-ai/DualPipe).
+    overlaps_ep: bool = False
     #: What the generator needs of (pp, num_microbatches), beyond the vpp rule.
     microbatch_rules: tuple[MicrobatchRule, ...] = ()
 
@@ -160,7 +166,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
         ),
         _spec("zb-h1", zb_h1, "zero-bubble H1: 1F1B memory, W fills the tail", 1, True),
         _spec("zb-h2", zb_h2, "zero-bubble H2: 2p−1 in flight, W reordered", 1, True),
-        _spec("zbv", zbv, "zero-bubble V: two chunks per rank in a V", 2, True),
+        _spec("zbv", zbv, "zero-bubble V: two chunks per rank in a V", 2, True, v_shape=True),
         _spec(
             "dualpipe",
             dualpipe,
@@ -169,6 +175,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             True,
             parameter_copies=2,
             bidirectional=True,
+            overlaps_ep=True,
             microbatch_rules=DUALPIPE_RULES,
         ),
         _spec(
@@ -177,10 +184,16 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             "DualPipe cut into a V (torch's DualPipeV)",
             2,
             True,
+            v_shape=True,
+            overlaps_ep=True,
             microbatch_rules=DUALPIPEV_RULES,
         ),
     )
 }
+#: Schedules by the facts the cost model reads.
+V_SHAPE_SCHEDULES = frozenset(name for name, spec in SCHEDULES.items() if spec.v_shape)
+BIDIRECTIONAL_SCHEDULES = frozenset(name for name, spec in SCHEDULES.items() if spec.bidirectional)
+EP_OVERLAP_SCHEDULES = tuple(name for name, spec in SCHEDULES.items() if spec.overlaps_ep)
 
 
 def get_schedule(name: str) -> ScheduleSpec:

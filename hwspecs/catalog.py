@@ -100,3 +100,74 @@ def load_cluster(name: str) -> Cluster:
     for tier in cluster.tiers:
         load_link(tier.link)
     return cluster
+
+
+#: The shipped runs catalogs: ``train`` (a profile may be fitted on it) and ``targets``
+#: (test targets, never fitted on).
+RUN_CATALOGS = ("train", "targets")
+
+
+def _run_rows_from_csv(path: Path) -> list[dict]:
+    """Flat CSV rows (dotted headers such as ``training.tp``) as nested dicts; empty cells
+    are null, numbers and true/false are parsed, lists split on ``;``."""
+    import csv
+
+    def value(text: str):
+        if text == "":
+            return None
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    rows = []
+    with path.open(newline="") as handle:
+        for flat in csv.DictReader(handle):
+            row: dict = {}
+            for key, text in flat.items():
+                *outer, last = key.split(".")
+                into = row
+                for part in outer:
+                    into = into.setdefault(part, {})
+                is_list = key in ("derived_fields", "inferred_fields")
+                into[last] = [p for p in text.split(";") if p] if is_list else value(text)
+            for key in ("moe", "mla"):  # an all-empty group is an absent one
+                group = row.get("model", {}).get(key)
+                if isinstance(group, dict) and all(v is None for v in group.values()):
+                    row["model"][key] = None
+            rows.append(row)
+    return rows
+
+
+@functools.cache
+def load_runs(name: str = "train") -> tuple:
+    """Published runs: a shipped catalog (``train``, ``targets``) or a user's JSON list / flat
+    CSV file in the schema of :class:`hwspecs.runs.RunRow`. Returns a tuple of RunRows."""
+    import json
+
+    from hwspecs.runs import RunRow
+
+    if name in RUN_CATALOGS:
+        path, label = DATA_DIR / "runs" / f"{name}.json", f"runs catalog {name}"
+    else:
+        path, label = Path(name).expanduser(), name
+    if not path.exists():
+        raise PlanError(f"runs file not found: {name} (or a catalog: {', '.join(RUN_CATALOGS)})")
+    if path.suffix == ".csv":
+        data = _run_rows_from_csv(path)
+    else:
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise PlanError(f"{label}: malformed JSON: {error}") from None
+    if not isinstance(data, list):
+        raise PlanError(f"{label}: expected a JSON list of runs")
+    rows = []
+    for index, entry in enumerate(data):
+        where = entry.get("id", index) if isinstance(entry, dict) else index
+        rows.append(parse_spec(entry, RunRow, f"{label} row {where}"))
+    return tuple(rows)

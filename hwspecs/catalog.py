@@ -171,3 +171,22 @@ def load_runs(name: str = "train") -> tuple:
         where = entry.get("id", index) if isinstance(entry, dict) else index
         rows.append(parse_spec(entry, RunRow, f"{label} row {where}"))
     return tuple(rows)
+
+
+def profile_names() -> list[str]:
+    """Accelerators with a shipped efficiency profile."""
+    return sorted(path.stem for path in (DATA_DIR / "profiles").glob("*.toml"))
+
+
+@functools.cache
+def load_profile(name: str):
+    """An efficiency profile by accelerator slug (shipped) or TOML path."""
+    from hwspecs.profile import EfficiencyProfile
+
+    if looks_like_path(name):
+        path = Path(name).expanduser()
+    else:
+        path = DATA_DIR / "profiles" / f"{name}.toml"
+        if not path.exists():
+            raise unknown_name_error("profile", name, profile_names())
+    return parse_spec(read_toml(path), EfficiencyProfile, str(path))

@@ -507,3 +507,41 @@ def plan(
         explanation=explain_plan(found, results, accelerator, mem_headroom),
     )
     return result, found.table
+
+
+# ----- published runs -------------------------------------------------------------------
+
+
+def runs_check(
+    runs: list[str] | None = None,
+    source: str | None = None,
+    accelerator: str | None = None,
+    profile: str | None = None,
+    limit: int | None = None,
+):
+    """Predict published runs with their layouts pinned; the error per source, accelerator
+    and precision (see :mod:`planner.runs.check`).
+
+    ``runs``: files or shipped catalogs (default: the ``train`` and ``targets`` catalogs);
+    ``source`` / ``accelerator``: keep rows whose source contains / accelerator is it;
+    ``profile``: ``none`` (the ideal model), a profile TOML path, or None for each
+    accelerator's shipped profile; ``limit``: the first rows only (a quick sample).
+    """
+    from hwspecs.catalog import load_runs
+    from planner.runs.check import predict_row, summarize
+    from planner.runs.profiles import profile_for
+
+    names = runs or ["train", "targets"]
+    rows = [row for name in names for row in load_runs(name)]
+    if source:
+        rows = [row for row in rows if source.lower() in row.source.lower()]
+    if accelerator:
+        rows = [row for row in rows if row.hardware.accelerator == accelerator]
+    if limit:
+        rows = rows[:limit]
+    if not rows:
+        raise PlanError("no runs match --source / --accelerator")
+    predictions = [
+        predict_row(row, profile_for(row.hardware.accelerator, profile)) for row in rows
+    ]
+    return summarize(predictions, ", ".join(names), profile or "shipped")

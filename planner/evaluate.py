@@ -33,6 +33,7 @@ from planner import op_counts
 from planner.codes import Labels, coded, distinct_rows, unique_rows
 from planner.compute import GpuRates
 from planner.contention import occupancy_excess
+from planner.cost.profile import apply_profile, profile_inputs
 from planner.evaluate_states import FIRST_SHARDED_STAGE, optimizer_columns
 from planner.evaluate_tables import (
     MEMORY_SHAPE_KEYS,
@@ -543,7 +544,10 @@ def _time_columns(
         out[f"{axis}_exposed_time_s"] = comm[f"{axis}_exposed_time_s"]
         out[f"{axis}_time_s"] = comm[f"{axis}_time_s"]
         out[f"{axis}_bytes_per_step"] = comm[f"{axis}_bytes_per_step"]
-    return out
+    # The fitted efficiency profile's terms, in one place (planner.cost.profile).
+    comm_s = sum(comm[f"{axis}_time_s"] for axis in AXES)
+    inputs = profile_inputs(job, tp, pp, m, num_gpus, comm_s, exposed)
+    return apply_profile(out, inputs, job.efficiency_profile)
 
 
 def _pipeline_columns(c: dict, S: dict, R: dict, accelerator, rates) -> tuple[np.ndarray, ...]:

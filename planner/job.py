@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hwspecs.profile import EfficiencyProfile
 from planner.finetune import FinetuneSpec, check_targets
 from planner.measures import MemoryMeasures
 from planner.model import ModelSpec
@@ -34,6 +35,11 @@ class Job(BaseModel):
     finetune: FinetuneSpec | None = None
     memory_measures: MemoryMeasures = MemoryMeasures()
     weight_pass_memory: WeightPassMemory = "inputs"
+    efficiency_profile: EfficiencyProfile | None = Field(
+        None,
+        description="fitted terms of the accelerator (and stack) the step loses beyond the "
+        "ideal model (planner.cost.profile); None: the ideal model",
+    )
     runtime_overhead_bytes: int = Field(
         1 << 30,
         ge=0,

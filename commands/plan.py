@@ -128,6 +128,13 @@ def plan(
         str, typer.Option(help="dtype whose peak MFU is measured against")
     ] = "bf16",
     order: Annotated[str | None, typer.Option(help="mesh order innermost first")] = None,
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="efficiency profile: none (the ideal model), shipped (the accelerator's "
+            "fitted profile, or its generation's) or a profile TOML path"
+        ),
+    ] = "none",
     explain: Annotated[
         bool, typer.Option("--explain", help="why the winner wins, why rows were rejected")
     ] = False,
@@ -200,6 +207,7 @@ def plan(
                 mfu_dtype,
                 order,
                 progress=advance,
+                profile=profile,
             )
         if not result.results:
             raise PlanError(_no_layout_message(result))
@@ -369,6 +377,13 @@ def estimate(
     double_quant: DoubleQuantFlag = None,
     mfu_dtype: Annotated[str, typer.Option()] = "bf16",
     order: Annotated[str | None, typer.Option()] = None,
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="efficiency profile: none (the ideal model), shipped (the accelerator's "
+            "fitted profile, or its generation's) or a profile TOML path"
+        ),
+    ] = "none",
     explain: Annotated[bool, typer.Option("--explain")] = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -404,7 +419,7 @@ def estimate(
         recompute=option_value(recompute),
         sequence_parallel=sequence_parallel,
     )
-    result = api.estimate(job, layout, cluster, gpus, mfu_dtype, order=order)
+    result = api.estimate(job, layout, cluster, gpus, mfu_dtype, order=order, profile=profile)
     if as_json:
         emit_json(result)
         return
@@ -429,6 +444,12 @@ def estimate(
         if value:
             table.add_row(key, f"{value:.4f}", f"{100 * value / result.step_time_s:.1f}%")
     console.print(table)
+    if result.step_time_interval_s is not None:
+        (low, high), (mfu_low, mfu_high) = result.step_time_interval_s, result.mfu_interval
+        console.print(
+            f"profile {result.profile}: step {low:.3f}–{high:.3f} s, MFU "
+            f"{100 * mfu_low:.1f}–{100 * mfu_high:.1f}% (cross-validated 10th–90th percentile)"
+        )
     verdict = "fits" if result.fits else "does NOT fit"
     console.print(
         f"memory per GPU {result.memory_per_gpu_bytes / GIB:.2f} GiB of {result.capacity_bytes / GIB:.2f}: {verdict}"

@@ -110,3 +110,60 @@ def runs_check(
                               f"{r.predicted_tokens_per_s_per_gpu:,.0f}", f"{r.error:+.1%}",
                               f"{r.measured_mfu:.1%}", f"{r.predicted_mfu:.1%}")  # fmt: skip
         console.print(table)
+
+
+@app.command("fit")
+def fit(
+    accelerator: Annotated[str, typer.Option(help="accelerator whose runs are fitted")],
+    runs: RunsFlag = None,
+    stack: Annotated[
+        str | None,
+        typer.Option(help="only runs of this software stack (megatron, pytorch-fsdp, jax, ...)"),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="write the profile TOML here")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Fit an efficiency profile (≤ 7 bounded terms) to measured runs by robust least squares
+    on log throughput; report in-sample, k-fold and leave-one-source-out errors."""
+    import shlex
+    import sys
+
+    from planner import api
+
+    command = "llmplan " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    report = api.fit(runs, accelerator, stack, command)
+    if out is not None:
+        out.write_text(report.profile_toml)
+    if as_json:
+        emit_json(report)
+        return
+    from rich.table import Table
+
+    f = report.fit
+    console = make_console()
+
+    def pct(value):
+        return "-" if value is None else f"{value:.1%}"
+
+    console.print(
+        f"{accelerator}: {f['num_rows']} rows in {f['num_groups']} groups; MAPE ideal "
+        f"{pct(f['ideal_mape'])} → in-sample {pct(f['in_sample_mape'])}, k-fold by source "
+        f"{pct(f['kfold_mape'])}, leave-one-source-out {pct(f['loso_mape'])}"
+    )
+    table = Table(title="fitted terms")
+    table.add_column("term")
+    table.add_column("value", justify="right")
+    table.add_column("fitted")
+    for name, value in f["values"].items():
+        table.add_row(name, f"{value:.4g}", "yes" if name in f["fitted_terms"] else "ideal")
+    console.print(table)
+    table = Table(title="per source family")
+    for name in ("source", "in-sample MAPE", "left-out MAPE"):
+        table.add_column(name, justify="left" if name == "source" else "right")
+    for name, value in f["in_sample_mape_by_source"].items():
+        table.add_row(name, pct(value), pct(f["loso_mape_by_source"].get(name)))
+    console.print(table)
+    if report.excluded_targets:
+        console.print(f"{report.excluded_targets} target rows left out (never fitted on)")
+    if out is not None:
+        console.print(f"wrote {out}")

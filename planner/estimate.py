@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
+from planner.cost.profile import PROFILE_PARTS, profile_intervals
 from planner.errors import PlanError
 from planner.evaluate import evaluate_columns
 from planner.job import Job
@@ -69,6 +70,12 @@ class Estimate(BaseModel):
     capacity_bytes: int
     usable_bytes: float
     fits: bool
+    #: The efficiency profile applied (None: the ideal model) and, with one, the band its
+    #: cross-validated error implies (10th–90th percentile of measured / predicted).
+    profile: str | None = None
+    step_time_interval_s: tuple[float, float] | None = None
+    tokens_per_s_per_gpu_interval: tuple[float, float] | None = None
+    mfu_interval: tuple[float, float] | None = None
 
 
 def layout_columns(layout: Layout, num_microbatches: int) -> dict[str, np.ndarray]:
@@ -115,6 +122,7 @@ def estimate(
     if job.precision.optimizer == "muon":  # Muon's gather of whole matrices, reported apart
         breakdown["optimizer_comm"] = float(value["optimizer_comm_s"])
     breakdown["link_contention"] = float(value["link_contention_s"])
+    breakdown |= {part: float(value[f"{part}_s"]) for part in PROFILE_PARTS if f"{part}_s" in value}
     usable = accelerator.hbm_bytes * (1 - mem_headroom)
     return Estimate(
         model=job.model.name,
@@ -149,4 +157,5 @@ def estimate(
         capacity_bytes=accelerator.hbm_bytes,
         usable_bytes=usable,
         fits=memory.total_bytes <= usable,
+        **profile_intervals(job.efficiency_profile, value),
     )

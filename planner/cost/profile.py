@@ -1,29 +1,36 @@
 """What real steps lose between and around kernels: a fitted profile's terms, on columns.
 
-The ideal model times every GEMM at the best-shape MAMF, everything else at roofline and
-collectives by alpha-beta. An :class:`~hwspecs.profile.EfficiencyProfile` adds the few
-terms micro-benchmarks cannot show, each its own line of the step's breakdown:
+The ideal model times every GEMM at the best-shape MAMF, attention at the FlashAttention
+rate, everything else at roofline and collectives by alpha-beta. An
+:class:`~hwspecs.profile.EfficiencyProfile` adds the few terms micro-benchmarks cannot
+show, each its own line of the step's breakdown:
 
 * ``compute_efficiency_bf16`` / ``compute_efficiency_fp8`` (fraction of the ideal rate,
-  0.3–1 / 0.2–1): the sustained share of the ideal compute time a whole model reaches
-  (shapes between the best and the worst, norms and glue kernels, power and clocks under
-  load); FP8 has its own since its scaling, casts and amax reductions cost what BF16's do not.
-* ``thin_gemm_half_width`` (elements, 0–8192): GEMMs whose split width ``hidden/tp`` is
-  small run below MAMF; efficiency falls as ``x / (x + half_width)`` with ``x = hidden/tp``
-  (a saturating occupancy curve: at ``x = half_width`` half the rate is reached).
+  0.3–1 / 0.2–1): the sustained share of the ideal compute rate a whole model reaches
+  (norms and glue kernels, power and clocks under load); FP8 has its own since its
+  scaling, casts and amax reductions cost what BF16's do not.
+* ``gemm_half_width`` (elements, 0–8192): GEMMs below the best shape. A layer's GEMMs
+  have one full dimension (hidden) and one split by TP (hidden/tp or ffn/tp); their size
+  is taken as the geometric mean ``x = hidden/√tp`` and their efficiency as
+  ``x / (x + half_width)`` (a saturating occupancy curve: half the rate at
+  ``x = half_width``).
+* ``expert_gemm_half_width`` (elements, 0–8192): the same for the routed experts' grouped
+  GEMMs, on ``x = moe_ffn/etp``, applied to their share of the model FLOPs.
+* ``attention_efficiency`` (fraction, 0.2–1): achieved over modelled rate of the attention
+  core (scores and context products), applied to its share of the model FLOPs; long
+  sequences are where it shows.
 * ``kernel_overhead_s`` (s per kernel, 0–50 µs): a fixed launch and tail cost per kernel,
   times the kernels the busiest rank launches per step (a layer's operations per pass from
   :func:`planner.op_counts.layer_pass_ops`, × layers per stage × micro-batches).
 * ``overlap_slowdown`` (fraction, 0–1): compute slowed while collectives overlap it
   (communication kernels take SMs and HBM bandwidth): this share of the overlapped
   communication time is added.
-* ``collective_efficiency`` (fraction, 0.2–1): achieved over modelled bandwidth of the
-  exposed collectives at scale (congestion, stragglers, algorithm switch points).
 * ``sync_per_doubling_s`` (s, 0–50 ms): a synchronisation cost per step growing with the
   log of the ranks the step waits for (barriers, the slowest rank of a collective tree).
 
+FLOP shares come from :func:`planner.flops.model_ops_per_sequence` (causal attention).
 Compute-side terms scale with the pipeline's stretch (``pipeline_time / busy``) since the
-bubble is made of the same stage times. Ideal values (1, 1, 0, 0, 0, 1, 0) leave every
+bubble is made of the same stage times. Ideal values (1, 1, 0, 0, 1, 0, 0, 0) leave every
 step unchanged. Each function is pure and works on numpy columns.
 """
 
@@ -51,15 +58,16 @@ TERMS: dict[str, Term] = {
     "compute_efficiency_fp8": Term(
         "fraction", 0.2, 1.0, 1.0, "sustained share of the ideal FP8 compute rate"
     ),
-    "thin_gemm_half_width": Term(
-        "elements", 0.0, 8192.0, 0.0, "hidden/tp at which GEMMs reach half their rate"
+    "gemm_half_width": Term("elements", 0.0, 8192.0, 0.0, "GEMM size hidden/√tp at half rate"),
+    "expert_gemm_half_width": Term(
+        "elements", 0.0, 8192.0, 0.0, "routed-expert GEMM width moe_ffn/etp at half rate"
+    ),
+    "attention_efficiency": Term(
+        "fraction", 0.2, 1.0, 1.0, "achieved over modelled rate of the attention core"
     ),
     "kernel_overhead_s": Term("s/kernel", 0.0, 5e-5, 0.0, "fixed launch and tail cost per kernel"),
     "overlap_slowdown": Term(
         "fraction", 0.0, 1.0, 0.0, "share of overlapped communication time compute loses"
-    ),
-    "collective_efficiency": Term(
-        "fraction", 0.2, 1.0, 1.0, "achieved over modelled bandwidth of exposed collectives"
     ),
     "sync_per_doubling_s": Term(
         "s", 0.0, 0.05, 0.0, "synchronisation per step per doubling of the ranks waited for"
@@ -67,8 +75,7 @@ TERMS: dict[str, Term] = {
 }
 TERM_NAMES = tuple(TERMS)
 #: Breakdown lines the profile adds (seconds per step).
-PROFILE_PARTS = ("profile_compute", "profile_kernels", "profile_overlap", "profile_collectives",
-                 "profile_sync")  # fmt: skip
+PROFILE_PARTS = ("profile_compute", "profile_kernels", "profile_overlap", "profile_sync")
 
 
 def ideal_values() -> dict[str, float]:
@@ -89,19 +96,38 @@ def kernels_per_layer(model) -> float:
     return float((dense * num_dense + moe * (model.num_layers - num_dense)) / model.num_layers)
 
 
-def profile_inputs(job, tp, pp, m, num_gpus, comm_s, exposed_comm_s) -> dict[str, np.ndarray]:
+def flop_shares(model, seq_len: int) -> tuple[float, float]:
+    """(attention core, routed experts) shares of the model FLOPs per token (causal)."""
+    from planner.flops import model_ops_per_sequence
+
+    ops = model_ops_per_sequence(model, seq_len, causal=True)
+    total = sum(op.total for op in ops)
+    attention = sum(op.total for op in ops if op.name in ("attention.scores", "attention.context"))
+    experts = sum(op.total for op in ops if op.name == "moe.routed_experts")
+    return attention / total, experts / total
+
+
+def profile_inputs(job, tp, etp, pp, m, num_gpus, comm_s, exposed_comm_s) -> dict[str, np.ndarray]:
     """The columns the terms read, from a row's layout and its ideal communication times
     (``comm_s``: every axis's collective time per step; ``exposed_comm_s``: what of it the
     step waits for)."""
     model = job.model
-    layers_per_rank = np.ceil(model.num_layers / pp)
+    attention, experts = flop_shares(model, job.seq_len)
+    ones = np.ones(np.shape(tp))
     return {
-        "kernels_per_step": m * layers_per_rank * kernels_per_layer(model),
-        "hidden_per_tp": model.hidden_size / tp,
+        "kernels_per_step": m * np.ceil(model.num_layers / pp) * kernels_per_layer(model),
+        "gemm_width": model.hidden_size / np.sqrt(tp),
+        "expert_width": (model.moe_ffn_hidden_size or model.hidden_size) / etp * ones,
+        "attention_share": attention * ones,
+        "expert_share": experts * ones,
         "overlapped_comm_s": np.maximum(comm_s - exposed_comm_s, 0.0),
         "num_gpus": num_gpus * 1.0,
         "fp8": np.full(np.shape(tp), job.precision.gemm_dtype == "fp8"),
     }
+
+
+def _saturating(width, half_width: float):
+    return width / (width + half_width)
 
 
 def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarray]:
@@ -112,15 +138,19 @@ def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarr
     busy = columns["compute_s"] + columns["recompute_s"]
     with np.errstate(divide="ignore", invalid="ignore"):
         stretch = np.where(busy > 0, columns["pipeline_time_s"] / busy, 1.0)
-    width = columns["hidden_per_tp"]
-    shape_efficiency = width / (width + v["thin_gemm_half_width"])
     sustained = np.where(columns["fp8"], v["compute_efficiency_fp8"], v["compute_efficiency_bf16"])
-    efficiency = sustained * shape_efficiency
+    attention, experts = columns["attention_share"], columns["expert_share"]
+    dense = _saturating(columns["gemm_width"], v["gemm_half_width"])
+    expert = _saturating(columns["expert_width"], v["expert_gemm_half_width"])
+    slowdown = (
+        (1 - attention - experts) / (sustained * dense)
+        + experts / (sustained * expert)
+        + attention / v["attention_efficiency"]
+    )
     return {
-        "profile_compute": busy * (1 / efficiency - 1) * stretch,
+        "profile_compute": busy * (slowdown - 1) * stretch,
         "profile_kernels": columns["kernels_per_step"] * v["kernel_overhead_s"] * stretch,
         "profile_overlap": v["overlap_slowdown"] * columns["overlapped_comm_s"],
-        "profile_collectives": columns["exposed_comm_s"] * (1 / v["collective_efficiency"] - 1),
         "profile_sync": v["sync_per_doubling_s"] * np.log2(np.maximum(columns["num_gpus"], 1)),
     }
 
@@ -151,3 +181,22 @@ def apply_profile(out: dict, inputs: dict, profile) -> dict:
     out["step_time_s"] = step
     out.update({f"{name}_s": value for name, value in parts.items()})
     return out
+
+
+def profile_intervals(profile, value: dict) -> dict:
+    """The profile's name and the intervals of one evaluated row (empty without a profile):
+    step time × the fit's held-out 10th and 90th percentiles of measured / predicted step
+    time, tokens/s and MFU by the inverse."""
+    if profile is None:
+        return {}
+    low, high = profile.fit.step_time_ratio_p10, profile.fit.step_time_ratio_p90
+    step, tokens, mfu = (float(value[k]) for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu"))
+    name = profile.accelerator
+    if profile.borrowed_from:
+        name = f"{profile.borrowed_from}'s (nearest generation: no runs of this accelerator)"
+    return {
+        "profile": name,
+        "step_time_interval_s": (step * low, step * high),
+        "tokens_per_s_per_gpu_interval": (tokens / high, tokens / low),
+        "mfu_interval": (mfu / high, mfu / low),
+    }

@@ -37,7 +37,10 @@ FEATURE_COLUMNS = (
     "exposed_comm_s",
     "overlapped_comm_s",
     "kernels_per_step",
-    "hidden_per_tp",
+    "gemm_width",
+    "expert_width",
+    "attention_share",
+    "expert_share",
     "num_gpus",
     "fp8",
 )

@@ -108,21 +108,10 @@ RUN_CATALOGS = ("train", "targets")
 
 
 def _run_rows_from_csv(path: Path) -> list[dict]:
-    """Flat CSV rows (dotted headers such as ``training.tp``) as nested dicts; empty cells
-    are null, numbers and true/false are parsed, lists split on ``;``."""
+    """Flat CSV rows (dotted headers such as ``training.tp``) as nested dicts: empty cells
+    are null, ``derived_fields`` / ``inferred_fields`` split on ``;``, everything else a
+    string the schema converts (``"8"`` to 8 for an integer field)."""
     import csv
-
-    def value(text: str):
-        if text == "":
-            return None
-        if text.lower() in ("true", "false"):
-            return text.lower() == "true"
-        for kind in (int, float):
-            try:
-                return kind(text)
-            except ValueError:
-                pass
-        return text
 
     rows = []
     with path.open(newline="") as handle:
@@ -133,8 +122,10 @@ def _run_rows_from_csv(path: Path) -> list[dict]:
                 into = row
                 for part in outer:
                     into = into.setdefault(part, {})
-                is_list = key in ("derived_fields", "inferred_fields")
-                into[last] = [p for p in text.split(";") if p] if is_list else value(text)
+                if key in ("derived_fields", "inferred_fields"):
+                    into[last] = [part for part in text.split(";") if part]
+                else:
+                    into[last] = text if text != "" else None
             for key in ("moe", "mla"):  # an all-empty group is an absent one
                 group = row.get("model", {}).get(key)
                 if isinstance(group, dict) and all(v is None for v in group.values()):

@@ -152,6 +152,8 @@ def _schedule_pins(text: str | None, pp: int, vpp: int | None) -> dict:
 
 def _zero_pins(zero, fsdp) -> dict:
     """ZeRO stage from the row's zero_stage / fsdp text (unpublished: searched)."""
+    if isinstance(zero, str) and zero.strip().isdigit():  # a CSV cell
+        zero = int(zero)
     if isinstance(zero, int):
         return {"zero_stage": [zero]}
     text = f"{zero or ''} {fsdp if isinstance(fsdp, str) else ''}".lower()

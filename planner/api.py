@@ -549,6 +549,7 @@ def runs_check(
     from hwspecs.catalog import load_runs
     from planner.runs.check import predict_row, summarize
     from planner.runs.profiles import profile_for
+    from planner.runs.rows import stack_label
 
     names = runs or ["train", "targets"]
     rows = [row for name in names for row in load_runs(name)]
@@ -560,7 +561,10 @@ def runs_check(
         rows = rows[:limit]
     if not rows:
         raise PlanError("no runs match --source / --accelerator")
-    predictions = [predict_row(row, profile_for(row.hardware.accelerator, profile)) for row in rows]
+    predictions = [
+        predict_row(row, profile_for(row.hardware.accelerator, profile, stack_label(row)))
+        for row in rows
+    ]
     return summarize(predictions, ", ".join(names), profile or "shipped")
 
 

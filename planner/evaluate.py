@@ -546,7 +546,7 @@ def _time_columns(
         out[f"{axis}_bytes_per_step"] = comm[f"{axis}_bytes_per_step"]
     # The fitted efficiency profile's terms, in one place (planner.cost.profile).
     comm_s = sum(comm[f"{axis}_time_s"] for axis in AXES)
-    inputs = profile_inputs(job, tp, c["etp"], pp, m, num_gpus, comm_s, exposed)
+    inputs = profile_inputs(job, tp, c["etp"], cp, pp, ep, mbs, m, num_gpus, comm_s, exposed)
     return apply_profile(out, inputs, job.efficiency_profile)
 
 

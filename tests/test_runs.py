@@ -95,7 +95,6 @@ def _synthetic_columns(rng, n: int) -> dict:
         "exposed_comm_s": compute * rng.uniform(0, 0.2, n),
         "overlapped_comm_s": compute * rng.uniform(0, 0.5, n),
         "kernels_per_step": rng.uniform(1e4, 5e5, n),
-        "gemm_width": rng.choice([512.0, 1024, 2048, 4096, 8192], n),
         "expert_width": rng.choice([512.0, 768, 2048, 8192], n),
         "attention_share": rng.uniform(0.02, 0.6, n),
         "expert_share": rng.choice([0, 0, 0.4], n),
@@ -107,7 +106,6 @@ def _synthetic_columns(rng, n: int) -> dict:
 KNOWN = {
     "compute_efficiency_bf16": 0.8,
     "compute_efficiency_fp8": 0.65,
-    "gemm_half_width": 300.0,
     "expert_gemm_half_width": 900.0,
     "attention_efficiency": 0.5,
     "kernel_overhead_s": 4e-6,

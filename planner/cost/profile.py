@@ -9,13 +9,13 @@ show, each its own line of the step's breakdown:
   0.3–1 / 0.2–1): the sustained share of the ideal compute rate a whole model reaches
   (norms and glue kernels, power and clocks under load); FP8 has its own since its
   scaling, casts and amax reductions cost what BF16's do not.
-* ``gemm_half_width`` (elements, 0–8192): GEMMs below the best shape. A layer's GEMMs
-  have one full dimension (hidden) and one split by TP (hidden/tp or ffn/tp); their size
-  is taken as the geometric mean ``x = hidden/√tp`` and their efficiency as
-  ``x / (x + half_width)`` (a saturating occupancy curve: half the rate at
-  ``x = half_width``).
-* ``expert_gemm_half_width`` (elements, 0–8192): the same for the routed experts' grouped
-  GEMMs, on ``x = moe_ffn/etp``, applied to their share of the model FLOPs.
+* ``expert_gemm_half_width`` (elements, 0–8192): the routed experts' grouped GEMMs below
+  the best shape: their size ``x`` is the geometric mean of the tokens one expert receives
+  and ``moe_ffn/etp`` (:func:`expert_gemm_size`), their efficiency ``x / (x + half_width)``
+  (a saturating occupancy curve: half the rate at ``x = half_width``), applied to their
+  share of the model FLOPs. (The same curve on the dense GEMMs, on ``hidden/√tp``, was
+  fitted to 0 on every accelerator and did not lower the leave-one-source-out error: it
+  is left out.)
 * ``attention_efficiency`` (fraction, 0.2–1): achieved over modelled rate of the attention
   core (scores and context products), applied to its share of the model FLOPs; long
   sequences are where it shows.
@@ -30,7 +30,7 @@ show, each its own line of the step's breakdown:
 
 FLOP shares come from :func:`planner.flops.model_ops_per_sequence` (causal attention).
 Compute-side terms scale with the pipeline's stretch (``pipeline_time / busy``) since the
-bubble is made of the same stage times. Ideal values (1, 1, 0, 0, 1, 0, 0, 0) leave every
+bubble is made of the same stage times. Ideal values (1, 1, 0, 1, 0, 0, 0) leave every
 step unchanged. Each function is pure and works on numpy columns.
 """
 
@@ -58,9 +58,8 @@ TERMS: dict[str, Term] = {
     "compute_efficiency_fp8": Term(
         "fraction", 0.2, 1.0, 1.0, "sustained share of the ideal FP8 compute rate"
     ),
-    "gemm_half_width": Term("elements", 0.0, 8192.0, 0.0, "GEMM size hidden/√tp at half rate"),
     "expert_gemm_half_width": Term(
-        "elements", 0.0, 8192.0, 0.0, "routed-expert GEMM width moe_ffn/etp at half rate"
+        "elements", 0.0, 8192.0, 0.0, "routed-expert GEMM size at half rate"
     ),
     "attention_efficiency": Term(
         "fraction", 0.2, 1.0, 1.0, "achieved over modelled rate of the attention core"
@@ -107,7 +106,19 @@ def flop_shares(model, seq_len: int) -> tuple[float, float]:
     return attention / total, experts / total
 
 
-def profile_inputs(job, tp, etp, pp, m, num_gpus, comm_s, exposed_comm_s) -> dict[str, np.ndarray]:
+def expert_gemm_size(model, seq_len: int, cp, mbs, ep, etp) -> np.ndarray:
+    """Geometric mean of a routed expert's grouped-GEMM rows and width: the token copies
+    one expert receives per micro-batch (``mbs·(s/cp)·k/E`` from each of the ``ep`` ranks
+    of its group, balanced routing) and ``moe_ffn/etp``."""
+    if not model.is_moe:
+        return np.full(np.shape(ep), float(model.hidden_size))
+    per_rank = mbs * (seq_len / cp) * model.num_experts_per_token / model.num_routed_experts
+    return np.sqrt(per_rank * ep * model.moe_ffn_hidden_size / etp)
+
+
+def profile_inputs(
+    job, tp, etp, cp, pp, ep, mbs, m, num_gpus, comm_s, exposed_comm_s
+) -> dict[str, np.ndarray]:
     """The columns the terms read, from a row's layout and its ideal communication times
     (``comm_s``: every axis's collective time per step; ``exposed_comm_s``: what of it the
     step waits for)."""
@@ -116,8 +127,7 @@ def profile_inputs(job, tp, etp, pp, m, num_gpus, comm_s, exposed_comm_s) -> dic
     ones = np.ones(np.shape(tp))
     return {
         "kernels_per_step": m * np.ceil(model.num_layers / pp) * kernels_per_layer(model),
-        "gemm_width": model.hidden_size / np.sqrt(tp),
-        "expert_width": (model.moe_ffn_hidden_size or model.hidden_size) / etp * ones,
+        "expert_width": expert_gemm_size(model, job.seq_len, cp, mbs, ep, etp) * ones,
         "attention_share": attention * ones,
         "expert_share": experts * ones,
         "overlapped_comm_s": np.maximum(comm_s - exposed_comm_s, 0.0),
@@ -140,10 +150,9 @@ def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarr
         stretch = np.where(busy > 0, columns["pipeline_time_s"] / busy, 1.0)
     sustained = np.where(columns["fp8"], v["compute_efficiency_fp8"], v["compute_efficiency_bf16"])
     attention, experts = columns["attention_share"], columns["expert_share"]
-    dense = _saturating(columns["gemm_width"], v["gemm_half_width"])
     expert = _saturating(columns["expert_width"], v["expert_gemm_half_width"])
     slowdown = (
-        (1 - attention - experts) / (sustained * dense)
+        (1 - attention - experts) / sustained
         + experts / (sustained * expert)
         + attention / v["attention_efficiency"]
     )
@@ -191,7 +200,7 @@ def profile_intervals(profile, value: dict) -> dict:
         return {}
     low, high = profile.fit.step_time_ratio_p10, profile.fit.step_time_ratio_p90
     step, tokens, mfu = (float(value[k]) for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu"))
-    name = profile.accelerator
+    name = profile.accelerator + (f" ({profile.stack})" if profile.stack else "")
     if profile.borrowed_from:
         name = f"{profile.borrowed_from}'s (nearest generation: no runs of this accelerator)"
     return {

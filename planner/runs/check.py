@@ -37,7 +37,6 @@ FEATURE_COLUMNS = (
     "exposed_comm_s",
     "overlapped_comm_s",
     "kernels_per_step",
-    "gemm_width",
     "expert_width",
     "attention_share",
     "expert_share",

@@ -25,7 +25,6 @@ from planner.runs.check import FEATURE_COLUMNS, RowPrediction
 START = {
     "compute_efficiency_bf16": 0.8,
     "compute_efficiency_fp8": 0.7,
-    "gemm_half_width": 256.0,
     "expert_gemm_half_width": 256.0,
     "attention_efficiency": 0.8,
     "kernel_overhead_s": 2e-6,

@@ -1,8 +1,9 @@
 """Which efficiency profile a job on an accelerator takes.
 
-An accelerator with a shipped profile (``hwspecs/data/profiles/<accelerator>.toml``) takes
-its own; one without runs takes the nearest generation's and says so
-(``EfficiencyProfile.borrowed_from``); ``none`` is the ideal model and a path a user's own.
+An accelerator with a shipped profile (``hwspecs/data/profiles/<accelerator>.toml``, or
+``<accelerator>.<stack>.toml`` fitted on one software stack's runs) takes its own; one
+without runs takes the nearest generation's and says so (``EfficiencyProfile.
+borrowed_from``); ``none`` is the ideal model and a path a user's own.
 """
 
 from __future__ import annotations
@@ -26,17 +27,21 @@ NEAREST_GENERATION = {
 }
 
 
-def profile_for(accelerator: str, choice: str | None = None):
+def profile_for(accelerator: str, choice: str | None = None, stack: str | None = None):
     """The profile a job on ``accelerator`` uses: ``choice`` ``none`` gives None (ideal),
-    a path that file, None the shipped one (own, else the nearest generation's, else None)."""
+    a name or path that profile, None the shipped one — the accelerator's for ``stack``
+    (``<accelerator>.<stack>``), else its all-stack one, else the nearest generation's
+    (marked ``borrowed_from``), else None."""
     if choice == "none":
         return None
-    if choice is not None:  # a path, or a shipped accelerator's name
+    if choice is not None:  # a path, or a shipped profile's name
         return load_profile(choice)
     shipped = profile_names()
-    if accelerator in shipped:
-        return load_profile(accelerator)
-    nearest = NEAREST_GENERATION.get(accelerator)
-    if nearest in shipped:
-        return load_profile(nearest).model_copy(update={"borrowed_from": nearest})
+    for name in (accelerator, NEAREST_GENERATION.get(accelerator)):
+        for candidate in ((f"{name}.{stack}",) if stack else ()) + (name,):
+            if candidate in shipped:
+                profile = load_profile(candidate)
+                if name != accelerator:
+                    profile = profile.model_copy(update={"borrowed_from": candidate})
+                return profile
     return None

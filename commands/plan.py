@@ -130,6 +130,13 @@ def plan(
         str, typer.Option(help="dtype whose peak MFU is measured against")
     ] = "bf16",
     order: Annotated[str | None, typer.Option(help="mesh order innermost first")] = None,
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="efficiency profile: none (the ideal model), shipped (the accelerator's "
+            "fitted profile, or its generation's) or a profile TOML path"
+        ),
+    ] = "none",
     explain: Annotated[
         bool, typer.Option("--explain", help="why the winner wins, why rows were rejected")
     ] = False,
@@ -202,6 +209,7 @@ def plan(
                 mfu_dtype,
                 order,
                 progress=advance,
+                profile=profile,
             )
         if not result.results:
             raise PlanError(_no_layout_message(result))
@@ -372,6 +380,13 @@ def estimate(
     mfu_dtype: Annotated[str, typer.Option()] = "bf16",
     order: Annotated[str | None, typer.Option()] = None,
     mem_headroom: MemHeadroomFlag = 0.05,
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="efficiency profile: none (the ideal model), shipped (the accelerator's "
+            "fitted profile, or its generation's) or a profile TOML path"
+        ),
+    ] = "none",
     explain: Annotated[bool, typer.Option("--explain")] = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -407,7 +422,9 @@ def estimate(
         recompute=option_value(recompute),
         sequence_parallel=sequence_parallel,
     )
-    result = api.estimate(job, layout, cluster, gpus, mfu_dtype, mem_headroom, order=order)
+    result = api.estimate(
+        job, layout, cluster, gpus, mfu_dtype, mem_headroom, order=order, profile=profile
+    )
     if as_json:
         emit_json(result)
         return
@@ -432,6 +449,12 @@ def estimate(
         if value:
             table.add_row(key, f"{value:.4f}", f"{100 * value / result.step_time_s:.1f}%")
     console.print(table)
+    if result.step_time_interval_s is not None:
+        (low, high), (mfu_low, mfu_high) = result.step_time_interval_s, result.mfu_interval
+        console.print(
+            f"profile {result.profile}: step {low:.3f}–{high:.3f} s, MFU "
+            f"{100 * mfu_low:.1f}–{100 * mfu_high:.1f}% (cross-validated 10th–90th percentile)"
+        )
     console.print("memory per GPU " + fits_line(result.memory_per_gpu_bytes, result))
     if explain:
         for line in api.explain_estimate(result, job):

@@ -100,3 +100,84 @@ def load_cluster(name: str) -> Cluster:
     for tier in cluster.tiers:
         load_link(tier.link)
     return cluster
+
+
+#: The shipped runs catalogs: ``train`` (a profile may be fitted on it) and ``targets``
+#: (test targets, never fitted on).
+RUN_CATALOGS = ("train", "targets")
+
+
+def _run_rows_from_csv(path: Path) -> list[dict]:
+    """Flat CSV rows (dotted headers such as ``training.tp``) as nested dicts: empty cells
+    are null, ``derived_fields`` / ``inferred_fields`` split on ``;``, everything else a
+    string the schema converts (``"8"`` to 8 for an integer field)."""
+    import csv
+
+    rows = []
+    with path.open(newline="") as handle:
+        for flat in csv.DictReader(handle):
+            row: dict = {}
+            for key, text in flat.items():
+                *outer, last = key.split(".")
+                into = row
+                for part in outer:
+                    into = into.setdefault(part, {})
+                if key in ("derived_fields", "inferred_fields"):
+                    into[last] = [part for part in text.split(";") if part]
+                else:
+                    into[last] = text if text != "" else None
+            for key in ("moe", "mla"):  # an all-empty group is an absent one
+                group = row.get("model", {}).get(key)
+                if isinstance(group, dict) and all(v is None for v in group.values()):
+                    row["model"][key] = None
+            rows.append(row)
+    return rows
+
+
+@functools.cache
+def load_runs(name: str = "train") -> tuple:
+    """Published runs: a shipped catalog (``train``, ``targets``) or a user's JSON list / flat
+    CSV file in the schema of :class:`hwspecs.runs.RunRow`. Returns a tuple of RunRows."""
+    import json
+
+    from hwspecs.runs import RunRow
+
+    if name in RUN_CATALOGS:
+        path, label = DATA_DIR / "runs" / f"{name}.json", f"runs catalog {name}"
+    else:
+        path, label = Path(name).expanduser(), name
+    if not path.exists():
+        raise PlanError(f"runs file not found: {name} (or a catalog: {', '.join(RUN_CATALOGS)})")
+    if path.suffix == ".csv":
+        data = _run_rows_from_csv(path)
+    else:
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise PlanError(f"{label}: malformed JSON: {error}") from None
+    if not isinstance(data, list):
+        raise PlanError(f"{label}: expected a JSON list of runs")
+    rows = []
+    for index, entry in enumerate(data):
+        where = entry.get("id", index) if isinstance(entry, dict) else index
+        rows.append(parse_spec(entry, RunRow, f"{label} row {where}"))
+    return tuple(rows)
+
+
+def profile_names() -> list[str]:
+    """Accelerators with a shipped efficiency profile."""
+    return sorted(path.stem for path in (DATA_DIR / "profiles").glob("*.toml"))
+
+
+@functools.cache
+def load_profile(name: str):
+    """An efficiency profile by accelerator slug (shipped) or TOML path."""
+    from hwspecs.profile import EfficiencyProfile
+
+    if looks_like_path(name):
+        path = Path(name).expanduser()
+    else:
+        path = DATA_DIR / "profiles" / f"{name}.toml"
+        if not path.exists():
+            raise unknown_name_error("profile", name, profile_names())
+    return parse_spec(read_toml(path), EfficiencyProfile, str(path))

@@ -431,6 +431,19 @@ DEFAULT_PLAN = {
 }
 
 
+def with_profile(job, accelerator: str, profile: str | None):
+    """``job`` under an efficiency profile: ``none`` / None the ideal model, ``shipped`` the
+    accelerator's own (else the nearest generation's), else a profile name or TOML path."""
+    from planner.runs.profiles import profile_for
+
+    if profile in (None, "none"):
+        return job
+    chosen = profile_for(accelerator, None if profile == "shipped" else profile)
+    if chosen is None:
+        raise PlanError(f"--profile shipped: no profile for {accelerator} or its generation")
+    return job.model_copy(update={"efficiency_profile": chosen})
+
+
 def estimate(
     job,
     layout,
@@ -439,14 +452,17 @@ def estimate(
     mfu_dtype: str = "bf16",
     mem_headroom: float | None = None,
     order: str | None = None,
+    profile: str | None = None,
 ):
-    """One layout's predicted step (see :func:`planner.estimate.estimate`)."""
+    """One layout's predicted step (see :func:`planner.estimate.estimate`); ``profile``: see
+    :func:`with_profile`."""
     mem_headroom = _checked_headroom(mem_headroom)
     from hwspecs.catalog import load_cluster
     from planner.comm.topology import resolve_order
     from planner.estimate import estimate as estimate_layout
 
     spec = load_cluster(cluster)
+    job = with_profile(job, spec.accelerator, profile)
     mesh = resolve_order(order) if order else None
     return estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
 
@@ -474,10 +490,11 @@ def plan(
     order: str | None = None,
     progress=None,
     refine_top: int | None = None,
+    profile: str | None = None,
 ):
     """Search every layout and return the top ones with their full estimates; also the table.
     ``refine_top``: rows re-timed by the event simulator (default
-    :data:`planner.refine.DEFAULT_REFINE_TOP`)."""
+    :data:`planner.refine.DEFAULT_REFINE_TOP`); ``profile``: see :func:`with_profile`."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.comm.topology import resolve_order
     from planner.estimate import estimate as estimate_layout
@@ -491,6 +508,7 @@ def plan(
     if gpus > spec.num_gpus:
         raise PlanError(f"--gpus {gpus} exceeds cluster {spec.id}'s {spec.num_gpus} GPUs")
     accelerator = load_accelerator(spec.accelerator)
+    job = with_profile(job, spec.accelerator, profile)
     mesh = resolve_order(order) if order else None
     from planner.refine import DEFAULT_REFINE_TOP
 
@@ -543,6 +561,97 @@ def plan(
         explanation=explain_plan(found, results, accelerator, mem_headroom),
     )
     return result, found.table
+
+
+# ----- published runs -------------------------------------------------------------------
+
+
+def runs_check(
+    runs: list[str] | None = None,
+    source: str | None = None,
+    accelerator: str | None = None,
+    profile: str | None = None,
+    limit: int | None = None,
+):
+    """Predict published runs with their layouts pinned; the error per source, accelerator
+    and precision (see :mod:`planner.runs.check`).
+
+    ``runs``: files or shipped catalogs (default: the ``train`` and ``targets`` catalogs);
+    ``source`` / ``accelerator``: keep rows whose source contains / accelerator is it;
+    ``profile``: ``none`` (the ideal model), a profile TOML path, or None for each
+    accelerator's shipped profile; ``limit``: the first rows only (a quick sample).
+    """
+    from hwspecs.catalog import load_runs
+    from planner.runs.check import predict_row, summarize
+    from planner.runs.profiles import profile_for
+    from planner.runs.rows import stack_label
+
+    names = runs or ["train", "targets"]
+    rows = [row for name in names for row in load_runs(name)]
+    if source:
+        rows = [row for row in rows if source.lower() in row.source.lower()]
+    if accelerator:
+        rows = [row for row in rows if row.hardware.accelerator == accelerator]
+    if limit:
+        rows = rows[:limit]
+    if not rows:
+        raise PlanError("no runs match --source / --accelerator")
+    predictions = [
+        predict_row(row, profile_for(row.hardware.accelerator, profile, stack_label(row)))
+        for row in rows
+    ]
+    return summarize(predictions, ", ".join(names), profile or "shipped")
+
+
+class FitReport(BaseModel):
+    """``llmplan fit``: the fitted profile, its errors and the profile file's text."""
+
+    fit: dict
+    excluded_targets: int
+    uncovered: dict[str, int]
+    profile_toml: str
+
+
+def fit(
+    runs: list[str] | None,
+    accelerator: str,
+    stack: str | None = None,
+    command: str = "llmplan fit",
+) -> FitReport:
+    """Fit ``accelerator``'s efficiency profile on runs (default: the shipped ``train``
+    catalog). Rows of the ``targets`` catalog are never fitted on (dropped and counted)."""
+    import datetime
+
+    from hwspecs.catalog import load_runs
+    from planner.runs.check import predict_row
+    from planner.runs.fit import fit_profile, profile_toml
+    from planner.runs.rows import stack_label
+
+    targets = {row.id for row in load_runs("targets")}
+    rows = [row for name in (runs or ["train"]) for row in load_runs(name)]
+    rows = [row for row in rows if row.hardware.accelerator == accelerator]
+    if stack:
+        rows = [row for row in rows if stack_label(row) == stack]
+    excluded = sum(row.id in targets for row in rows)
+    rows = [row for row in rows if row.id not in targets]
+    predictions = [predict_row(row) for row in rows]
+    covered = [p for p in predictions if p.covered]
+    uncovered: dict[str, int] = {}
+    for p in predictions:
+        if not p.covered:
+            uncovered[p.reason] = uncovered.get(p.reason, 0) + 1
+    if len(covered) < 8:
+        raise PlanError(
+            f"--accelerator {accelerator}: {len(covered)} runs the model covers; a fit needs ≥ 8"
+        )
+    result = fit_profile(covered, accelerator, stack)
+    date = datetime.date.today().isoformat()
+    return FitReport(
+        fit=result.model_dump(),
+        excluded_targets=excluded,
+        uncovered=uncovered,
+        profile_toml=profile_toml(result, command, date),
+    )
 
 
 # ----- types and functions the front ends use, imported on first use -------------------

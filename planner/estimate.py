@@ -29,6 +29,7 @@ from planner.cost.memory import (
     StageMemory,
     memory_report,
 )
+from planner.cost.profile import PROFILE_PARTS, profile_intervals
 from planner.evaluate import evaluate_columns
 from planner.spec.job import Job
 from planner.spec.layout import Layout
@@ -76,6 +77,12 @@ class Estimate(BaseModel):
     mem_headroom: float
     usable_bytes: float
     fits: bool
+    #: The efficiency profile applied (None: the ideal model) and, with one, the band its
+    #: cross-validated error implies (10th–90th percentile of measured / predicted).
+    profile: str | None = None
+    step_time_interval_s: tuple[float, float] | None = None
+    tokens_per_s_per_gpu_interval: tuple[float, float] | None = None
+    mfu_interval: tuple[float, float] | None = None
 
 
 def layout_columns(layout: Layout, num_microbatches: int) -> dict[str, np.ndarray]:
@@ -122,6 +129,7 @@ def estimate(
     if job.precision.optimizer == "muon":  # Muon's gather of whole matrices, reported apart
         breakdown["optimizer_comm"] = float(value["optimizer_comm_s"])
     breakdown["link_contention"] = float(value["link_contention_s"])
+    breakdown |= {part: float(value[f"{part}_s"]) for part in PROFILE_PARTS if f"{part}_s" in value}
     return Estimate(
         model=job.model.name,
         cluster=cluster.id,
@@ -156,4 +164,5 @@ def estimate(
         mem_headroom=mem_headroom,
         usable_bytes=memory.usable_bytes,
         fits=memory.fits,
+        **profile_intervals(job.efficiency_profile, value),
     )

@@ -17,6 +17,7 @@ from planner.comm.traffic import AXES, axis_times_vectorized, chunks_column
 from planner.cost import adapters as ft
 from planner.cost.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.cost.model_states import optimizer_columns
+from planner.cost.profile import apply_profile, profile_inputs
 from planner.evaluate.rows import gather, held
 from planner.pipeline import closed_form
 from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES, SCHEDULES
@@ -207,7 +208,10 @@ def time_columns(
         out[f"{axis}_exposed_time_s"] = comm[f"{axis}_exposed_time_s"]
         out[f"{axis}_time_s"] = comm[f"{axis}_time_s"]
         out[f"{axis}_bytes_per_step"] = comm[f"{axis}_bytes_per_step"]
-    return out
+    # The fitted efficiency profile's terms, in one place (planner.cost.profile).
+    comm_s = sum(comm[f"{axis}_time_s"] for axis in AXES)
+    inputs = profile_inputs(job, tp, c["etp"], cp, pp, ep, mbs, m, num_gpus, comm_s, exposed)
+    return apply_profile(out, inputs, job.efficiency_profile)
 
 
 def _pipeline_columns(c: dict, S: dict, R: dict, accelerator, rates) -> tuple[np.ndarray, ...]:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hwspecs.profile import EfficiencyProfile
 from planner.spec.finetune import FinetuneSpec, check_targets
 from planner.spec.measures import MemoryMeasures
 from planner.spec.model import ModelSpec
@@ -38,6 +39,11 @@ class Job(BaseModel):
     finetune: FinetuneSpec | None = None
     memory_measures: MemoryMeasures = MemoryMeasures()
     weight_pass_memory: WeightPassMemory = "inputs"
+    efficiency_profile: EfficiencyProfile | None = Field(
+        None,
+        description="fitted terms of the accelerator (and stack) the step loses beyond the "
+        "ideal model (planner.cost.profile); None: the ideal model",
+    )
     runtime_overhead_bytes: int = Field(
         1 << 30,
         ge=0,

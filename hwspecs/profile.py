@@ -1,0 +1,67 @@
+"""Efficiency profiles as data: the few fitted terms ideal figures cannot show.
+
+A profile belongs to one accelerator (optionally one software stack) and is fitted by
+``llmplan fit`` on published runs (``hwspecs/data/profiles/<accelerator>.toml``). Each
+term is a quantity a practitioner would name, with its unit and the physical range the fit
+was bounded to; the fit records the training rows' ids, the cross-validated errors, the
+command and the date. The terms' meaning and how they enter the step time are in
+:mod:`planner.cost.profile`; this module only holds the data.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ProfileTerm(BaseModel):
+    """One fitted term: its value, unit and the bounds it was fitted within."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    value: float
+    unit: str
+    lower: float
+    upper: float
+
+    @model_validator(mode="after")
+    def _within_bounds(self) -> ProfileTerm:
+        if not self.lower <= self.value <= self.upper:
+            raise ValueError(f"value {self.value} outside its bounds [{self.lower}, {self.upper}]")
+        return self
+
+
+class ProfileFit(BaseModel):
+    """How a profile was fitted and how well it predicts rows it was not fitted on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str
+    date: str
+    training_ids: list[str]
+    num_rows: int
+    num_groups: int
+    in_sample_mape: float
+    kfold_mape: float | None = None
+    loso_mape: float | None = None
+    loso_mape_by_source: dict[str, float] = Field(default_factory=dict)
+    #: Measured over predicted step time under cross-validation: the 10th and 90th
+    #: percentiles of the ratio, the band an estimate carries.
+    step_time_ratio_p10: float = 1.0
+    step_time_ratio_p90: float = 1.0
+
+
+class EfficiencyProfile(BaseModel):
+    """The fitted terms of one accelerator (and stack) with their provenance."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accelerator: str
+    stack: str | None = None
+    terms: dict[str, ProfileTerm]
+    fit: ProfileFit
+    notes: str = ""
+    borrowed_from: str | None = Field(
+        None,
+        description="set when this accelerator has no runs of its own and takes the "
+        "nearest generation's profile: the accelerator it was fitted on",
+    )

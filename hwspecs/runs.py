@@ -1,0 +1,170 @@
+"""Published training runs as data: the schema of one measured run.
+
+A row is one end-to-end training configuration whose layout and throughput were published
+(or measured on the user's own machine): where it comes from (``source``, ``source_ref``),
+the hardware, the model's shape, the training layout and what was measured. The schema is
+the one of ``shared/reference/runs/train.json`` (every key present, unknown values null),
+so a user's own runs in that schema load unchanged; unknown keys are rejected.
+
+The project's catalog lives in ``hwspecs/data/runs/``: ``train.json`` (rows a profile may
+be fitted on) and ``targets.json`` (test targets, never fitted on). Like every spec here,
+this module computes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunSpecModel(BaseModel):
+    """Base of the run schema: unknown keys are errors, values are kept as given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceRef(RunSpecModel):
+    """Where a row comes from: a repository file at a commit, a paper's table or a web page."""
+
+    kind: Literal["repo", "paper", "web", "local"]
+    repo: str | None = None
+    path: str | None = None
+    commit: str | None = None
+    table: str | None = None
+    config: str | None = None
+    arxiv: str | None = None
+    url: str | None = None
+
+
+class RunHardware(RunSpecModel):
+    """The machine the run used."""
+
+    accelerator: str = Field(description="catalog accelerator slug where one exists")
+    accelerator_desc: str | None = None
+    num_gpus: int = Field(ge=1, description="GPUs (chips for TPU) of the run")
+    gpus_per_node: int | None = Field(None, ge=1)
+    scale_out: str | None = Field(None, description="the scale-out network, as the source says")
+    caveats: str | None = None
+    cluster: str | None = Field(
+        None,
+        description="catalog cluster the run's machine is (absent: the accelerator's "
+        "reference cluster, grown to the run's GPU count)",
+    )
+
+
+class RunMoE(RunSpecModel):
+    """Mixture-of-experts shape."""
+
+    experts: int = Field(ge=1)
+    top_k: int = Field(ge=1)
+    expert_ffn: int = Field(ge=1)
+    shared_experts: int = Field(0, ge=0)
+    shared_expert_ffn: int | None = None
+    moe_layers: int | None = None
+    dense_layers: int | None = None
+    notes: str | None = None
+
+
+class RunMLA(RunSpecModel):
+    """Multi-head latent attention ranks (DeepSeek-V2/V3 style)."""
+
+    q_lora_rank: int | None = Field(None, ge=1)
+    kv_lora_rank: int = Field(ge=1)
+    qk_rope_head_dim: int = Field(ge=1)
+    qk_nope_head_dim: int = Field(ge=1)
+    v_head_dim: int = Field(ge=1)
+
+
+class RunModel(RunSpecModel):
+    """The model's shape as it ran (a shallow stand-in keeps the layer count that ran)."""
+
+    name: str
+    hf_id: str | None = None
+    params_b: float | None = None
+    active_params_b: float | None = None
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    ffn: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: int | None = Field(None, ge=1)
+    head_dim: int | None = Field(None, ge=1)
+    vocab: int = Field(ge=1)
+    mlp: str = Field(description="MLP kind as the source names it (SwiGLU, GELU, ...)")
+    tied_embeddings: bool | None = None
+    moe: RunMoE | None = None
+    mla: RunMLA | None = None
+    arch_notes: str | None = None
+
+
+class RunTraining(RunSpecModel):
+    """The training layout and recipe; free-text fields keep the source's wording."""
+
+    task: str = "pretrain"
+    seq_len: int = Field(ge=1)
+    global_batch_seqs: int | None = Field(None, ge=1)
+    global_batch_tokens: int = Field(ge=1)
+    micro_batch: int | None = Field(None, ge=1)
+    grad_accum: int | None = Field(None, ge=1)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1)
+    dp: int | None = Field(None, ge=1)
+    ep: int | None = Field(None, ge=1)
+    etp: int | None = Field(None, ge=1)
+    vpp: int | None = Field(None, ge=1)
+    pp_schedule: str | None = None
+    zero_stage: int | str | None = None
+    fsdp: bool | str | None = None
+    sequence_parallel: bool | None = None
+    recompute: str | None = None
+    precision: str = "bf16"
+    optimizations: str | None = None
+    framework: str | None = None
+    framework_version: str | None = None
+
+
+class RunMeasured(RunSpecModel):
+    """What the run measured (per GPU unless named otherwise)."""
+
+    step_time_s: float | None = Field(None, gt=0)
+    tokens_per_s_per_gpu: float | None = Field(None, gt=0)
+    samples_per_s_per_gpu: float | None = None
+    model_tflops_per_gpu: float | None = None
+    hw_tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    mfu_definition: str | None = None
+    hfu: float | None = None
+    memory_gb_per_gpu: float | None = None
+    other: dict | None = None
+
+
+class RunRow(RunSpecModel):
+    """One measured training run."""
+
+    id: str
+    source: str
+    source_ref: SourceRef
+    year: int | None = None
+    confirmation: str | None = None
+    group: str | None = Field(
+        None, description="rows that are one configuration measured with different releases"
+    )
+    hardware: RunHardware
+    model: RunModel
+    training: RunTraining
+    measured: RunMeasured
+    derived_fields: list[str] = Field(default_factory=list)
+    inferred_fields: list[str] = Field(default_factory=list)
+    notes: str | None = None
+
+    @property
+    def group_key(self) -> str:
+        """The configuration group (the row's own id where no group is given)."""
+        return self.group or self.id
+
+
+class RunCatalog(RunSpecModel):
+    """A list of runs (the JSON file is the bare list; this wraps it for validation)."""
+
+    rows: list[RunRow]

@@ -1,0 +1,241 @@
+"""Predict published runs and measure the error: what ``llmplan runs check`` prints.
+
+Each row's published layout fields are pinned and the rest searched
+(:mod:`planner.runs.rows`); the fastest layout that fits is the prediction. Throughput is
+compared per GPU: the row's tokens/s, else its global batch over its step time, else its
+model TFLOP/s over the model FLOPs per token recomputed from the architecture (PaLM
+Appendix B: 6N + 12·L·h·s). MFU is recomputed the same way on both sides (BF16 dense
+peak), so the two columns differ only by throughput. Errors are ``predicted / measured − 1``
+on tokens/s (positive: optimistic).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel
+
+from hwspecs.catalog import load_accelerator
+from hwspecs.runs import RunRow
+from planner.runs.rows import (
+    Uncovered,
+    model_spec,
+    precision_label,
+    run_cluster,
+    run_job,
+    search_space,
+    stack_label,
+)
+from planner.search import LAYOUT_COLUMNS, search
+
+GIB = 2**30
+#: Evaluated columns a profile reads (:mod:`planner.cost.profile`), kept per row for ``fit``.
+FEATURE_COLUMNS = (
+    "step_time_s",
+    "pipeline_time_s",
+    "compute_s",
+    "recompute_s",
+    "exposed_comm_s",
+    "overlapped_comm_s",
+    "kernels_per_step",
+    "expert_width",
+    "attention_share",
+    "expert_share",
+    "num_gpus",
+    "fp8",
+)
+
+
+class RowPrediction(BaseModel):
+    """One run: predicted against measured, or the reason it is not covered."""
+
+    id: str
+    source: str
+    source_family: str
+    group: str
+    accelerator: str
+    precision: str
+    stack: str
+    num_gpus: int
+    covered: bool
+    reason: str | None = None
+    layout: dict | None = None
+    measured_tokens_per_s_per_gpu: float | None = None
+    measured_from: str | None = None
+    predicted_tokens_per_s_per_gpu: float | None = None
+    error: float | None = None
+    measured_step_time_s: float | None = None
+    predicted_step_time_s: float | None = None
+    measured_mfu: float | None = None
+    predicted_mfu: float | None = None
+    published_mfu: float | None = None
+    predicted_mfu_causal: float | None = None
+    predicted_memory_gib: float | None = None
+    measured_memory_gib: float | None = None
+    features: dict[str, float] | None = None
+
+
+class ErrorStats(BaseModel):
+    """Throughput error of a set of rows."""
+
+    name: str
+    n: int
+    num_groups: int
+    mape: float
+    median_signed_error: float
+    within_20pct: float
+    worst: list[tuple[str, float]]
+
+
+class RunsCheck(BaseModel):
+    """Every row's prediction, the error per source / accelerator / precision, coverage."""
+
+    runs: str
+    profile: str
+    num_rows: int
+    num_covered: int
+    uncovered: dict[str, int]
+    overall: ErrorStats | None
+    by_source: list[ErrorStats]
+    by_accelerator: list[ErrorStats]
+    by_precision: list[ErrorStats]
+    rows: list[RowPrediction]
+
+
+def source_family(row: RunRow) -> str:
+    """The publisher a row comes from: its repository, paper or web site (rows of one
+    family share a benchmark harness, so cross-validation leaves them out together)."""
+    ref = row.source_ref
+    if ref.repo:
+        return ref.repo
+    if ref.arxiv:
+        return f"arXiv {ref.arxiv}"
+    if ref.url:
+        return ref.url.split("//")[-1].split("/")[0]
+    return row.source
+
+
+def _measured_tokens_per_s(row: RunRow, flops_per_token: float) -> tuple[float | None, str | None]:
+    m, gpus = row.measured, row.hardware.num_gpus
+    if m.tokens_per_s_per_gpu:
+        return m.tokens_per_s_per_gpu, "tokens/s"
+    if m.step_time_s:
+        return row.training.global_batch_tokens / m.step_time_s / gpus, "step time"
+    if m.model_tflops_per_gpu:
+        return m.model_tflops_per_gpu * 1e12 / flops_per_token, "model TFLOP/s"
+    return None, None
+
+
+def _uncovered(row: RunRow, base: dict, reason: str) -> RowPrediction:
+    return RowPrediction(**base, covered=False, reason=reason)
+
+
+def _no_layout_reason(rejected: dict[str, int]) -> str:
+    if not rejected:
+        return "no layout"
+    worst = max(rejected, key=rejected.get)
+    return "no layout fits in memory" if worst.startswith("does not fit") else f"layout: {worst}"
+
+
+def predict_row(row: RunRow, profile=None) -> RowPrediction:
+    """One row's prediction with its published layout pinned (``profile``: an efficiency
+    profile applied inside the cost model, None for the ideal model)."""
+    base = {
+        "id": row.id,
+        "source": row.source,
+        "source_family": source_family(row),
+        "group": row.group_key,
+        "accelerator": row.hardware.accelerator,
+        "precision": precision_label(row),
+        "stack": stack_label(row),
+        "num_gpus": row.hardware.num_gpus,
+        "measured_step_time_s": row.measured.step_time_s,
+        "published_mfu": row.measured.mfu,
+        "measured_memory_gib": row.measured.memory_gb_per_gpu,
+    }
+    try:
+        model = model_spec(row)
+        cluster = run_cluster(row)
+        job = run_job(row, model)
+        space = search_space(row, model)
+    except Uncovered as reason:
+        return _uncovered(row, base, str(reason))
+    if profile is not None:
+        job = job.model_copy(update={"efficiency_profile": profile})
+    accelerator = load_accelerator(cluster.accelerator)
+    found = search(job, cluster, accelerator, row.hardware.num_gpus, space, mem_headroom=0.0)
+    if found.feasible == 0:
+        return _uncovered(row, base, _no_layout_reason(found.rejected))
+    best = found.table.iloc[0]
+    tokens = float(best["tokens_per_s_per_gpu"])
+    flops_per_token = float(best["model_tflops_per_gpu"]) * 1e12 / tokens
+    measured, measured_from = _measured_tokens_per_s(row, flops_per_token)
+    if measured is None:
+        return _uncovered(row, base, "no measured throughput")
+    mfu = float(best["mfu"])
+    features = {key: float(best[key]) for key in FEATURE_COLUMNS if key in best}
+    layout = {key: _plain(best[key]) for key in LAYOUT_COLUMNS}
+    return RowPrediction(
+        **{
+            **base,
+            "measured_step_time_s": row.training.global_batch_tokens
+            / measured
+            / row.hardware.num_gpus,
+        },
+        covered=True,
+        layout=layout,
+        measured_tokens_per_s_per_gpu=measured,
+        measured_from=measured_from,
+        predicted_tokens_per_s_per_gpu=tokens,
+        error=tokens / measured - 1,
+        predicted_step_time_s=float(best["step_time_s"]),
+        predicted_mfu=mfu,
+        measured_mfu=mfu * measured / tokens,
+        predicted_mfu_causal=float(best["mfu_causal"]),
+        predicted_memory_gib=float(best["memory_per_gpu_bytes"]) / GIB,
+        features=features,
+    )
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def error_stats(name: str, rows: list[RowPrediction], worst: int = 3) -> ErrorStats:
+    """n, MAPE, median signed error, share within ±20% and the worst rows of ``rows``."""
+    errors = np.array([r.error for r in rows])
+    order = np.argsort(-np.abs(errors))[:worst]
+    return ErrorStats(
+        name=name,
+        n=len(rows),
+        num_groups=len({r.group for r in rows}),
+        mape=float(np.mean(np.abs(errors))),
+        median_signed_error=float(np.median(errors)),
+        within_20pct=float(np.mean(np.abs(errors) <= 0.2)),
+        worst=[(rows[i].id, float(errors[i])) for i in order],
+    )
+
+
+def _grouped(rows: list[RowPrediction], key) -> list[ErrorStats]:
+    names = sorted({key(r) for r in rows})
+    return [error_stats(name, [r for r in rows if key(r) == name]) for name in names]
+
+
+def summarize(predictions: list[RowPrediction], runs: str, profile: str) -> RunsCheck:
+    """The per-source / accelerator / precision tables and coverage of ``predictions``."""
+    covered = [r for r in predictions if r.covered]
+    uncovered: dict[str, int] = {}
+    for r in predictions:
+        if not r.covered:
+            uncovered[r.reason] = uncovered.get(r.reason, 0) + 1
+    return RunsCheck(
+        runs=runs,
+        profile=profile,
+        num_rows=len(predictions),
+        num_covered=len(covered),
+        uncovered=dict(sorted(uncovered.items(), key=lambda item: -item[1])),
+        overall=error_stats("all", covered) if covered else None,
+        by_source=_grouped(covered, lambda r: r.source_family),
+        by_accelerator=_grouped(covered, lambda r: r.accelerator),
+        by_precision=_grouped(covered, lambda r: f"{r.accelerator} {r.precision}"),
+        rows=predictions,
+    )

@@ -1,0 +1,242 @@
+"""Fit an efficiency profile to measured runs, and say how well it predicts unseen ones.
+
+The rows are first predicted with the ideal model (:func:`planner.runs.check.predict_row`
+without a profile), which fixes each row's layout and its ideal breakdown; the profile's
+terms (:mod:`planner.cost.profile`) then lengthen each step in closed form, so the fit
+works on those columns. The loss is robust least squares (``scipy.optimize.least_squares``,
+soft-L1) on log throughput, each row weighted by 1/size of its configuration group (one
+configuration measured under several software releases counts once). Terms are bounded to
+their physical ranges; terms no row can inform (FP8 efficiency without FP8 rows) stay ideal.
+
+Cross-validation splits by source family (a publisher's harness), never by row: k-fold
+over families and leave-one-source-out, both reported per family. The held-out ratios of
+measured to predicted step time give the interval an estimate carries (10th–90th percentile).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel
+
+from planner.cost.profile import TERMS, profiled_step_time
+from planner.runs.check import FEATURE_COLUMNS, RowPrediction
+
+#: Interior start of each term (the ideal values sit on their bounds).
+START = {
+    "compute_efficiency_bf16": 0.8,
+    "compute_efficiency_fp8": 0.7,
+    "expert_gemm_half_width": 256.0,
+    "attention_efficiency": 0.8,
+    "kernel_overhead_s": 2e-6,
+    "overlap_slowdown": 0.1,
+    "sync_per_doubling_s": 1e-3,
+}
+#: Soft-L1 scale on log throughput: residuals beyond ~15% count linearly, not squared.
+ROBUST_SCALE = 0.15
+NUM_FOLDS = 5
+
+
+class FitResult(BaseModel):
+    """Fitted values, the rows used, and in-sample and cross-validated errors."""
+
+    accelerator: str
+    stack: str | None
+    values: dict[str, float]
+    fitted_terms: list[str]
+    training_ids: list[str]
+    num_rows: int
+    num_groups: int
+    in_sample_mape: float
+    kfold_mape: float | None
+    loso_mape: float | None
+    loso_mape_by_source: dict[str, float]
+    in_sample_mape_by_source: dict[str, float]
+    step_time_ratio_p10: float
+    step_time_ratio_p90: float
+    ideal_mape: float
+
+
+def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
+    cols = {key: np.array([r.features[key] for r in rows]) for key in FEATURE_COLUMNS}
+    cols["fp8"] = cols["fp8"].astype(bool)
+    cols["ideal_tokens"] = np.array([r.predicted_tokens_per_s_per_gpu for r in rows])
+    cols["measured_tokens"] = np.array([r.measured_tokens_per_s_per_gpu for r in rows])
+    return cols
+
+
+def _take(cols: dict, index: np.ndarray) -> dict:
+    return {key: value[index] for key, value in cols.items()}
+
+
+def predicted_tokens(cols: dict, values: dict[str, float]) -> np.ndarray:
+    """Tokens/s per GPU per row under the profile ``values`` (throughput scales with 1/step)."""
+    return cols["ideal_tokens"] * cols["step_time_s"] / profiled_step_time(cols, values)
+
+
+def informed_terms(cols: dict) -> list[str]:
+    """Terms the rows can inform: FP8 efficiency only with FP8 rows, BF16's with BF16 rows."""
+    names = list(TERMS)
+    if not cols["fp8"].any():
+        names.remove("compute_efficiency_fp8")
+    if cols["fp8"].all():
+        names.remove("compute_efficiency_bf16")
+    if not cols["expert_share"].any():
+        names.remove("expert_gemm_half_width")
+    return names
+
+
+def fit_values(cols: dict, weights: np.ndarray, names: list[str]) -> dict[str, float]:
+    """Least-squares values of ``names`` (bounded, robust) on log throughput."""
+    from scipy.optimize import least_squares
+
+    lower = np.array([TERMS[n].lower for n in names])
+    upper = np.array([TERMS[n].upper for n in names])
+    span = upper - lower
+    start = (np.array([START[n] for n in names]) - lower) / span
+    root = np.sqrt(weights)
+    measured = np.log(cols["measured_tokens"])
+
+    def values_of(z: np.ndarray) -> dict[str, float]:
+        z = np.clip(z, 0.0, 1.0)
+        return {n: float(lo + zi * s) for n, lo, zi, s in zip(names, lower, z, span, strict=True)}
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        return root * (np.log(predicted_tokens(cols, values_of(z))) - measured)
+
+    found = least_squares(residuals, start, bounds=(0.0, 1.0), loss="soft_l1", f_scale=ROBUST_SCALE)
+    return {n: float(f"{value:.4g}") for n, value in values_of(found.x).items()}
+
+
+def _group_weights(groups: np.ndarray) -> np.ndarray:
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse]
+
+
+def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted / measured - 1)))
+
+
+def _held_out(cols, weights, names, families, folds: list[np.ndarray]) -> np.ndarray:
+    """Each row's prediction from a fit on the folds it is not in."""
+    held = np.full(len(families), np.nan)
+    for fold in folds:
+        test = np.isin(families, fold)
+        if test.all() or not test.any():
+            continue
+        train = ~test
+        values = fit_values(_take(cols, train), weights[train], names)
+        held[test] = predicted_tokens(_take(cols, test), values)
+    return held
+
+
+#: A term stays only if leaving it out raises the leave-one-source-out MAPE by more than this.
+MIN_CV_GAIN = 0.002
+
+
+def _loso_mape(cols, weights, names, families) -> float:
+    folds = [np.array([f]) for f in sorted(set(families))]
+    return _mape(_held_out(cols, weights, names, families, folds), cols["measured_tokens"])
+
+
+def terms_that_earn_their_place(cols, weights, names: list[str], families) -> list[str]:
+    """Backward elimination under leave-one-source-out CV: drop, one at a time, the term
+    whose absence lowers the held-out MAPE most, while some absence lowers it (or raises
+    it by less than :data:`MIN_CV_GAIN`). The CV errors reported afterwards are measured on
+    the same folds, so they are slightly optimistic (no nested CV)."""
+    kept = list(names)
+    best = _loso_mape(cols, weights, kept, families)
+    while len(kept) > 1:
+        trials = {n: _loso_mape(cols, weights, [k for k in kept if k != n], families)
+                  for n in kept}  # fmt: skip
+        name = min(trials, key=trials.get)
+        if trials[name] > best + MIN_CV_GAIN:
+            break
+        kept.remove(name)
+        best = min(best, trials[name])
+    return kept
+
+
+def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) -> FitResult:
+    """Fit the profile terms to ``rows`` (covered ideal-model predictions of one accelerator)."""
+    cols = _columns(rows)
+    weights = _group_weights(np.array([r.group for r in rows]))
+    families = np.array([r.source_family for r in rows])
+    names = informed_terms(cols)
+    if len(set(families)) > 1:
+        names = terms_that_earn_their_place(cols, weights, names, families)
+    values = fit_values(cols, weights, names)
+    predicted = predicted_tokens(cols, values)
+    measured = cols["measured_tokens"]
+    unique = sorted(set(families))
+    by_family = {f: _mape(predicted[families == f], measured[families == f]) for f in unique}
+    loso = kfold = None
+    loso_by: dict[str, float] = {}
+    rng = np.random.default_rng(0)
+    if len(unique) > 1:
+        held = _held_out(cols, weights, names, families, [np.array([f]) for f in unique])
+        loso = _mape(held, measured)
+        loso_by = {f: _mape(held[families == f], measured[families == f]) for f in unique}
+        folds = np.array_split(rng.permutation(unique), min(NUM_FOLDS, len(unique)))
+        kfold = _mape(_held_out(cols, weights, names, families, folds), measured)
+    else:  # one source: k-fold over configuration groups (never over rows)
+        groups = np.array([r.group for r in rows])
+        folds = np.array_split(rng.permutation(sorted(set(groups))), NUM_FOLDS)
+        held = _held_out(cols, weights, names, groups, folds)
+        kfold = _mape(held, measured)
+    ratio = held / measured  # held-out: measured over predicted step time
+    return FitResult(
+        accelerator=accelerator,
+        stack=stack,
+        values={**{n: TERMS[n].ideal for n in TERMS}, **values},
+        fitted_terms=names,
+        training_ids=[r.id for r in rows],
+        num_rows=len(rows),
+        num_groups=len({r.group for r in rows}),
+        in_sample_mape=_mape(predicted, measured),
+        kfold_mape=kfold,
+        loso_mape=loso,
+        loso_mape_by_source=loso_by,
+        in_sample_mape_by_source=by_family,
+        step_time_ratio_p10=float(np.percentile(ratio, 10)),
+        step_time_ratio_p90=float(np.percentile(ratio, 90)),
+        ideal_mape=_mape(cols["ideal_tokens"], measured),
+    )
+
+
+def profile_toml(result: FitResult, command: str, date: str) -> str:
+    """The fitted profile as TOML (``hwspecs/data/profiles/<accelerator>.toml``)."""
+
+    def line(key: str, value) -> str:
+        if isinstance(value, str):
+            return f"{key} = {value!r}".replace("'", '"')
+        return f"{key} = {value!r}"
+
+    out = [
+        f"# Efficiency profile of {result.accelerator}, fitted by `{command}` on {date}.",
+        "# Terms: planner/cost/profile.py. Ideal model: --profile none.",
+        line("accelerator", result.accelerator),
+    ]
+    if result.stack:
+        out.append(line("stack", result.stack))
+    fixed = [n for n in TERMS if n not in result.fitted_terms]
+    note = "terms left at their ideal values (no row informs them): " + ", ".join(fixed)
+    out.append(line("notes", note if fixed else "every term fitted"))
+    out.append("")
+    for name, term in TERMS.items():
+        out += [f"[terms.{name}]", line("value", float(result.values[name])),
+                line("unit", term.unit), line("lower", term.lower), line("upper", term.upper),
+                ""]  # fmt: skip
+    out += ["[fit]", line("command", command), line("date", date),
+            line("num_rows", result.num_rows), line("num_groups", result.num_groups),
+            line("in_sample_mape", round(result.in_sample_mape, 4))]  # fmt: skip
+    if result.kfold_mape is not None:
+        out.append(line("kfold_mape", round(result.kfold_mape, 4)))
+    if result.loso_mape is not None:
+        out.append(line("loso_mape", round(result.loso_mape, 4)))
+    out += [line("step_time_ratio_p10", round(result.step_time_ratio_p10, 4)),
+            line("step_time_ratio_p90", round(result.step_time_ratio_p90, 4)),
+            "training_ids = ["]  # fmt: skip
+    out += [f'  "{row_id}",' for row_id in result.training_ids]
+    out += ["]", "", "[fit.loso_mape_by_source]"]
+    out += [f'"{k}" = {round(v, 4)}' for k, v in result.loso_mape_by_source.items()]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,251 @@
+"""A published run as the planner's inputs: model, job, cluster and a search space.
+
+Every layout field the row publishes is pinned (one value in the :class:`SearchSpace`);
+the ones it leaves out keep the search's full range, so the prediction is what a new user
+would get by pinning what they know and letting ``llmplan plan`` choose the rest. A row
+the model cannot express raises :class:`Uncovered` with the reason, counted by
+``runs check`` as coverage.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import ValidationError
+
+from hwspecs.catalog import catalog_names, load_cluster
+from hwspecs.errors import PlanError
+from hwspecs.runs import RunRow
+from hwspecs.schema import Cluster, ClusterTier
+from planner.search import SearchSpace
+from planner.spec.job import Job
+from planner.spec.measures import memory_measures
+from planner.spec.model import ModelSpec
+from planner.spec.precision import PrecisionSpec
+
+#: The catalog cluster a run on each accelerator is predicted on, grown to the run's GPU
+#: count with its outermost link where the run is larger (rows rarely print their network).
+REFERENCE_CLUSTERS = {
+    "h100-sxm": "dgx-h100",
+    "h200-sxm": "dgx-h200",
+    "h800-sxm": "dgx-h800",
+    "a100-sxm-80gb": "dgx-a100",
+    "a100-sxm-40gb": "dgx-a100",
+    "b200": "dgx-b200",
+    "gb200": "gb200-nvl72",
+    "mi300x": "mi300x",
+    "tpu-v4": "tpu-v4",
+    "tpu-v5p": "tpu-v5p",
+    "tpu-v6e": "tpu-v6e",
+}
+
+
+class Uncovered(Exception):
+    """A row the model cannot express; the message is the coverage reason."""
+
+
+def precision_recipe(text: str) -> str:
+    """The planner's precision recipe for a row's precision text (FP4 is not modelled)."""
+    lower = text.lower()
+    if "fp4" in lower:
+        raise Uncovered("FP4 training is not modelled")
+    if "fp8" in lower:
+        return "fp8-mixed"
+    if "fp16" in lower and "bf16" not in lower:
+        return "fp16-mixed"
+    return "bf16-mixed"
+
+
+def _gated(mlp: str) -> bool:
+    lower = mlp.lower()
+    return "glu" in lower or "gated" in lower
+
+
+def model_spec(row: RunRow) -> ModelSpec:
+    """The row's architecture as a ModelSpec (gated MLPs as SwiGLU's three matrices, other
+    MLPs as two; shared experts counted in units of one routed expert's FFN)."""
+    m = row.model
+    fields: dict = {
+        "name": m.name,
+        "num_layers": m.layers,
+        "hidden_size": m.hidden,
+        "ffn_hidden_size": m.ffn,
+        "num_attention_heads": m.heads,
+        "num_kv_heads": m.kv_heads or m.heads,
+        "vocab_size": m.vocab,
+        "tied_embeddings": bool(m.tied_embeddings),
+        "mlp_kind": "swiglu" if _gated(m.mlp) else "gelu",
+    }
+    if m.head_dim:
+        fields["head_dim"] = m.head_dim
+    if m.mla is not None:
+        fields.update(
+            attention_kind="mla",
+            num_kv_heads=m.heads,
+            head_dim=m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim,
+            q_lora_rank=m.mla.q_lora_rank,
+            kv_lora_rank=m.mla.kv_lora_rank,
+            qk_rope_head_dim=m.mla.qk_rope_head_dim,
+            v_head_dim=m.mla.v_head_dim,
+        )
+    elif m.arch_notes and "MLA" in m.arch_notes:
+        raise Uncovered("MLA model without its ranks (model.mla)")
+    if m.moe is not None:
+        shared_ffn = m.moe.shared_expert_ffn or m.moe.expert_ffn
+        fields.update(
+            num_routed_experts=m.moe.experts,
+            num_experts_per_token=m.moe.top_k,
+            moe_ffn_hidden_size=m.moe.expert_ffn,
+            num_shared_experts=round(m.moe.shared_experts * shared_ffn / m.moe.expert_ffn),
+            num_dense_layers=min(m.moe.dense_layers or 0, m.layers),
+        )
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as error:
+        raise Uncovered(f"model not expressible: {error.errors()[0]['msg']}") from None
+
+
+def run_cluster(row: RunRow) -> Cluster:
+    """The cluster the row is predicted on: its named catalog cluster, else the
+    accelerator's reference cluster, grown to the row's GPU count where it is larger."""
+    accelerator = row.hardware.accelerator
+    if accelerator not in catalog_names("accelerator"):
+        raise Uncovered(f"accelerator {accelerator} not in the catalog")
+    name = row.hardware.cluster or REFERENCE_CLUSTERS.get(accelerator)
+    if name is None:
+        raise Uncovered(f"no reference cluster for {accelerator}")
+    cluster = load_cluster(name)
+    if cluster.accelerator != accelerator:
+        cluster = cluster.model_copy(update={"accelerator": accelerator})
+    gpus = row.hardware.num_gpus
+    if gpus <= cluster.num_gpus:
+        return cluster
+    if cluster.torus_shape is not None:
+        raise Uncovered("run larger than the catalog's TPU pod")
+    outer = cluster.tiers[-1]
+    size = -(-gpus // outer.group_size) * outer.group_size
+    grown = ClusterTier(name="grown", link=outer.link, group_size=size)
+    data = cluster.model_dump()
+    data["sources"] = {
+        **data["sources"],
+        "num_gpus": f"grown to the run's {gpus} GPUs (runs check assumption)",
+        f"tiers.{len(cluster.tiers)}": "runs check assumption: the outermost tier's link, "
+        "non-blocking, joins copies of the reference cluster",
+    }
+    return Cluster.model_validate({**data, "num_gpus": size, "tiers": [*cluster.tiers, grown]})
+
+
+def _schedule_pins(text: str | None, pp: int, vpp: int | None) -> dict:
+    if pp == 1:
+        return {"schedule": ["1f1b"], "vpp": [1]}
+    lower = (text or "").lower()
+    if "dualpipe" in lower:
+        return {"schedule": ["dualpipe"]}
+    if "interleaved" in lower or (vpp or 1) > 1:
+        found = re.search(r"vp\s*=\s*(\d+)", lower)
+        pinned = vpp or (int(found.group(1)) if found else None)
+        return {"schedule": ["interleaved-1f1b"], **({"vpp": [pinned]} if pinned else {})}
+    if "1f1b" in lower:
+        return {"schedule": ["1f1b"], "vpp": [1]}
+    return {}
+
+
+def _zero_pins(zero, fsdp) -> dict:
+    """ZeRO stage from the row's zero_stage / fsdp text (unpublished: searched)."""
+    if isinstance(zero, str) and zero.strip().isdigit():  # a CSV cell
+        zero = int(zero)
+    if isinstance(zero, int):
+        return {"zero_stage": [zero]}
+    text = f"{zero or ''} {fsdp if isinstance(fsdp, str) else ''}".lower()
+    if "bf16optimizer" in text or "distributed optimizer" in text:
+        return {"zero_stage": [1]}
+    if "shard_grad_op" in text or "not resharded" in text:
+        return {"zero_stage": [2]}
+    if "fsdp" in text or "full_shard" in text:
+        return {"zero_stage": [3]}
+    return {}
+
+
+def _recompute_pins(text: str | None) -> dict:
+    lower = (text or "").lower()
+    if not lower or "rmsnorm" in lower:  # partial recompute: a memory measure (run_job)
+        return {}
+    if lower.startswith("none"):
+        return {"recompute": ["none"]}
+    if "selective" in lower or "minimal" in lower:
+        return {"recompute": ["selective"]}
+    if "full" in lower or "checkpoint" in lower or "remat" in lower:
+        return {"recompute": ["full"]}
+    return {}
+
+
+def search_space(row: RunRow, model: ModelSpec) -> SearchSpace:
+    """Every published layout field pinned; the others at the search's defaults."""
+    t, gpus = row.training, row.hardware.num_gpus
+    dp = t.dp or gpus // (t.tp * t.pp * t.cp)
+    if t.tp * t.pp * t.cp * dp != gpus:
+        raise Uncovered("tp·pp·cp·dp is not the GPU count")
+    pins: dict = {"tp": [t.tp], "pp": [t.pp], "cp": [t.cp], "dp": [dp]}
+    if model.is_moe:
+        if t.ep:
+            pins["ep"] = [t.ep]
+        if t.etp:
+            pins["etp"] = [t.etp]
+    else:
+        pins["ep"] = [1]
+    if t.micro_batch:
+        pins["micro_batch_size"] = [t.micro_batch]
+    if t.sequence_parallel is not None:
+        pins["sequence_parallel"] = [t.sequence_parallel]
+    pins |= _schedule_pins(t.pp_schedule, t.pp, t.vpp)
+    pins |= _zero_pins(t.zero_stage, t.fsdp)
+    pins |= _recompute_pins(t.recompute)
+    # The run ran: its TP may cross a node and its CP be as large as it was.
+    return SearchSpace(
+        **pins, allow_cross_node_tp=True, max_cp=max(64, t.cp), max_interleave=max(8, t.vpp or 1)
+    )
+
+
+def run_job(row: RunRow, model: ModelSpec) -> Job:
+    """The row's job: its model at its sequence length, batch and precision."""
+    if row.training.task == "lora":
+        raise Uncovered("LoRA rank and targets not published")
+    t = row.training
+    # RMSNorm and MLA up-projection recomputation is DeepSeek-V3's measure set (§3.2.3),
+    # which a row names by its recompute text (planner.spec.measures).
+    partial = model.attention_kind == "mla" and "rmsnorm" in (t.recompute or "").lower()
+    try:
+        return Job(
+            model=model,
+            seq_len=t.seq_len,
+            global_batch_tokens=t.global_batch_tokens,
+            precision=PrecisionSpec(recipe=precision_recipe(t.precision)),
+            memory_measures=memory_measures("deepseek-v3" if partial else "none"),
+        )
+    except ValidationError as error:
+        raise Uncovered(f"job not expressible: {error.errors()[0]['msg']}") from None
+    except PlanError as error:
+        raise Uncovered(f"job not expressible: {error}") from None
+
+
+def precision_label(row: RunRow) -> str:
+    """bf16, fp8, fp4 or fp16: the GEMM precision family of the row, for grouping."""
+    lower = row.training.precision.lower()
+    for label in ("fp4", "fp8"):
+        if label in lower:
+            return label
+    return "fp16" if "fp16" in lower and "bf16" not in lower else "bf16"
+
+
+def stack_label(row: RunRow) -> str:
+    """The software family a user would name for their own job (never a source)."""
+    lower = (row.training.framework or "").lower()
+    if "deepspeed" in lower:
+        return "deepspeed"
+    if "megatron" in lower or ("nemo" in lower and "automodel" not in lower):
+        return "megatron"
+    if "maxtext" in lower or "jax" in lower or "pax" in lower:
+        return "jax"
+    if "fsdp" in lower or "composer" in lower or "automodel" in lower:
+        return "pytorch-fsdp"
+    return "other"

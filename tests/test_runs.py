@@ -1,0 +1,217 @@
+"""Published runs: the catalog's schema, `runs check` on a quick sample, and `fit`.
+
+The fit is checked on rows the model itself generates (known terms in, the same terms
+out); profiles are checked never to have been fitted on the test targets.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+import cli
+from hwspecs.catalog import DATA_DIR, load_profile, load_runs, profile_names
+from hwspecs.errors import PlanError
+from hwspecs.runs import RunRow
+from planner.cost.profile import TERMS, ideal_values, profile_parts, profiled_step_time
+from planner.runs.check import RowPrediction, predict_row
+from planner.runs.fit import fit_profile, fit_values, predicted_tokens
+
+
+def test_catalog_rows_round_trip_through_the_schema():
+    for row in load_runs("train")[:50] + load_runs("targets"):
+        again = RunRow.model_validate(json.loads(row.model_dump_json()))
+        assert again == row
+
+
+def test_schema_rejects_unknown_keys():
+    data = load_runs("targets")[0].model_dump(mode="json")
+    data["training"]["tp_size"] = 8
+    with pytest.raises(ValidationError, match="extra"):
+        RunRow.model_validate(data)
+
+
+def test_reference_file_loads_unchanged():
+    """The shared reference rows (no model.mla or hardware.cluster keys) load as they are."""
+    reference = DATA_DIR.parents[2].parent / "shared" / "reference" / "runs" / "train.json"
+    if not reference.exists():
+        pytest.skip("shared reference runs not on this machine")
+    assert len(load_runs(str(reference))) == 614
+
+
+def test_csv_runs_load_like_json(tmp_path):
+    row = load_runs("targets")[0].model_dump(mode="json")
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict) and prefix not in ("measured.other",):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        elif isinstance(value, list):
+            flat[prefix] = ";".join(value)
+        else:
+            flat[prefix] = "" if value is None else str(value)
+
+    walk("", row)
+    del flat["measured.other"], flat["model.moe"], flat["model.mla"]
+    path = tmp_path / "mine.csv"
+    path.write_text(",".join(flat) + "\n" + ",".join(f'"{v}"' for v in flat.values()) + "\n")
+    loaded = load_runs(str(path))[0]
+    assert loaded.training.tp == 8 and loaded.hardware.num_gpus == 8192
+
+
+def test_no_target_is_in_any_profile_training_rows():
+    targets = {row.id for row in load_runs("targets")}
+    assert profile_names(), "profiles ship"
+    for name in profile_names():
+        assert not targets & set(load_profile(name).fit.training_ids), name
+
+
+def test_profiles_have_at_most_8_bounded_terms_with_units():
+    for name in profile_names():
+        profile = load_profile(name)
+        assert len(profile.terms) <= 8
+        for term_name, term in profile.terms.items():
+            assert term.lower <= term.value <= term.upper, (name, term_name)
+            assert (term.unit, term.lower, term.upper) == TERMS[term_name][:3]
+
+
+def test_ideal_values_leave_the_step_unchanged():
+    cols = _synthetic_columns(np.random.default_rng(1), 20)
+    assert np.allclose(profiled_step_time(cols, ideal_values()), cols["step_time_s"])
+    assert all(np.allclose(part, 0) for part in profile_parts(cols, ideal_values()).values())
+
+
+def _synthetic_columns(rng, n: int) -> dict:
+    compute = rng.uniform(0.5, 20, n)
+    return {
+        "step_time_s": compute * rng.uniform(1.05, 1.6, n),
+        "pipeline_time_s": compute * rng.uniform(1.0, 1.3, n),
+        "compute_s": compute,
+        "recompute_s": compute * rng.choice([0, 0.3], n),
+        "exposed_comm_s": compute * rng.uniform(0, 0.2, n),
+        "overlapped_comm_s": compute * rng.uniform(0, 0.5, n),
+        "kernels_per_step": rng.uniform(1e4, 5e5, n),
+        "expert_width": rng.choice([512.0, 768, 2048, 8192], n),
+        "attention_share": rng.uniform(0.02, 0.6, n),
+        "expert_share": rng.choice([0, 0, 0.4], n),
+        "num_gpus": 2.0 ** rng.integers(3, 13, n),
+        "fp8": rng.random(n) < 0.5,
+    }
+
+
+KNOWN = {
+    "compute_efficiency_bf16": 0.8,
+    "compute_efficiency_fp8": 0.65,
+    "expert_gemm_half_width": 900.0,
+    "attention_efficiency": 0.5,
+    "kernel_overhead_s": 4e-6,
+    "overlap_slowdown": 0.25,
+    "sync_per_doubling_s": 0.004,
+}
+
+
+def test_fit_recovers_the_terms_of_rows_the_model_generated():
+    rng = np.random.default_rng(0)
+    cols = _synthetic_columns(rng, 300)
+    cols["ideal_tokens"] = rng.uniform(500, 20000, 300)
+    cols["measured_tokens"] = predicted_tokens(cols, KNOWN)
+    found = fit_values(cols, np.ones(300), list(KNOWN))
+    for name, value in KNOWN.items():
+        assert found[name] == pytest.approx(value, rel=0.05), name
+
+
+def test_cross_validation_of_noise_free_rows_is_near_zero():
+    rng = np.random.default_rng(2)
+    cols = _synthetic_columns(rng, 120)
+    ideal = rng.uniform(500, 20000, 120)
+    measured = predicted_tokens({**cols, "ideal_tokens": ideal}, KNOWN)
+    rows = [
+        RowPrediction(
+            id=f"row{i}",
+            source="s",
+            source_family=f"family{i % 4}",
+            group=f"g{i}",
+            accelerator="h100-sxm",
+            precision="bf16",
+            stack="megatron",
+            num_gpus=8,
+            covered=True,
+            predicted_tokens_per_s_per_gpu=ideal[i],
+            measured_tokens_per_s_per_gpu=measured[i],
+            features={k: float(v[i]) for k, v in cols.items()},
+        )
+        for i in range(120)
+    ]
+    result = fit_profile(rows, "h100-sxm", None)
+    assert result.in_sample_mape < 0.005
+    assert result.loso_mape < 0.01 and result.kfold_mape < 0.01
+    assert 0.99 < result.step_time_ratio_p10 <= result.step_time_ratio_p90 < 1.01
+
+
+def test_predict_row_pins_the_published_layout():
+    row = next(r for r in load_runs("train") if r.id.startswith("korthikanti22-22b"))
+    prediction = predict_row(row)
+    assert prediction.covered
+    t = row.training
+    assert (prediction.layout["tp"], prediction.layout["pp"]) == (t.tp, t.pp)
+    assert prediction.layout["micro_batch_size"] == t.micro_batch
+
+
+def test_uncovered_rows_say_why():
+    row = next(r for r in load_runs("train") if r.hardware.accelerator == "gb300")
+    prediction = predict_row(row)
+    assert not prediction.covered and "gb300" in prediction.reason
+
+
+def test_runs_check_quick_sample_json(capsys):
+    code = cli.main(["runs", "check", "--runs", "targets", "--profile", "none", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["num_rows"] == 4 and result["num_covered"] == 4
+    assert result["overall"]["n"] == 4
+    row = result["rows"][0]
+    assert row["predicted_mfu"] > 0 and row["measured_tokens_per_s_per_gpu"] > 0
+
+
+def test_shipped_profile_slows_the_ideal_model():
+    row = load_runs("targets")[0]
+    ideal = predict_row(row)
+    profiled = predict_row(row, load_profile("h100-sxm"))
+    assert profiled.predicted_tokens_per_s_per_gpu < ideal.predicted_tokens_per_s_per_gpu
+
+
+def test_estimate_carries_the_profile_interval(capsys):
+    code = cli.main(["estimate", "--profile", "shipped", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    low, high = result["step_time_interval_s"]
+    assert low <= result["step_time_s"] <= high
+    low, high = result["mfu_interval"]
+    assert low <= result["mfu"] <= high
+    assert "profile_compute" in result["time_breakdown_s"]
+
+
+def test_h800_borrows_h100_profile_and_says_so():
+    from planner.runs.profiles import profile_for
+
+    profile = profile_for("h800-sxm")
+    assert profile.borrowed_from == "h100-sxm"
+
+
+def test_unknown_runs_file_is_one_line_error(capsys):
+    code = cli.main(["runs", "check", "--runs", "no-such-file.json"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "no-such-file.json" in err
+
+
+def test_fit_refuses_too_few_rows():
+    from planner import api
+
+    with pytest.raises(PlanError, match="needs"):
+        api.fit(["targets"], "h100-sxm")

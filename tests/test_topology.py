@@ -14,11 +14,11 @@ from hwspecs.catalog import catalog_names, load_cluster
 from hwspecs.errors import PlanError
 from hwspecs.schema import Cluster
 from planner.comm import network
+from planner.comm.graph import cluster_graph
 from planner.comm.network import cluster_view, group_levels, pair_level
 from planner.comm.topology import (
     GROUP_AXES,
     axis_groups,
-    cluster_graph,
     group_size,
     place_groups,
     topology_report,

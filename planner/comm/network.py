@@ -21,7 +21,7 @@ traffic through that level's uplinks, and the per-rank bandwidth that results:
   counter-rotating rings (jax-ml/scaling-book, "sharded matrices": bidirectional ICI).
 
 Group answers use integer arithmetic on rank numbers (no graph search) so the search can
-cost thousands of layouts; :func:`planner.comm.topology.cluster_graph` draws the same structure.
+cost thousands of layouts; :func:`planner.comm.graph.cluster_graph` draws the same structure.
 :func:`mesh_levels` gives the same answer for the groups of a mesh axis from the mesh's
 shape, keeping for each tier only the part of the mesh that tier can tell apart.
 """

@@ -13,13 +13,12 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from planner.cost.adapter_times import adapter_op_times, frozen
 from planner.cost.compute import (
     GpuRates,
     OpTime,
-    adapter_op_times,
     dispatch_time,
     elementwise_time,
-    frozen,
     head_op_times,
     layer_op_times,
     mtp_op_times,
@@ -99,7 +98,7 @@ def shape_times(
     Under an adapter recipe (``finetune`` training adapters) every base weight is frozen:
     its GEMMs keep their forward and input gradient but lose the weight gradient, the
     embedding's backward (a scatter-add into the frozen table) goes, and each layer gains
-    its adapters' GEMMs and QLoRA's dequantization (:func:`planner.cost.compute.adapter_op_times`).
+    its adapters' GEMMs and QLoRA's dequantization (:func:`planner.cost.adapter_times.adapter_op_times`).
     ``bf16_rates`` (under FP8 GEMMs): the rates of the operations DeepSeek-V3 keeps in BF16
     (:data:`planner.cost.recipe_ops.KEPT_IN_BF16`), and each layer pays the online quantization of
     its FP8 GEMMs' operands (:func:`planner.cost.recipe_ops.fp8_quantization_time`); ``measures``: the job's memory measures, whose

@@ -401,8 +401,8 @@ def schedule(
     microbatch_group_size: int | None = None,
 ):
     """Generate and simulate one schedule with uniform stages (durations per rank per micro-batch)."""
+    from planner.pipeline.report import schedule_report
     from planner.pipeline.schedules import SCHEDULES
-    from planner.pipeline.simulate import schedule_report
 
     if name not in SCHEDULES:
         raise unknown_name_error("schedule", name, SCHEDULES)
@@ -670,8 +670,8 @@ _EXPORTS = {
     "memory_report": "planner.cost.memory",
     "p2p_time": "planner.pipeline.simulate",
     "simulate": "planner.pipeline.simulate",
-    "schedule_report": "planner.pipeline.simulate",
-    "ScheduleReport": "planner.pipeline.simulate",
+    "schedule_report": "planner.pipeline.report",
+    "ScheduleReport": "planner.pipeline.report",
     "generate_schedule": "planner.pipeline.schedules.registry",
     "SCHEDULES": "planner.pipeline.schedules.registry",
     "SearchSpace": "planner.search",

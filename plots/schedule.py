@@ -1,6 +1,6 @@
 """Pipeline timelines as plotly figures: ranks down the y axis, time along x.
 
-Each :class:`~planner.pipeline.simulate.ScheduleReport` becomes one panel: one horizontal bar per
+Each :class:`~planner.pipeline.report.ScheduleReport` becomes one panel: one horizontal bar per
 action, coloured by kind (F forward, B input gradient, W weight gradient, BW full backward),
 labelled with its micro-batch, with micro-batch, stage, start and end on hover and the
 step time and bubble fraction in the panel title. Several reports (``--compare``) stack as

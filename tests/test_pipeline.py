@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from hwspecs.errors import PlanError
+from planner.pipeline.report import schedule_report
 from planner.pipeline.schedules import Action, generate_schedule
-from planner.pipeline.simulate import p2p_time, schedule_report, simulate
+from planner.pipeline.simulate import p2p_time, simulate
 
 
 def test_1f1b_pp4_m8_takes_33_units_and_holds_4_3_2_1_microbatches():

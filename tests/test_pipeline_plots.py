@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from hwspecs.errors import PlanError
-from planner.pipeline.simulate import schedule_report
+from planner.pipeline.report import schedule_report
 from plots.schedule import schedule_figure, write_figure
 from plots.schedule_chart import schedule_chart, summary_line
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hwspecs.catalog import load_accelerator, load_cluster
 from planner.comm.collectives import algorithm_costs, volume_factor
 from planner.comm.contention import occupancy_excess, sharing_delay
-from planner.comm.network import cluster_view, group_levels, link_key
+from planner.comm.levels import cluster_view, link_key
+from planner.comm.network import group_levels
 from planner.comm.report import ComputeTimes, axis_traffic
 from planner.comm.topology import place_groups
 from planner.comm.traffic import axis_times_vectorized

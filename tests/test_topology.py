@@ -15,7 +15,8 @@ from hwspecs.errors import PlanError
 from hwspecs.schema import Cluster
 from planner.comm import network
 from planner.comm.graph import cluster_graph
-from planner.comm.network import cluster_view, group_levels, pair_level
+from planner.comm.levels import cluster_view
+from planner.comm.network import group_levels, pair_level
 from planner.comm.topology import (
     GROUP_AXES,
     axis_groups,

@@ -65,14 +65,8 @@ from pydantic import BaseModel
 
 from hwspecs.errors import PlanError
 from hwspecs.schema import Cluster
-from planner.comm.network import (
-    SCALE_OUT_KINDS,
-    Level,
-    cluster_view,
-    group_levels,
-    link_key,
-    pair_level,
-)
+from planner.comm.levels import SCALE_OUT_KINDS, Level, cluster_view, link_key
+from planner.comm.network import group_levels, pair_level
 
 OPS: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
 ALGORITHMS: tuple[str, ...] = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hwspecs.schema import Cluster
-from planner.comm.network import ClusterView, cluster_view
+from planner.comm.levels import ClusterView, cluster_view
 
 if TYPE_CHECKING:
     import networkx

@@ -32,13 +32,8 @@ if TYPE_CHECKING:
     pass
 
 from hwspecs.errors import PlanError
-from planner.comm.network import (
-    ClusterView,
-    Level,
-    cluster_view,
-    mesh_levels,
-    pair_level,
-)
+from planner.comm.levels import ClusterView, Level, cluster_view
+from planner.comm.network import mesh_levels, pair_level
 from planner.spec.layout import (
     DEFAULT_MESH_ORDER,
     Layout,

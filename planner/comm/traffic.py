@@ -28,7 +28,7 @@ from hwspecs.schema import Cluster
 from planner.columns.codes import Labels, distinct_rows
 from planner.comm.collectives import ALGORITHMS, algorithm_costs, volume_factor
 from planner.comm.contention import sharing_delay
-from planner.comm.network import as_cluster, cluster_view
+from planner.comm.levels import as_cluster, cluster_view
 from planner.comm.terms import (
     AXIS_GROUPS,
     ep_overlap_sm_share,

@@ -20,11 +20,12 @@ import numpy as np
 
 from hwspecs.schema import Accelerator
 from planner.cost.compute import GpuRates
-from planner.cost.stage_times import RankStructure, rank_structure, rank_times, shape_times
+from planner.cost.stage_times import rank_times, shape_times
 from planner.pipeline.schedules.registry import generate_schedule, get_schedule
 from planner.pipeline.simulate import simulate
 from planner.spec.job import Job
 from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage
+from planner.structure.stages import RankStructure, rank_structure
 
 #: Rows of a search the simulator re-times by default: the rows `llmplan plan` prints. Each
 #: costs one event simulation (about 0.2 s for ZB-V at pp 32 and 64 micro-batches on one

@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 from hwspecs.catalog import load_accelerator
 from hwspecs.errors import PlanError
 from planner.cost.memory import MEMORY_PARTS, memory_report
-from planner.cost.stage_times import rank_structure
 from planner.spec.job import Job
 from planner.spec.layout import Layout, layers_per_virtual_stage
 from planner.spec.model import load_model
 from planner.structure.params import params_per_virtual_stage
+from planner.structure.stages import rank_structure
 
 H100 = load_accelerator("h100-sxm")
 LLAMA_405B = load_model("llama3-405b")

@@ -13,7 +13,7 @@ import pytest
 
 from hwspecs.catalog import load_accelerator, load_cluster
 from planner.cost.compute import GpuRates
-from planner.cost.stage_times import rank_structure, rank_times, shape_times
+from planner.cost.stage_times import rank_times, shape_times
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
 from planner.spec.job import Job
@@ -21,6 +21,7 @@ from planner.spec.layout import Layout
 from planner.spec.model import load_model
 from planner.spec.precision import PrecisionSpec
 from planner.structure import op_counts
+from planner.structure.stages import rank_structure
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")

@@ -269,16 +269,20 @@ def test_v_shape_on_two_ranks_keeps_the_bottom_hop_local():
 
 
 def test_balanced_split_is_placeable_like_the_layout_says():
-    """61 layers on 16 stages (DeepSeek-V3) split 3/4: the vectorized form must accept it."""
+    """61 layers on 16 stages (DeepSeek-V3) split 3/4: the vectorized form must accept it,
+    and the collectives count the layers each rank really holds."""
     import numpy as np
 
-    from planner.comm.terms import stage_layers
     from planner.spec.layout import layers_per_virtual_stage
+    from planner.spec.rules import layers_broken
+    from planner.structure.stages import busiest_rank_layers
 
     layers = layers_per_virtual_stage(61, 16)
-    first, middle, last, legal = stage_layers(61, np.asarray(16), np.asarray(1))
-    assert bool(legal)
-    assert (int(first), int(middle), int(last)) == (layers[0], layers.max(), layers[-1])
+    assert not layers_broken(61, {"pp": np.asarray([16]), "vpp": np.asarray([1])}).any()
+    ranks = busiest_rank_layers(
+        load_model("deepseek-v3"), np.asarray(16), np.asarray(1), False, False
+    )
+    assert ranks["layers"].tolist() == layers.tolist()
 
 
 def test_lora_data_parallel_exchanges_only_the_adapters():

@@ -23,7 +23,7 @@ from planner.cost import activations as act
 from planner.cost import adapters as ft
 from planner.cost.compute import GpuRates
 from planner.cost.model_states import slot_states
-from planner.cost.stage_times import rank_structure, shape_times
+from planner.cost.stage_times import shape_times
 from planner.cost.weight_pass import weight_pass_bytes_per_layer
 from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
 from planner.spec.job import Job
@@ -31,6 +31,7 @@ from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage, 
 from planner.structure import op_counts
 from planner.structure.linears import layer_linears
 from planner.structure.params import params_per_virtual_stage, rank_sums
+from planner.structure.stages import rank_structure
 
 #: Shape-table entries the memory model reads; the others are per-layer times.
 MEMORY_SHAPE_KEYS = (

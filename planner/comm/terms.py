@@ -63,6 +63,7 @@ from planner.spec.job import Job
 from planner.spec.layout import expert_data_parallel_size
 from planner.spec.precision import DTYPE_BYTES
 from planner.structure.params import busiest_rank_params
+from planner.structure.stages import busiest_rank_layers
 
 #: Schedules that overlap one micro-batch's EP all-to-all with another's compute
 #: (DeepSeek-V3 §3.2.1 DualPipe; the V form keeps the F&B overlap).
@@ -114,33 +115,6 @@ def vocab_parallel_loss_bytes(micro_batch_size, local_tokens_per_sequence):
     return micro_batch_size * local_tokens_per_sequence * DTYPE_BYTES["fp32"]
 
 
-def stage_layers(num_layers: int, pp, vpp, split="auto"):
-    """Layers on the first, a middle and the last pipeline rank, and whether the split is legal.
-
-    The splits of :func:`planner.spec.layout.layers_per_virtual_stage`: ``even``;
-    ``first-last-fewer`` (Llama 3 §3.3.2) takes one layer off the first and the last virtual
-    stage; ``balanced`` gives ``L mod S`` middle stages one extra layer (the busiest middle
-    rank is counted with up to ``vpp`` of them); ``auto`` tries them in that order.
-    """
-    stages = pp * vpp
-    even_ok = num_layers % stages == 0
-    fewer_ok = ((num_layers + 2) % stages == 0) & (stages > 1)
-    balanced_ok = num_layers >= stages
-    split = np.asarray(split)
-    even = (split == "even") | ((split == "auto") & even_ok)
-    fewer = ~even & ((split == "first-last-fewer") | ((split == "auto") & fewer_ok))
-    base, extra = num_layers // stages, num_layers % stages
-    middle = np.where(
-        even,
-        vpp * base,
-        np.where(fewer, vpp * ((num_layers + 2) // stages), vpp * base + np.minimum(vpp, extra)),
-    )
-    edge = np.where(even, middle, np.where(fewer, middle - 1, vpp * base))
-    first = np.where(pp == 1, num_layers, edge)
-    legal = np.where(even, even_ok, np.where(fewer, fewer_ok, balanced_ok))
-    return first, middle, edge, legal
-
-
 @dataclass
 class RankShape:
     """What the busiest pipeline rank holds, per term (parameters are elements on one TP rank)."""
@@ -156,21 +130,14 @@ class RankShape:
 def rank_shape(
     model, tp, pp, ep, chunks, split="auto", etp=None, v_shape=False, mirrored=False
 ) -> RankShape:
-    """Layers and parameters of the busiest rank (first, a middle, or the last one).
-
-    Parameters are those the memory model holds
-    (:func:`planner.structure.params.busiest_rank_params`: the rank with the most, DualPipe's
-    two copies included); the dense layers of an MoE model (``num_dense_layers``) are taken
-    to fit on the first rank for the layer counts.
-    """
-    first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
-    middle, last = np.where(pp >= 3, middle, 0), np.where(pp >= 2, last, 0)
+    """Layers per micro-batch and parameters of the busiest rank, as the memory model holds
+    them (:func:`planner.structure.stages.busiest_rank_layers`,
+    :func:`planner.structure.params.busiest_rank_params`: DualPipe's two copies included)."""
+    ranks = busiest_rank_layers(model, pp, chunks, v_shape, mirrored, split)
+    moe_layers = ranks["moe_layers"].max(axis=-1)
     routed = model.num_routed_experts * model.mlp_params(model.moe_ffn_hidden_size or 1)
     dense_layer = model.layer_params(moe_layer=False)
     moe_layer = model.layer_params(moe_layer=True) - routed * (ep > 1) if model.is_moe else 0
-    dense_first = np.minimum(model.num_dense_layers, first) if model.is_moe else first
-    moe = [first - dense_first, middle, last] if model.is_moe else [0 * first] * 3
-    moe_layers = np.maximum(np.maximum(moe[0], moe[1]), moe[2])
     dense_params, expert_params, all_params = busiest_rank_params(
         model, tp, pp, ep, etp, chunks, v_shape, mirrored, split
     )
@@ -180,7 +147,7 @@ def rank_shape(
     layer_norms = 2 * model.norm_params()
     expert_tp = tp if etp is None else etp
     return RankShape(
-        layers=np.maximum(np.maximum(first, middle), last),
+        layers=ranks["layers"].max(axis=-1),
         moe_layers=moe_layers,
         dense_params=dense_params,
         expert_params=np.where(ep > 1, expert_params, 0.0),
@@ -229,35 +196,34 @@ def step_terms(
     # TP: reduce-scatter under SP, all-reduce without; the gradient's all-gather under SP)
     # and the LM head one on the last (its input gathered under SP; the input gradient's
     # reduce-scatter, or all-reduce without SP). The busiest rank is the most of the three.
-    first, middle, last, _ = stage_layers(model.num_layers, pp, chunks, split)
+    ranks = busiest_rank_layers(model, pp, chunks, v_shape, mirrored, split)
     per_layer = 4 + 2 * full
     # With whole routed experts (etp < tp) and no shared experts an MoE layer keeps only the
     # attention block's collectives: each MoE layer on a rank has ``moe_saving`` fewer.
     folded = (expert_tp < tp) & (model.num_shared_experts == 0) & model.is_moe
     moe_saving = np.where(folded, 2 + full, 0)
-    first_moe = first - np.minimum(model.num_dense_layers, first) if model.is_moe else 0 * first
-    first_tp = first * per_layer - first_moe * moe_saving
-    last_tp = last * per_layer - last * model.is_moe * moe_saving
-    both_ends = (pp == 1) | np.asarray(v_shape)  # one rank holds the embedding and the head
-    head_rank = np.where(both_ends, first_tp + 2, last_tp + 1)
-    per_microbatch = np.maximum.reduce([
-        first_tp + np.where(both_ends, 2, 1),
-        np.where(pp >= 3, middle * per_layer - middle * model.is_moe * moe_saving, 0),
-        np.where((pp >= 2) & ~both_ends, last_tp + 1, 0),
-    ])  # fmt: skip
+
+    def per_rank(value):  # a row column against the [row, rank] arrays
+        return np.asarray(value)[..., None]
+
+    tp_per_rank = (
+        ranks["layers"] * per_rank(per_layer) - ranks["moe_layers"] * per_rank(moe_saving)
+        + ranks["embedding"] + ranks["head"]
+    )  # fmt: skip
+    per_microbatch = tp_per_rank.max(axis=-1)
     passes = per_microbatch * m
     sp_on, sp_off = on((tp > 1) & sp), on((tp > 1) & ~np.asarray(sp))
     what_tp = "activations per layer (attention + MLP) and at the embedding / LM head, fwd + bwd"
     # Under SP the norm weights see only part of the sequence: their gradients are summed
-    # over TP once per step (Megatron-LM's all-reduce of sequence-parallel norm gradients).
-    norm_weights = np.maximum.reduce([
-        2 * first + both_ends,
-        np.where(pp >= 3, 2 * middle, 0),
-        np.where((pp >= 2) & ~both_ends, 2 * last + 1, 0),
-    ])  # fmt: skip
+    # over TP once per step (Megatron-LM's all-reduce of sequence-parallel norm gradients):
+    # two per layer the rank holds, and the final norm with the head.
+    norm_weights = (2 * ranks["held_layers"] + ranks["held_head"]).max(axis=-1)
     norms = norm_weights * model.norm_params() * grad_b
-    # The head's rank, when it is the busiest, also runs the vocabulary-parallel loss.
-    loss_calls = m * VOCAB_PARALLEL_LOSS_ALL_REDUCES * on((tp > 1) & (head_rank >= per_microbatch))
+    # The head's rank, when it is the busiest, also runs the vocabulary-parallel loss (for
+    # the micro-batches that end there: half of them on each of DualPipe's ends).
+    busiest = tp_per_rank >= per_rank(per_microbatch)
+    head_share = np.where(busiest, ranks["head"], 0.0).max(axis=-1)
+    loss_calls = m * VOCAB_PARALLEL_LOSS_ALL_REDUCES * on(tp > 1) * head_share
     terms = [
         Term("tp", "all-reduce", what_tp, passes * sp_off, act, "exposed"),
         Term("tp", "all-gather", "sequence-parallel " + what_tp, passes * sp_on, act, "exposed"),

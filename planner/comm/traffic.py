@@ -34,7 +34,6 @@ from planner.comm.terms import (
     ep_overlap_sm_share,
     ep_routing,
     exposed_time,
-    stage_layers,
     step_terms,
 )
 from planner.comm.topology import cluster_key, placement_for_view, resolve_order
@@ -51,7 +50,7 @@ from planner.spec.layout import (
     expert_data_parallel_size,
     resolved_etp,
 )
-from planner.spec.rules import expert_split_ok
+from planner.spec.rules import expert_split_ok, layers_broken
 
 #: Axes whose columns :func:`axis_times_vectorized` returns (all of them, zeros where idle).
 AXES: tuple[str, ...] = tuple(AXIS_GROUPS)
@@ -184,10 +183,11 @@ def placeable(
 ):
     """Rows that can be placed: the cluster has the GPUs, the EP group can be formed out of
     dp·cp and the tp/etp folded TP ranks (the combinations :class:`_CostTables` leaves
-    unpriced) and the layer split is legal."""
+    unpriced) and the layer split is legal (the rule table's ``layers`` rule)."""
     etp = tp if etp is None else etp
     priced = (tp * cp * pp * dp <= cluster.num_gpus) & expert_split_ok(tp, cp, dp, ep, etp)
-    return priced & np.asarray(stage_layers(num_layers, pp, chunks, split)[3])
+    stages = {"pp": np.asarray(pp), "vpp": np.asarray(chunks), "split": split}
+    return priced & ~layers_broken(num_layers, stages)
 
 
 def _group_costs(group, op: str, routing=None) -> tuple[np.ndarray, np.ndarray, dict]:

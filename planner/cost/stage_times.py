@@ -25,9 +25,9 @@ from planner.cost.compute import (
 )
 from planner.cost.recipe_ops import fp8_quantization_time, keep_in_bf16, measures_recompute_s
 from planner.spec.finetune import FinetuneSpec
-from planner.spec.layout import dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.spec.model import ModelSpec
 from planner.structure import op_counts
+from planner.structure.stages import RankStructure
 
 
 class LayerTimes(BaseModel):
@@ -204,32 +204,6 @@ def _with_dispatch(
     if tp_ends is not None:
         last, sharded, collectives = last + tp_ends.added, *tp_ends[1:]
     return embedding, [*head, dispatch_time("dispatch.head", last, rates, sharded, collectives)]
-
-
-class RankStructure(BaseModel):
-    """What each pipeline rank holds: dense and MoE layers, embedding, head (one direction)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    dense_layers: list[float]
-    moe_layers: list[float]
-    has_embedding: list[bool]
-    has_head: list[bool]
-
-
-def rank_structure(
-    model: ModelSpec, pp: int, vpp: int, schedule: str, split: str, layers=None
-) -> RankStructure:
-    """Layers per rank for one direction of the pipeline (DualPipe's mirror is its copy);
-    ``layers``: the virtual stages' (dense, MoE) layer counts, when the caller has them."""
-    dense, moe = layers or dense_and_moe_layers_per_virtual_stage(model, pp, vpp, split)
-    ranks = virtual_stage_ranks(schedule, pp, vpp)
-    return RankStructure(
-        dense_layers=np.bincount(ranks, weights=dense, minlength=pp).tolist(),
-        moe_layers=np.bincount(ranks, weights=moe, minlength=pp).tolist(),
-        has_embedding=(np.arange(pp) == ranks[0]).tolist(),
-        has_head=(np.arange(pp) == ranks[-1]).tolist(),
-    )
 
 
 class RankTimes(BaseModel):

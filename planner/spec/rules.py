@@ -54,10 +54,11 @@ def _fold(c: Columns) -> np.ndarray:
     return np.maximum(c["tp"] // np.maximum(c["etp"], 1), 1)
 
 
-def _layers_broken(model: ModelSpec, c: Columns) -> np.ndarray:
-    """Rows whose layers cannot split over pp·vpp stages (the auto split: evenly, one fewer
-    on the first and last stage, or balanced; a named split is checked per distinct value)."""
-    stages, layers = c["pp"] * c["vpp"], model.num_layers
+def layers_broken(layers: int, c: Columns) -> np.ndarray:
+    """Rows whose ``layers`` cannot split over pp·vpp stages (the auto split: evenly, one
+    fewer on the first and last stage, or balanced; a named split is checked per distinct
+    value)."""
+    stages = c["pp"] * c["vpp"]
     split = c.get("split", "auto")
     if isinstance(split, str) and split == "auto":
         return (stages > layers) & ((layers + 2) % stages != 0)
@@ -130,7 +131,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "layers",
         lambda m: "layers do not split over pp·vpp stages",
-        lambda m, s, c: _layers_broken(m, c),
+        lambda m, s, c: layers_broken(m.num_layers, c),
         lambda m, s, r: _layers_message(m, r),
     ),
     Rule(

@@ -238,3 +238,21 @@ def test_check_layout_and_the_search_reject_by_the_same_rule(case, seq_len):
     space = SearchSpace(allow_cross_node_tp=True)
     hits = [reason for reason, mask in rejection_masks(job, CLUSTER, grid, space) if mask.any()]
     assert hits and hits[0] == found[0].reason(model)
+
+
+@PROPERTY
+@given(jobs_and_layouts())
+def test_collectives_count_the_layers_the_busiest_rank_runs(case):
+    """Layers per micro-batch on the busiest rank, as the collectives count them, are the
+    layers the memory model places there (DualPipe: the mean of a rank's two stages)."""
+    job, layout = case
+    spec = SCHEDULES[layout.schedule]
+    shape = rank_shape(
+        job.model, np.asarray(layout.tp), np.asarray(layout.pp), np.asarray(layout.ep),
+        np.asarray(spec.fixed_vpp or layout.vpp), layout.pipeline_layer_split, layout.etp,
+        spec.v_shape, spec.bidirectional,
+    )  # fmt: skip
+    report = memory_report(job, layout, ACCELERATOR)
+    held = max(stage.num_layers for stage in report.per_stage)  # DualPipe: own + mirror
+    per_microbatch = held / 2 if spec.bidirectional else held
+    assert math.isclose(float(shape.layers), per_microbatch)

@@ -23,8 +23,8 @@ from __future__ import annotations
 from hwspecs.catalog import load_accelerator
 from planner.comm.collectives import collective_time
 from planner.cost.flops import model_flops_per_token
-from planner.cost.memory import memory_report
 from planner.cost.optimizers import muon_matrix_shapes, optimizer_step_cost, optimizer_step_time
+from planner.memory_report import memory_report
 from planner.spec.finetune import FinetuneSpec, num_adapter_params
 from planner.spec.job import Job
 from planner.spec.layout import Layout

@@ -316,9 +316,9 @@ def _checked_headroom(mem_headroom: float | None) -> float:
 
 
 def memory(job, layout, accelerator: str | None = None, mem_headroom: float | None = None):
-    """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.cost.memory.memory_report`)."""
+    """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.memory_report.memory_report`)."""
     from hwspecs.catalog import load_accelerator
-    from planner.cost.memory import memory_report
+    from planner.memory_report import memory_report
 
     spec = load_accelerator(accelerator) if accelerator else None
     return memory_report(job, layout, spec, _checked_headroom(mem_headroom))
@@ -667,7 +667,7 @@ _EXPORTS = {
     "PrecisionSpec": "planner.spec.precision",
     "axis_traffic": "planner.comm.report",
     "estimate_layout": "planner.estimate",
-    "memory_report": "planner.cost.memory",
+    "memory_report": "planner.memory_report",
     "p2p_time": "planner.pipeline.simulate",
     "simulate": "planner.pipeline.simulate",
     "schedule_report": "planner.pipeline.report",

@@ -2,7 +2,7 @@
 
 The numbers come from :func:`planner.evaluate.evaluate_columns` on a single row — the same
 code the search screens with — so an estimate and the search's row for that layout agree.
-The per-stage memory table comes from :func:`planner.cost.memory.memory_report` (a test checks
+The per-stage memory table comes from :func:`planner.memory_report.memory_report` (a test checks
 that its peak equals the row's). MFU follows PaLM Appendix B: model FLOPs per token (no
 recomputation, attention counted non-causally as ``12·L·h·s``) × tokens per second per GPU
 over the dense peak of ``mfu_dtype``; ``mfu_causal`` counts only the causal half of the
@@ -16,21 +16,16 @@ carries traffic per step.
 
 from __future__ import annotations
 
-import numpy as np
 from pydantic import BaseModel
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.errors import PlanError
 from hwspecs.schema import Cluster
 from planner.comm.traffic import AXES
-from planner.cost.memory import (
-    DEFAULT_MEM_HEADROOM,
-    MEMORY_PARTS,
-    StageMemory,
-    memory_report,
-)
+from planner.cost.memory import DEFAULT_MEM_HEADROOM, MEMORY_PARTS
 from planner.cost.profile import PROFILE_PARTS, profile_intervals
-from planner.evaluate import evaluate_columns
+from planner.evaluate import evaluate_columns, layout_columns
+from planner.memory_report import StageMemory, memory_report
 from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.rules import check_layout
@@ -83,14 +78,6 @@ class Estimate(BaseModel):
     step_time_interval_s: tuple[float, float] | None = None
     tokens_per_s_per_gpu_interval: tuple[float, float] | None = None
     mfu_interval: tuple[float, float] | None = None
-
-
-def layout_columns(layout: Layout, num_microbatches: int) -> dict[str, np.ndarray]:
-    """One layout as the one-row columns :func:`evaluate_columns` takes (``etp`` resolved)."""
-    fields = layout.model_dump()
-    fields["num_microbatches"] = num_microbatches
-    fields["etp"] = layout.expert_tp
-    return {key: np.array([value]) for key, value in fields.items()}
 
 
 def estimate(

@@ -9,10 +9,10 @@ from hwspecs.catalog import load_accelerator, load_cluster
 from hwspecs.errors import PlanError
 from planner.cost.compute import GpuRates
 from planner.cost.flops import model_flops_per_token
-from planner.cost.memory import memory_report
 from planner.cost.stage_times import rank_times, shape_times
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
+from planner.memory_report import memory_report
 from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.model import load_model

@@ -24,11 +24,11 @@ from planner import api
 from planner.comm.report import axis_traffic
 from planner.comm.topology import group_size, place_groups
 from planner.cost.compute import GpuRates, layer_op_times
-from planner.cost.memory import memory_report
 from planner.cost.optimizers import optimizer_step_cost
 from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
 from planner.explain import explain_estimate
+from planner.memory_report import memory_report
 from planner.search import SearchSpace, search
 from planner.spec.layout import Layout
 from planner.spec.model import load_model

@@ -15,7 +15,8 @@ from planner.cost.adapters import (
     model_state_bytes,
 )
 from planner.cost.flops import model_ops_per_sequence
-from planner.cost.memory import MEMORY_PARTS, memory_report
+from planner.cost.memory import MEMORY_PARTS
+from planner.memory_report import memory_report
 from planner.spec.finetune import (
     FinetuneSpec,
     layer_adapter_params,

@@ -10,11 +10,11 @@ import cli
 from hwspecs.catalog import load_accelerator, load_cluster
 from planner.cost.adapters import dequantization_bytes_per_pass, dequantization_passes
 from planner.cost.compute import GpuRates
-from planner.cost.memory import memory_report
 from planner.cost.optimizers import muon_matrix_shapes, optimizer_step_cost, optimizer_step_time
 from planner.cost.stage_times import shape_times
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
+from planner.memory_report import memory_report
 from planner.spec.finetune import FinetuneSpec
 from planner.spec.job import Job
 from planner.spec.layout import Layout

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.errors import PlanError
-from planner.cost.memory import MEMORY_PARTS, memory_report
+from planner.cost.memory import MEMORY_PARTS
+from planner.memory_report import memory_report
 from planner.spec.job import Job
 from planner.spec.layout import Layout, layers_per_virtual_stage
 from planner.spec.model import load_model

@@ -17,12 +17,13 @@ from planner.cost.activations import ActivationShape, layer_activation_tensors
 from planner.cost.adapters import routed_expert_params
 from planner.cost.compute import GpuRates, layer_op_times
 from planner.cost.flops import model_flops_per_token
-from planner.cost.memory import dualpipe_activations, memory_report
+from planner.cost.memory import dualpipe_activations
 from planner.cost.optimizers import optimizer_step_cost
 from planner.cost.stage_times import shape_times
 from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
 from planner.explain import explain_estimate
+from planner.memory_report import memory_report
 from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.model import load_model

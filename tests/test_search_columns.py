@@ -12,9 +12,9 @@ import pytest
 
 from hwspecs.catalog import load_accelerator, load_cluster
 from hwspecs.errors import PlanError
-from planner.cost.memory import memory_report
 from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
+from planner.memory_report import memory_report
 from planner.pipeline import closed_form as cf
 from planner.pipeline.schedules import SCHEDULES
 from planner.search import (

@@ -171,7 +171,7 @@ def test_causal_mask_of_load_balanced_chunks_lets_each_query_see_its_past():
 
 def test_fsdp_over_tp_shards_the_tp_local_weights(quick):
     """FSDP gathers each TP rank's weights (norms whole, the rest split) twice per step."""
-    from planner.cost.memory import memory_report
+    from planner.memory_report import memory_report
 
     spec = next(s for s in QUICK_LAYOUTS if s.name == "fsdp-tp")
     tp_local = memory_report(spec.job(), spec.planner_layout()).per_stage[0].num_params

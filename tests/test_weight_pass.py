@@ -3,12 +3,12 @@
 import pytest
 
 from planner.cost.activations import ActivationShape, activation_bytes_per_layer
-from planner.cost.memory import memory_report
 from planner.cost.weight_pass import (
     output_gradient_bytes,
     weight_input_bytes,
     weight_pass_bytes_per_layer,
 )
+from planner.memory_report import memory_report
 from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.model import load_model

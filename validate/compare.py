@@ -3,7 +3,7 @@
 Predictions come from the planner exactly as a user gets them, for the exact model and
 layout that ran (:meth:`validate.spec.RunSpec.job`: FP32 AdamW, no CUDA runtime overhead):
 
-* memory: :func:`planner.cost.memory.memory_report` (max over pipeline ranks, and per rank);
+* memory: :func:`planner.memory_report.memory_report` (max over pipeline ranks, and per rank);
 * comm bytes per axis: :func:`predict_comm_bytes` over :func:`planner.comm.report.axis_traffic`;
 * step time (and bubble): :func:`predict_step_time` over :func:`planner.estimate.estimate`
   on the calibrated cluster.

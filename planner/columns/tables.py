@@ -193,17 +193,17 @@ def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, linears:
 
 
 def _pipeline_slots(
-    model, pp: int, vpp: int, schedule: str, split: str, layers
+    model, pp: int, vpp: int, schedule: str, split: str, layers, every_rank: bool = False
 ) -> dict[str, np.ndarray]:
     """What the examined ranks of one pipeline (pp, vpp, schedule, split; ``layers`` per
     virtual stage) hold, whatever the tp and ep: [slot] arrays of layers (own, paced,
-    mirrored and both directions'), ends."""
+    mirrored and both directions'), ends. ``every_rank``: every rank is a slot."""
     structure = rank_structure(model, pp, vpp, schedule, split, layers)
     dense, moe = np.asarray(structure.dense_layers), np.asarray(structure.moe_layers)
     emb, head = (np.asarray(v, dtype=float) for v in (structure.has_embedding, structure.has_head))
     dualpipe = schedule in BIDIRECTIONAL_SCHEDULES
     content = np.stack([dense, moe, emb, head, *((dense[::-1], moe[::-1]) if dualpipe else ())])
-    slots = examined_ranks(content)
+    slots = np.arange(pp) if every_rank else examined_ranks(content)
     out = {
         "dense_layers": dense[slots],
         "moe_layers": moe[slots],
@@ -225,10 +225,11 @@ def _pipeline_slots(
 
 
 def structure_table(
-    job: Job, tp, ep, etp, pp, vpp, schedule, split
+    job: Job, tp, ep, etp, pp, vpp, schedule, split, every_rank: bool = False
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per distinct pipeline structure, [structure, slot] arrays of what the examined ranks
-    hold (DualPipe's mirrored direction included); each row's structure.
+    (``every_rank``: all of them) hold (DualPipe's mirrored direction included); each row's
+    structure.
 
     Layers and ends are worked out once per pipeline (pp, vpp, schedule, split), parameters
     per virtual stage once per (tp, ep, etp, pp, vpp, split), each distinct rank's states
@@ -245,7 +246,9 @@ def structure_table(
             stage_layers[p, v, spl] = dense_and_moe_layers_per_virtual_stage(model, p, v, spl)
         if (p, v, sch, spl) not in pipelines:
             pipelines[p, v, sch, spl] = len(per_pipeline)
-            per_pipeline.append(_pipeline_slots(model, p, v, sch, spl, stage_layers[p, v, spl]))
+            per_pipeline.append(
+                _pipeline_slots(model, p, v, sch, spl, stage_layers[p, v, spl], every_rank)
+            )
             layout = Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl)
             layouts.append((layout, virtual_stage_ranks(sch, p, v)))
         pipe_of[u] = pipelines[p, v, sch, spl]
@@ -269,6 +272,7 @@ def structure_table(
     }
     table["dense_params"], table["expert_params"] = dense_params, expert_params
     both = table.pop("both_dense_layers"), table.pop("both_moe_layers")
+    table["held_layers"] = both[0] + both[1]  # both of DualPipe's copies
     tp_ep = np.array([(t, x, et) for t, x, et, *_ in structs], dtype=np.int64).reshape(-1, 3)
     table.update(
         slot_states(job, tp_ep[:, 0], tp_ep[:, 1], dense_params, expert_params, *both, tp_ep[:, 2])

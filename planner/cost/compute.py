@@ -93,6 +93,12 @@ class GpuRates(BaseModel):
             functional_collective_overhead_s=accelerator.functional_collective_overhead_s or 0.0,
         )
 
+    @classmethod
+    def untimed(cls) -> GpuRates:
+        """Unit rates, for evaluations that read only memory (no accelerator given): the
+        memory model reads no rate, the times these give mean nothing."""
+        return cls(matmul_flops_per_s=1.0, hbm_bytes_per_s=1.0)
+
     def roofline_s(self, flops: float, num_bytes: float) -> float:
         return max(flops / self.matmul_flops_per_s, num_bytes / self.hbm_bytes_per_s)
 

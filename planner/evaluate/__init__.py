@@ -80,6 +80,31 @@ def evaluate_columns(
     return in_output_order(timed, memory)
 
 
+def layout_columns(layout, num_microbatches: int) -> dict[str, np.ndarray]:
+    """One layout as the one-row columns :func:`evaluate_columns` takes (``etp`` resolved)."""
+    fields = layout.model_dump()
+    fields["num_microbatches"] = num_microbatches
+    fields["etp"] = layout.expert_tp
+    return {key: np.array([value]) for key, value in fields.items()}
+
+
+def memory_every_rank(
+    job: Job, accelerator: Accelerator | None, columns: dict
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Memory of rows of layouts on every pipeline rank: the columns model's memory outputs
+    with every rank examined (``rank_<part>_bytes``, ``rank_units``, ``rank_slot``: [row,
+    rank] arrays; :func:`planner.evaluate.memory.memory_columns`), and the structure table's
+    [row, rank] layers and parameters (``held_layers``, ``dense_params``, ``expert_params``).
+    The single-layout memory report is this on a 1-row column."""
+    c = _prepared(columns)
+    rates, bf16_rates, tuned = _rates(job, accelerator)
+    shapes, structs = _tables(job, c, rates, bf16_rates, tuned, every_rank=True)
+    memory = memory_columns(job, c, shapes, structs, tuned, per_rank=True)
+    at = c["structure"].codes
+    held = {key: structs[key][at] for key in ("held_layers", "dense_params", "expert_params")}
+    return memory, held
+
+
 def screen_columns(
     job: Job,
     cluster: Cluster,
@@ -140,15 +165,18 @@ def _prepared(columns: dict) -> dict:
     return c
 
 
-def _rates(job: Job, accelerator: Accelerator) -> tuple:
-    """(GPU rates of the GEMM dtype, BF16 rates under FP8 or None, the adapter recipe or None)."""
+def _rates(job: Job, accelerator: Accelerator | None) -> tuple:
+    """(GPU rates of the GEMM dtype, BF16 rates under FP8 or None, the adapter recipe or None);
+    without an accelerator, untimed unit rates (memory only)."""
+    tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
+    if accelerator is None:
+        return GpuRates.untimed(), None, tuned
     rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
     bf16_rates = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
-    tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     return rates, bf16_rates, tuned
 
 
-def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple[dict, dict]:
+def _tables(job: Job, c: dict, rates, bf16_rates, tuned, every_rank=False) -> tuple[dict, dict]:
     """The per-shape and per-structure tables. Adds to ``c`` each row's index into them
     (``shape``, ``structure``) and into the distinct (structure, shape, m) combinations —
     what activations and the pipeline's compute depend on — and (structure, ZeRO stage,
@@ -159,7 +187,7 @@ def _tables(job: Job, c: dict, rates, bf16_rates, tuned) -> tuple[dict, dict]:
         bf16_rates,
     )  # fmt: skip
     structs, struct_inv = structure_table(
-        job, *(c[k] for k in ("tp", "ep", "etp", "pp", "vpp", "schedule", "split"))
+        job, *(c[k] for k in ("tp", "ep", "etp", "pp", "vpp", "schedule", "split")), every_rank
     )
     c["shape"] = coded(shape_inv, len(shapes["fd"]))
     c["structure"] = coded(struct_inv, len(structs["slot"]))

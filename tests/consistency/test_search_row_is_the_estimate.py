@@ -17,9 +17,10 @@ from hwspecs.errors import PlanError
 from planner import api
 from planner.comm.terms import rank_shape
 from planner.comm.traffic import AXES
-from planner.cost.memory import MEMORY_PARTS, memory_report
+from planner.cost.memory import MEMORY_PARTS
 from planner.estimate import estimate, layout_columns
 from planner.evaluate import evaluate_columns
+from planner.memory_report import memory_report
 from planner.pipeline import closed_form
 from planner.pipeline.schedules import SCHEDULES
 from planner.spec.layout import Layout
@@ -85,7 +86,7 @@ def _row(job, layout):
 
 
 PROPERTY = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
 )
 
 
@@ -256,3 +257,33 @@ def test_collectives_count_the_layers_the_busiest_rank_runs(case):
     held = max(stage.num_layers for stage in report.per_stage)  # DualPipe: own + mirror
     per_microbatch = held / 2 if spec.bidirectional else held
     assert math.isclose(float(shape.layers), per_microbatch)
+
+
+@PROPERTY
+@given(jobs_and_layouts(), st.sampled_from([None, "lora", "qlora", "dora"]))
+def test_the_memory_report_is_the_scalar_memory_model_on_every_rank(case, recipe):
+    """The report (the columns model with every rank examined) against the scalar formulas
+    one rank at a time (tests/consistency/reference_memory.py), full training and
+    fine-tuning recipes alike."""
+    from reference_memory import reference_ranks
+
+    job, layout = case
+    if recipe is not None:
+        job = job.model_copy(update={"finetune": api.build_finetune(recipe=recipe)})
+    try:
+        expected = reference_ranks(job, layout)
+    except PlanError:
+        assume(False)
+    report = memory_report(job, layout, ACCELERATOR)
+    for stage, ref in zip(report.per_stage, expected, strict=True):
+        for key in ("num_layers", "num_params", "num_expert_params"):
+            assert getattr(stage, key) == ref[key], key
+        assert math.isclose(stage.inflight_microbatches, ref["inflight_microbatches"])
+        for part in MEMORY_PARTS:
+            assert math.isclose(getattr(stage, part), ref[part], rel_tol=1e-9, abs_tol=1.0), part
+    if recipe is not None and report.recipe_breakdown_bytes is not None:
+        peak = expected[report.peak_rank]["recipe"]
+        assert report.recipe_breakdown_bytes.keys() == peak.keys()
+        for key, value in peak.items():
+            assert math.isclose(report.recipe_breakdown_bytes[key], value, rel_tol=1e-9,
+                                abs_tol=1.0), key  # fmt: skip

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from hwspecs.schema import Accelerator, Cluster, LinkTier
+from hwspecs.schema import Accelerator, Cluster, LinkTier, Reliability
 from planner.errors import PlanError, unknown_name_error
 
 if sys.version_info >= (3, 11):
@@ -100,3 +100,13 @@ def load_cluster(name: str) -> Cluster:
     for tier in cluster.tiers:
         load_link(tier.link)
     return cluster
+
+
+#: Failure rates, checkpoint and facility defaults (``hwspecs/data/reliability.toml``).
+RELIABILITY_FILE = DATA_DIR / "reliability.toml"
+
+
+@functools.cache
+def load_reliability() -> Reliability:
+    """Interruption rates per GPU-hour and the checkpoint, restart and PUE defaults."""
+    return parse_spec(read_toml(RELIABILITY_FILE), Reliability, "reliability.toml")

@@ -405,6 +405,77 @@ DEFAULT_PLAN = {
 }
 
 
+def build_training(cluster: str, train_tokens, gpu_hour_cost: float | None = None):
+    """A :class:`planner.cost.goodput.TrainingRun` for ``cluster``: the token budget
+    (``15T``, ``2e12``), the accelerator's interruption rate per GPU-hour, the cluster's
+    storage bandwidth and restart time, the PUE and TDP, each with its source; ``notes``
+    names every default in use."""
+    from hwspecs.catalog import load_accelerator, load_cluster, load_reliability
+    from planner.cost.goodput import TrainingRun, parse_token_count
+
+    tokens = parse_token_count(train_tokens)
+    if gpu_hour_cost is not None and not (gpu_hour_cost >= 0 and gpu_hour_cost < float("inf")):
+        raise PlanError(f"--gpu-hour-cost must be a non-negative number, got {gpu_hour_cost}")
+    spec = load_cluster(cluster)
+    accelerator = load_accelerator(spec.accelerator)
+    figures = load_reliability()
+    notes, sources = [], {}
+    key = accelerator.id if accelerator.id in figures.interruptions else None
+    if key is None:
+        key = figures.default_interruptions
+        notes.append(
+            f"interruption rate: no published count for {accelerator.id}; using {key}'s "
+            f"(default)"
+        )
+    sources["interruptions_per_gpu_hour"] = figures.source_of(f"interruptions.{key}")
+    if spec.storage_bytes_per_s is not None:
+        storage = spec.storage_bytes_per_s
+        sources["storage_bytes_per_s"] = spec.source_of("storage_bytes_per_s")
+    else:
+        storage = figures.storage_bytes_per_s_per_gpu * spec.num_gpus
+        sources["storage_bytes_per_s"] = figures.source_of("storage_bytes_per_s_per_gpu")
+        notes.append(
+            f"storage bandwidth: {spec.id} sets none; default "
+            f"{figures.storage_bytes_per_s_per_gpu / 1e6:.1f} MB/s per GPU × {spec.num_gpus:,} GPUs"
+        )
+    if spec.restart_time_s is not None:
+        restart = spec.restart_time_s
+        sources["restart_time_s"] = spec.source_of("restart_time_s")
+    else:
+        restart = figures.restart_time_s
+        sources["restart_time_s"] = figures.source_of("restart_time_s")
+        notes.append(f"restart time: {spec.id} sets none; default {restart:.0f} s")
+    sources["power_usage_effectiveness"] = figures.source_of("power_usage_effectiveness")
+    if accelerator.tdp_w is not None:
+        sources["tdp_w"] = accelerator.source_of("tdp_w")
+    return _validated(
+        TrainingRun,
+        train_tokens=tokens,
+        gpu_hour_cost=gpu_hour_cost,
+        interruptions_per_gpu_hour=figures.interruptions[key].per_gpu_hour(),
+        storage_bytes_per_s=storage,
+        restart_time_s=restart,
+        power_usage_effectiveness=figures.power_usage_effectiveness,
+        tdp_w=accelerator.tdp_w,
+        sources=sources,
+        notes=notes,
+    )
+
+
+def _with_time_to_train(detail, job, training):
+    """``detail`` (an Estimate) with its ``time_to_train`` section for ``training``."""
+    from planner.cost.goodput import time_to_train
+
+    section = time_to_train(
+        detail.step_time_s,
+        detail.checkpoint_bytes_per_rank,
+        detail.num_gpus,
+        detail.tokens_per_s_per_gpu * detail.num_gpus * detail.step_time_s,
+        training,
+    )
+    return detail.model_copy(update={"time_to_train": section})
+
+
 def estimate(
     job,
     layout,
@@ -413,15 +484,18 @@ def estimate(
     mfu_dtype: str = "bf16",
     mem_headroom: float = 0.0,
     order: str | None = None,
+    training=None,
 ):
-    """One layout's predicted step (see :func:`planner.estimate.estimate`)."""
+    """One layout's predicted step (see :func:`planner.estimate.estimate`); with
+    ``training`` (:func:`build_training`), its time to train too."""
     from hwspecs.catalog import load_cluster
     from planner.estimate import estimate as estimate_layout
     from planner.topology import resolve_order
 
     spec = load_cluster(cluster)
     mesh = resolve_order(order) if order else None
-    return estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
+    detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
+    return detail if training is None else _with_time_to_train(detail, job, training)
 
 
 class PlanResult(BaseModel):
@@ -446,16 +520,23 @@ def plan(
     mfu_dtype: str = "bf16",
     order: str | None = None,
     progress=None,
+    training=None,
 ):
-    """Search every layout and return the top ones with their full estimates; also the table."""
+    """Search every layout and return the top ones with their full estimates; also the table.
+
+    ``training`` (:func:`build_training`) adds each result's time to train and the
+    ``expected_wall_time_s`` column; objective ``time_to_train`` ranks by it."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.estimate import estimate as estimate_layout
     from planner.layout import Layout
     from planner.search import LAYOUT_COLUMNS, OBJECTIVES, search
     from planner.topology import resolve_order
 
+    objective = objective.replace("-", "_")
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective '{objective}'; choose one of: {', '.join(OBJECTIVES)}")
+    if objective == "time_to_train" and training is None:
+        raise PlanError("--objective time-to-train needs --train-tokens (e.g. 15T or 2e12)")
     if not 0 <= mem_headroom < 1:
         raise PlanError(f"mem_headroom must be in [0, 1), got {mem_headroom}")
     spec = load_cluster(cluster)
@@ -465,8 +546,9 @@ def plan(
     accelerator = load_accelerator(spec.accelerator)
     mesh = resolve_order(order) if order else None
     found = search(
-        job, spec, accelerator, gpus, space, objective, mem_headroom, mesh, mfu_dtype, progress
-    )
+        job, spec, accelerator, gpus, space, objective, mem_headroom, mesh, mfu_dtype, progress,
+        training=training,
+    )  # fmt: skip
     results = []
     for rank, row in enumerate(found.table.head(top).itertuples(index=False), start=1):
         fields = {key: getattr(row, key) for key in LAYOUT_COLUMNS if key != "num_microbatches"}
@@ -478,6 +560,8 @@ def plan(
             fields["etp"] = None
         layout = Layout(**fields, num_microbatches=int(row.num_microbatches))
         detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
+        if training is not None:
+            detail = _with_time_to_train(detail, job, training)
         entry = detail.model_dump(mode="json")
         entry["layout"]["num_microbatches"] = int(row.num_microbatches)
         results.append({"rank": rank, **entry})
@@ -495,6 +579,8 @@ def plan(
         "finetune": job.finetune.model_dump() if job.finetune is not None else None,
         "space": space.model_dump() if space else None,
     }
+    if training is not None:
+        query["training"] = training.model_dump()
     if job.model.is_moe:  # the routing load the plan assumed
         query["moe_imbalance"] = job.model.moe_imbalance
         query["moe_capacity_factor"] = job.model.moe_capacity_factor

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
+from planner.cost.goodput import TimeToTrain
 from planner.errors import PlanError
 from planner.evaluate import evaluate_columns
 from planner.job import Job
@@ -69,6 +70,11 @@ class Estimate(BaseModel):
     capacity_bytes: int
     usable_bytes: float
     fits: bool
+    #: Weights, master weights and optimizer states the busiest-writing rank saves per
+    #: checkpoint (replicas split over the data-parallel group; :mod:`planner.cost.goodput`).
+    checkpoint_bytes_per_rank: float = 0.0
+    #: Time, GPU-hours, energy, cost and goodput of a token budget (``--train-tokens``).
+    time_to_train: TimeToTrain | None = None
 
 
 def layout_columns(layout: Layout, num_microbatches: int) -> dict[str, np.ndarray]:
@@ -149,4 +155,5 @@ def estimate(
         capacity_bytes=accelerator.hbm_bytes,
         usable_bytes=usable,
         fits=memory.total_bytes <= usable,
+        checkpoint_bytes_per_rank=float(value["checkpoint_bytes_per_rank"]),
     )

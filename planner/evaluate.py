@@ -277,8 +277,25 @@ def _memory_columns(job: Job, c: dict, shapes: dict, structs: dict, tuned) -> di
     for name, value in held.items():
         out[f"memory_{name}_bytes"] = value[held_inv, peak_slot]
     out["memory_comm_buffers_bytes"] = comm_buffer
+    out["checkpoint_bytes_per_rank"] = _checkpoint_columns(
+        job, c, zero_group, state_rows, structs, struct_inv, state_keys, tuned
+    )[state_inv]
     out["memory_runtime_overhead_bytes"] = np.full(n, runtime)
     return out
+
+
+def _checkpoint_columns(job, c, zero_group, state_rows, structs, struct_inv, state_keys, tuned):
+    """Bytes the busiest-writing rank saves per checkpoint, per distinct state row: its
+    weights, master weights and optimizer states with every replica split over its data-
+    parallel group (as ZeRO-3 shards them: a distributed checkpoint writes each replicated
+    tensor once, spread over the replicas; gradients are not saved)."""
+    zero = c["zero"][state_rows]
+    R = _gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys))
+    parts = _state_columns(
+        job, np.full_like(zero, 3), zero_group[state_rows], c["edp"][state_rows], R, tuned
+    )
+    saved = parts["weights"] + parts["master_weights"] + parts["optimizer_states"]
+    return saved.max(axis=1)
 
 
 def _state_columns(

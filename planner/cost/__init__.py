@@ -1,0 +1,1 @@
+"""Cost formulas: what a training run costs beyond one step (time to train, goodput)."""

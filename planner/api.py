@@ -424,8 +424,7 @@ def build_training(cluster: str, train_tokens, gpu_hour_cost: float | None = Non
     if key is None:
         key = figures.default_interruptions
         notes.append(
-            f"interruption rate: no published count for {accelerator.id}; using {key}'s "
-            f"(default)"
+            f"interruption rate: no published count for {accelerator.id}; using {key}'s (default)"
         )
     sources["interruptions_per_gpu_hour"] = figures.source_of(f"interruptions.{key}")
     if spec.storage_bytes_per_s is not None:

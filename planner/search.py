@@ -378,9 +378,7 @@ def _time_to_train_columns(columns: dict, gpus: int, job: Job, training) -> dict
 
     step = columns["step_time_s"]
     batch = job.global_batch_tokens or columns["tokens_per_s_per_gpu"] * gpus * step
-    found = time_to_train_columns(
-        step, columns["checkpoint_bytes_per_rank"], gpus, batch, training
-    )
+    found = time_to_train_columns(step, columns["checkpoint_bytes_per_rank"], gpus, batch, training)
     return {"expected_wall_time_s": found["wall_time_s"], "goodput": found["goodput"]}
 
 

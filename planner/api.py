@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
 
+from planner.cost.goodput import explain_time_to_train  # noqa: F401 (CLI)
 from planner.errors import PlanError, unknown_name_error
 from planner.explain import emit_settings, explain_estimate, explain_plan  # noqa: F401 (CLI)
 

@@ -262,3 +262,38 @@ def time_to_train(
         sources=run.sources,
         notes=notes,
     )
+
+
+def explain_time_to_train(section: TimeToTrain) -> list[str]:
+    """``--explain`` lines: each time-to-train term with its formula, numbers and source."""
+    s = section
+    parts = s.goodput_breakdown
+    lines = [
+        f"time to train {s.train_tokens:.4g} tokens: {s.num_steps:,} steps × step = "
+        f"{s.useful_time_s / SECONDS_PER_DAY:.2f} days of useful work at "
+        f"{s.cluster_tokens_per_s:,.0f} tokens/s on the cluster",
+        f"interruptions: λ = {s.interruptions_per_gpu_hour:.3g} per GPU-hour; "
+        f"M = 1/(N·λ) = {s.mean_time_between_interruptions_s / SECONDS_PER_HOUR:.2f} h",
+        f"checkpoint: {s.checkpoint_bytes_per_rank / 1e9:.3f} GB per rank (weights, master "
+        f"weights, optimizer states; replicas split over the data-parallel group) × N / "
+        f"{s.storage_bytes_per_s / 1e12:.3g} TB/s storage = δ {s.checkpoint_write_s:.2f} s",
+        f"interval: Young sqrt(2δM) = {s.young_interval_s:.0f} s; Daly 2006 higher order, "
+        f"rounded to whole steps: τ = {s.checkpoint_interval_s:.0f} s "
+        f"({s.checkpoint_interval_steps} steps)",
+        f"restart R = {s.restart_time_s:.0f} s",
+        f"wall time = M·e^(R/M)·(e^((τ+δ)/M) − 1)·T_s/τ (Daly 2006) = {s.wall_time_days:.2f} days, "
+        f"~{s.expected_interruptions:,.0f} interruptions expected",
+        f"goodput {100 * s.goodput:.1f}%: checkpoint writes {100 * parts['checkpoint_writes']:.2f}%, "
+        f"lost work {100 * parts['lost_work']:.2f}%, restarts {100 * parts['restarts']:.2f}% "
+        f"of wall time",
+        f"GPU-hours = wall × N = {s.gpu_hours:,.0f}"
+        + (f"; cost = GPU-hours × {s.cost / s.gpu_hours:g} = {s.cost:,.0f}" if s.cost else ""),
+    ]
+    if s.energy_kwh is not None:
+        lines.append(
+            f"energy = TDP {s.tdp_w:.0f} W × N × wall × PUE {s.power_usage_effectiveness} = "
+            f"{s.energy_kwh / 1e3:,.0f} MWh (GPU TDP as an upper bound)"
+        )
+    lines += [f"source of {name}: {text}" for name, text in s.sources.items()]
+    lines += [f"note: {note}" for note in s.notes]
+    return lines

@@ -168,5 +168,5 @@ def test_estimate_json_has_the_time_to_train_section(capsys):
 
 
 def test_time_to_train_objective_without_tokens_exits_2(capsys):
-    code, out, err = run(capsys, "plan", "--objective", "time-to-train")
+    code, _, err = run(capsys, "plan", "--objective", "time-to-train")
     assert code == 2 and "--train-tokens" in err and err.count("\n") == 1

@@ -16,7 +16,7 @@ from commands.common import app
 
 # Importing the command modules registers their commands on the app, in this order.
 # isort: off
-from commands import plan, memory, schedule, network, validation, catalog  # noqa: F401
+from commands import plan, memory, schedule, network, validation, catalog, sweep  # noqa: F401
 # isort: on
 
 

@@ -593,3 +593,88 @@ def plan(
         explanation=explain_plan(found, results, accelerator, mem_headroom),
     )
     return result, found.table
+
+
+# ----- scaling sweep --------------------------------------------------------------------
+
+SWEEP_QUANTITIES = ("gpus", "seq_len")
+
+
+class SweepPoint(BaseModel):
+    """The best layout at one value of the swept quantity (None figures: nothing fits)."""
+
+    value: int
+    gpus: int
+    seq_len: int
+    feasible: int
+    layout: dict | None = None
+    step_time_s: float | None = None
+    mfu: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    cluster_tokens_per_s: float | None = None
+    time_to_train: dict | None = None
+
+
+class SweepResult(BaseModel):
+    """The plan's winner at each point of a sweep of ``quantity``."""
+
+    quantity: str
+    query: dict
+    points: list[SweepPoint]
+
+
+def sweep(
+    job_fields: dict,
+    cluster: str,
+    quantity: str,
+    values: list[int],
+    gpus: int | None = None,
+    space=None,
+    objective: str = "step_time",
+    mem_headroom: float = 0.05,
+    training=None,
+) -> SweepResult:
+    """Run :func:`plan` at each value of ``quantity`` (``gpus`` or ``seq_len``) and keep
+    the winner: where scaling stops paying shows in step time, MFU, days and goodput.
+
+    ``job_fields``: :func:`build_job`'s arguments (``seq_len`` is replaced when swept)."""
+    from planner.search import SearchSpace
+
+    if quantity not in SWEEP_QUANTITIES:
+        raise unknown_name_error("sweep quantity", quantity, SWEEP_QUANTITIES)
+    if not values:
+        raise PlanError(f"--{quantity.replace('_', '-')}: give at least one value to sweep")
+    space = space or SearchSpace()
+    points = []
+    for value in values:
+        fields = {**job_fields, "seq_len": value} if quantity == "seq_len" else job_fields
+        job = build_job(**fields)
+        point_gpus = value if quantity == "gpus" else gpus
+        result, _ = plan(
+            job, cluster, point_gpus, space, objective, mem_headroom, top=1, training=training
+        )
+        point = {
+            "value": value,
+            "gpus": result.query["gpus"],
+            "seq_len": job.seq_len,
+            "feasible": result.feasible,
+        }
+        if result.results:
+            best = result.results[0]
+            point |= {
+                "layout": best["layout"],
+                "step_time_s": best["step_time_s"],
+                "mfu": best["mfu"],
+                "tokens_per_s_per_gpu": best["tokens_per_s_per_gpu"],
+                "cluster_tokens_per_s": best["tokens_per_s_per_gpu"] * best["num_gpus"],
+                "time_to_train": best.get("time_to_train"),
+            }
+        points.append(SweepPoint(**point))
+    query = {
+        "model": job_fields["model"],
+        "cluster": cluster,
+        "objective": objective,
+        "values": values,
+        "training": training.model_dump() if training is not None else None,
+    }
+    return SweepResult(quantity=quantity, query=query, points=points)

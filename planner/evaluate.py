@@ -288,14 +288,18 @@ def _checkpoint_columns(job, c, zero_group, state_rows, structs, struct_inv, sta
     """Bytes the busiest-writing rank saves per checkpoint, per distinct state row: its
     weights, master weights and optimizer states with every replica split over its data-
     parallel group (as ZeRO-3 shards them: a distributed checkpoint writes each replicated
-    tensor once, spread over the replicas; gradients are not saved)."""
+    tensor once, spread over the replicas; gradients are not saved). DualPipe's two
+    parameter copies (each stage on two ranks) are replicas too."""
     zero = c["zero"][state_rows]
     R = _gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys))
     parts = _state_columns(
         job, np.full_like(zero, 3), zero_group[state_rows], c["edp"][state_rows], R, tuned
     )
     saved = parts["weights"] + parts["master_weights"] + parts["optimizer_states"]
-    return saved.max(axis=1)
+    copies = np.ones(len(state_rows))
+    for schedule, rows in rows_by_value(c["schedule"][state_rows]):
+        copies[rows] = closed_form.parameter_copies(schedule)
+    return saved.max(axis=1) / copies
 
 
 def _state_columns(

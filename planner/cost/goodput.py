@@ -275,7 +275,7 @@ def explain_time_to_train(section: TimeToTrain) -> list[str]:
         f"interruptions: λ = {s.interruptions_per_gpu_hour:.3g} per GPU-hour; "
         f"M = 1/(N·λ) = {s.mean_time_between_interruptions_s / SECONDS_PER_HOUR:.2f} h",
         f"checkpoint: {s.checkpoint_bytes_per_rank / 1e9:.3f} GB per rank (weights, master "
-        f"weights, optimizer states; replicas split over the data-parallel group) × N / "
+        f"weights, optimizer states; replicas split over the data-parallel group and DualPipe's copies) × N / "
         f"{s.storage_bytes_per_s / 1e12:.3g} TB/s storage = δ {s.checkpoint_write_s:.2f} s",
         f"interval: Young sqrt(2δM) = {s.young_interval_s:.0f} s; Daly 2006 higher order, "
         f"rounded to whole steps: τ = {s.checkpoint_interval_s:.0f} s "

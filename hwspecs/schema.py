@@ -397,6 +397,7 @@ class Reliability(SourcedSpec):
     def _default_exists(self) -> Reliability:
         if self.default_interruptions not in self.interruptions:
             raise ValueError(
-                f"default_interruptions '{self.default_interruptions}' is not a key of interruptions"
+                f"default_interruptions '{self.default_interruptions}' is not a key of "
+                "interruptions"
             )
         return self

@@ -436,7 +436,8 @@ def build_training(cluster: str, train_tokens, gpu_hour_cost: float | None = Non
         sources["storage_bytes_per_s"] = figures.source_of("storage_bytes_per_s_per_gpu")
         notes.append(
             f"storage bandwidth: {spec.id} sets none; default "
-            f"{figures.storage_bytes_per_s_per_gpu / 1e6:.1f} MB/s per GPU × {spec.num_gpus:,} GPUs"
+            f"{figures.storage_bytes_per_s_per_gpu / 1e6:.1f} MB/s per GPU × "
+            f"{spec.num_gpus:,} GPUs"
         )
     if spec.restart_time_s is not None:
         restart = spec.restart_time_s

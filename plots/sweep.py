@@ -22,7 +22,8 @@ def sweep_figure(result):
     panels = [
         ("best step time (s)", x, [p.step_time_s for p in points]),
         ("MFU (%)", x, [100 * p.mfu for p in points]),
-        ("days to train", [p.value for p in timed], [p.time_to_train["wall_time_days"] for p in timed]),
+        ("days to train", [p.value for p in timed],
+         [p.time_to_train["wall_time_days"] for p in timed]),
         ("goodput (%)", [p.value for p in timed], [100 * p.time_to_train["goodput"] for p in timed]),
     ]  # fmt: skip
     fig = make_subplots(rows=2, cols=2, subplot_titles=[title for title, _, _ in panels])

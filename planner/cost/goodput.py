@@ -74,8 +74,8 @@ def young_interval_s(checkpoint_s, mtbf_s):
 
 
 def daly_interval_s(checkpoint_s, mtbf_s):
-    """Daly 2006 (FGCS 22(3), §4, the higher-order perturbation solution): ``sqrt(2δM)·[1 + sqrt(δ/2M)/3 + (δ/2M)/9] − δ`` for
-    ``δ < 2M``, else ``M``. Zero checkpoint cost: no interval bound (checkpoint every step)."""
+    """Daly 2006 (FGCS 22(3), §4, the higher-order perturbation solution):
+    ``sqrt(2δM)·[1 + sqrt(δ/2M)/3 + (δ/2M)/9] − δ`` for ``δ < 2M``, else ``M``. Zero checkpoint cost: no interval bound (checkpoint every step)."""
     delta = np.asarray(checkpoint_s, dtype=float)
     mtbf = np.asarray(mtbf_s, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -86,7 +86,8 @@ def daly_interval_s(checkpoint_s, mtbf_s):
 
 def segment_wall_time_s(interval_s, checkpoint_s, restart_s, mtbf_s):
     """Expected wall time of one compute interval and its checkpoint write, restarts and
-    lost work included: ``M · e^{R/M} · (e^{(τ+δ)/M} − 1)`` (Daly 2006's complete model, per segment);
+    lost work included: ``M · e^{R/M} · (e^{(τ+δ)/M} − 1)`` (Daly 2006's complete model, per
+    segment);
     ``τ + δ`` without interruptions (M infinite)."""
     work = np.asarray(interval_s, dtype=float) + checkpoint_s
     mtbf = np.asarray(mtbf_s, dtype=float)
@@ -275,15 +276,18 @@ def explain_time_to_train(section: TimeToTrain) -> list[str]:
         f"interruptions: λ = {s.interruptions_per_gpu_hour:.3g} per GPU-hour; "
         f"M = 1/(N·λ) = {s.mean_time_between_interruptions_s / SECONDS_PER_HOUR:.2f} h",
         f"checkpoint: {s.checkpoint_bytes_per_rank / 1e9:.3f} GB per rank (weights, master "
-        f"weights, optimizer states; replicas split over the data-parallel group and DualPipe's copies) × N / "
+        f"weights, optimizer states; replicas split over the data-parallel group and "
+        f"DualPipe's copies) × N / "
         f"{s.storage_bytes_per_s / 1e12:.3g} TB/s storage = δ {s.checkpoint_write_s:.2f} s",
         f"interval: Young sqrt(2δM) = {s.young_interval_s:.0f} s; Daly 2006 higher order, "
         f"rounded to whole steps: τ = {s.checkpoint_interval_s:.0f} s "
         f"({s.checkpoint_interval_steps} steps)",
         f"restart R = {s.restart_time_s:.0f} s",
-        f"wall time = M·e^(R/M)·(e^((τ+δ)/M) − 1)·T_s/τ (Daly 2006) = {s.wall_time_days:.2f} days, "
+        f"wall time = M·e^(R/M)·(e^((τ+δ)/M) − 1)·T_s/τ (Daly 2006) = "
+        f"{s.wall_time_days:.2f} days, "
         f"~{s.expected_interruptions:,.0f} interruptions expected",
-        f"goodput {100 * s.goodput:.1f}%: checkpoint writes {100 * parts['checkpoint_writes']:.2f}%, "
+        f"goodput {100 * s.goodput:.1f}%: checkpoint writes "
+        f"{100 * parts['checkpoint_writes']:.2f}%, "
         f"lost work {100 * parts['lost_work']:.2f}%, restarts {100 * parts['restarts']:.2f}% "
         f"of wall time",
         f"GPU-hours = wall × N = {s.gpu_hours:,.0f}"

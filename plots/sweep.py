@@ -24,7 +24,8 @@ def sweep_figure(result):
         ("MFU (%)", x, [100 * p.mfu for p in points]),
         ("days to train", [p.value for p in timed],
          [p.time_to_train["wall_time_days"] for p in timed]),
-        ("goodput (%)", [p.value for p in timed], [100 * p.time_to_train["goodput"] for p in timed]),
+        ("goodput (%)", [p.value for p in timed],
+         [100 * p.time_to_train["goodput"] for p in timed]),
     ]  # fmt: skip
     fig = make_subplots(rows=2, cols=2, subplot_titles=[title for title, _, _ in panels])
     for index, (title, xs, ys) in enumerate(panels):

@@ -75,7 +75,8 @@ def young_interval_s(checkpoint_s, mtbf_s):
 
 def daly_interval_s(checkpoint_s, mtbf_s):
     """Daly 2006 (FGCS 22(3), §4, the higher-order perturbation solution):
-    ``sqrt(2δM)·[1 + sqrt(δ/2M)/3 + (δ/2M)/9] − δ`` for ``δ < 2M``, else ``M``. Zero checkpoint cost: no interval bound (checkpoint every step)."""
+    ``sqrt(2δM)·[1 + sqrt(δ/2M)/3 + (δ/2M)/9] − δ`` for ``δ < 2M``, else ``M``. A free
+    checkpoint (δ = 0) gives 0: save every step."""
     delta = np.asarray(checkpoint_s, dtype=float)
     mtbf = np.asarray(mtbf_s, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -510,6 +510,19 @@ class PlanResult(BaseModel):
     explanation: list[str] = []
 
 
+def _time_to_train_ranking(objective: str, results: list[dict]) -> list[str]:
+    """Under objective time_to_train: the winner's and runner-up's expected wall times."""
+    if objective != "time_to_train" or len(results) < 2:
+        return []
+    first, second = (entry["time_to_train"] for entry in results[:2])
+    return [
+        f"ranked by expected wall time of {first['train_tokens']:.4g} tokens, failures included: "
+        f"{first['wall_time_days']:.2f} days (goodput {100 * first['goodput']:.1f}%) vs "
+        f"{second['wall_time_days']:.2f} days (goodput {100 * second['goodput']:.1f}%) for the "
+        f"runner-up"
+    ]
+
+
 def plan(
     job,
     cluster: str,
@@ -591,7 +604,8 @@ def plan(
         feasible=found.feasible,
         rejected=found.rejected,
         results=results,
-        explanation=explain_plan(found, results, accelerator, mem_headroom),
+        explanation=_time_to_train_ranking(objective, results)
+        + explain_plan(found, results, accelerator, mem_headroom),
     )
     return result, found.table
 

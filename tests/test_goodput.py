@@ -170,3 +170,18 @@ def test_estimate_json_has_the_time_to_train_section(capsys):
 def test_time_to_train_objective_without_tokens_exits_2(capsys):
     code, _, err = run(capsys, "plan", "--objective", "time-to-train")
     assert code == 2 and "--train-tokens" in err and err.count("\n") == 1
+
+
+def test_smaller_checkpoint_per_rank_trains_sooner():
+    run = api.build_training("llama3-h100-24k", "15T")
+    found = gp.time_to_train_columns([5.0, 5.0], [3e8, 3e9], 16384, 16 * 2**20, run)
+    assert found["wall_time_s"][0] < found["wall_time_s"][1]
+    assert found["goodput"][0] > found["goodput"][1]
+
+
+def test_energy_is_absent_without_a_catalog_tdp():
+    run = api.build_training("tpu-v5p", "1T")  # no published TDP for TPU v5p
+    assert run.tdp_w is None
+    section = gp.time_to_train(2.0, 1e9, 256, 2**22, run)
+    assert section.energy_kwh is None
+    assert any("TDP" in note for note in section.notes)

@@ -16,7 +16,7 @@ from commands.common import app
 
 # Importing the command modules registers their commands on the app, in this order.
 # isort: off
-from commands import plan, memory, schedule, network, validation, catalog, runs  # noqa: F401
+from commands import plan, memory, schedule, network, validation, catalog, runs, sweep  # noqa: F401
 # isort: on
 
 

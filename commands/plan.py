@@ -38,6 +38,8 @@ from commands.memory import (
     RecipeFlag,
     _finetune,
 )
+from commands.time_to_train import GpuHourCostFlag, TrainTokensFlag, build_training
+from commands.time_to_train import summary_line as time_to_train_line
 
 # ----- plan and estimate ---------------------------------------------------------------
 
@@ -94,7 +96,9 @@ def plan(
     ] = None,
     global_batch_size: Annotated[int | None, typer.Option(min=1, help="sequences per step")] = None,
     top: Annotated[int, typer.Option(min=1, help="results to show")] = 5,
-    objective: Annotated[str, typer.Option(help="step_time, memory or mfu")] = "step_time",
+    objective: Annotated[
+        str, typer.Option(help="step_time, memory, mfu or time-to-train (needs --train-tokens)")
+    ] = "step_time",
     mem_headroom: MemHeadroomFlag = 0.05,
     tp: Annotated[str | None, typer.Option(help="pin, e.g. 8 or 4,8")] = None,
     cp: Annotated[str | None, typer.Option(help="pin")] = None,
@@ -147,9 +151,14 @@ def plan(
     html: Annotated[
         str | None, typer.Option(help="write step time vs memory of all feasible layouts")
     ] = None,
+    train_tokens: TrainTokensFlag = None,  # time to train (issue 19)
+    gpu_hour_cost: GpuHourCostFlag = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Search every layout and rank them (default: Llama 3 405B on 16,384 H100s)."""
+    """Search every layout and rank them (default: Llama 3 405B on 16,384 H100s).
+
+    Objectives: step_time, memory, mfu, time-to-train (expected wall time of
+    --train-tokens, failures and checkpoints included)."""
     from hwspecs.errors import PlanError
     from planner import api
     from planner.api import SearchSpace
@@ -197,6 +206,7 @@ def plan(
         if sequence_parallel is not None:
             space_fields["sequence_parallel"] = [sequence_parallel]
         space = SearchSpace(**space_fields, allow_cross_node_tp=allow_cross_node_tp)
+        training = build_training(cluster, train_tokens, gpu_hour_cost)
         with _progress(not as_json) as advance:
             result, table = api.plan(
                 job,
@@ -210,6 +220,7 @@ def plan(
                 order,
                 progress=advance,
                 profile=profile,
+                training=training,
             )
         if not result.results:
             raise PlanError(_no_layout_message(result))
@@ -312,6 +323,8 @@ def _print_plan(result, explain: bool) -> None:
         "GiB",
         "bub%",
     )
+    timed = result.results[0].get("time_to_train") is not None
+    columns += ("days", "good%") if timed else ()
     for column in columns:
         left = column in (degrees_header, "schedule", "recomp")
         table.add_column(column, justify="left" if left else "right", no_wrap=True)
@@ -333,11 +346,27 @@ def _print_plan(result, explain: bool) -> None:
             f"{100 * entry['mfu']:.1f}",
             f"{entry['memory_per_gpu_bytes'] / GIB:.1f}",
             f"{100 * entry['bubble_fraction']:.1f}",
+            *_time_to_train_cells(entry.get("time_to_train")),
         )
     console.print(table)
+    if timed:
+        console.print("#1 " + time_to_train_line(result.results[0]["time_to_train"]))
     if explain:
         for line in result.explanation:
             console.print(line)
+        if timed:
+            from planner import api
+            from planner.api import TimeToTrain
+
+            section = TimeToTrain(**result.results[0]["time_to_train"])
+            for line in api.explain_time_to_train(section):
+                console.print(line)
+
+
+def _time_to_train_cells(section: dict | None) -> tuple[str, ...]:
+    if section is None:
+        return ()
+    return (f"{section['wall_time_days']:.1f}", f"{100 * section['goodput']:.1f}")
 
 
 @app.command()
@@ -388,6 +417,8 @@ def estimate(
         ),
     ] = "none",
     explain: Annotated[bool, typer.Option("--explain")] = False,
+    train_tokens: TrainTokensFlag = None,  # time to train (issue 19)
+    gpu_hour_cost: GpuHourCostFlag = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Predict one fully given layout: step time breakdown, MFU, memory per GPU."""
@@ -422,9 +453,11 @@ def estimate(
         recompute=option_value(recompute),
         sequence_parallel=sequence_parallel,
     )
+    training = build_training(cluster, train_tokens, gpu_hour_cost)
     result = api.estimate(
-        job, layout, cluster, gpus, mfu_dtype, mem_headroom, order=order, profile=profile
-    )
+        job, layout, cluster, gpus, mfu_dtype, mem_headroom, order=order, profile=profile,
+        training=training,
+    )  # fmt: skip
     if as_json:
         emit_json(result)
         return
@@ -456,6 +489,11 @@ def estimate(
             f"{100 * mfu_low:.1f}–{100 * mfu_high:.1f}% (cross-validated 10th–90th percentile)"
         )
     console.print("memory per GPU " + fits_line(result.memory_per_gpu_bytes, result))
+    if result.time_to_train is not None:
+        console.print(time_to_train_line(result.time_to_train.model_dump()))
     if explain:
         for line in api.explain_estimate(result, job):
             console.print(line)
+        if result.time_to_train is not None:
+            for line in api.explain_time_to_train(result.time_to_train):
+                console.print(line)

@@ -16,7 +16,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from hwspecs.errors import PlanError, unknown_name_error
-from hwspecs.schema import Accelerator, Cluster, LinkTier
+from hwspecs.schema import Accelerator, Cluster, LinkTier, Reliability
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -181,3 +181,13 @@ def load_profile(name: str):
         if not path.exists():
             raise unknown_name_error("profile", name, profile_names())
     return parse_spec(read_toml(path), EfficiencyProfile, str(path))
+
+
+#: Failure rates, checkpoint and facility defaults (``hwspecs/data/reliability.toml``).
+RELIABILITY_FILE = DATA_DIR / "reliability.toml"
+
+
+@functools.cache
+def load_reliability() -> Reliability:
+    """Interruption rates per GPU-hour and the checkpoint, restart and PUE defaults."""
+    return parse_spec(read_toml(RELIABILITY_FILE), Reliability, "reliability.toml")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ValidationError
 
 from hwspecs.errors import PlanError, unknown_name_error
+from planner.cost.goodput import explain_time_to_train  # noqa: F401 (CLI)
 from planner.explain import emit_settings, explain_estimate, explain_plan  # noqa: F401 (CLI)
 
 CATALOG_KINDS = ("models", "accelerators", "clusters", "links")
@@ -444,6 +445,77 @@ def with_profile(job, accelerator: str, profile: str | None):
     return job.model_copy(update={"efficiency_profile": chosen})
 
 
+def build_training(cluster: str, train_tokens, gpu_hour_cost: float | None = None):
+    """A :class:`planner.cost.goodput.TrainingRun` for ``cluster``: the token budget
+    (``15T``, ``2e12``), the accelerator's interruption rate per GPU-hour, the cluster's
+    storage bandwidth and restart time, the PUE and TDP, each with its source; ``notes``
+    names every default in use."""
+    from hwspecs.catalog import load_accelerator, load_cluster, load_reliability
+    from planner.cost.goodput import TrainingRun, parse_token_count
+
+    tokens = parse_token_count(train_tokens)
+    if gpu_hour_cost is not None and not (gpu_hour_cost >= 0 and gpu_hour_cost < float("inf")):
+        raise PlanError(f"--gpu-hour-cost must be a non-negative number, got {gpu_hour_cost}")
+    spec = load_cluster(cluster)
+    accelerator = load_accelerator(spec.accelerator)
+    figures = load_reliability()
+    notes, sources = [], {}
+    key = accelerator.id if accelerator.id in figures.interruptions else None
+    if key is None:
+        key = figures.default_interruptions
+        notes.append(
+            f"interruption rate: no published count for {accelerator.id}; using {key}'s (default)"
+        )
+    sources["interruptions_per_gpu_hour"] = figures.source_of(f"interruptions.{key}")
+    if spec.storage_bytes_per_s is not None:
+        storage = spec.storage_bytes_per_s
+        sources["storage_bytes_per_s"] = spec.source_of("storage_bytes_per_s")
+    else:
+        storage = figures.storage_bytes_per_s_per_gpu * spec.num_gpus
+        sources["storage_bytes_per_s"] = figures.source_of("storage_bytes_per_s_per_gpu")
+        notes.append(
+            f"storage bandwidth: {spec.id} sets none; default "
+            f"{figures.storage_bytes_per_s_per_gpu / 1e6:.1f} MB/s per GPU × "
+            f"{spec.num_gpus:,} GPUs"
+        )
+    if spec.restart_time_s is not None:
+        restart = spec.restart_time_s
+        sources["restart_time_s"] = spec.source_of("restart_time_s")
+    else:
+        restart = figures.restart_time_s
+        sources["restart_time_s"] = figures.source_of("restart_time_s")
+        notes.append(f"restart time: {spec.id} sets none; default {restart:.0f} s")
+    sources["power_usage_effectiveness"] = figures.source_of("power_usage_effectiveness")
+    if accelerator.tdp_w is not None:
+        sources["tdp_w"] = accelerator.source_of("tdp_w")
+    return _validated(
+        TrainingRun,
+        train_tokens=tokens,
+        gpu_hour_cost=gpu_hour_cost,
+        interruptions_per_gpu_hour=figures.interruptions[key].per_gpu_hour(),
+        storage_bytes_per_s=storage,
+        restart_time_s=restart,
+        power_usage_effectiveness=figures.power_usage_effectiveness,
+        tdp_w=accelerator.tdp_w,
+        sources=sources,
+        notes=notes,
+    )
+
+
+def _with_time_to_train(detail, job, training):
+    """``detail`` (an Estimate) with its ``time_to_train`` section for ``training``."""
+    from planner.cost.goodput import time_to_train
+
+    section = time_to_train(
+        detail.step_time_s,
+        detail.checkpoint_bytes_per_rank,
+        detail.num_gpus,
+        detail.tokens_per_s_per_gpu * detail.num_gpus * detail.step_time_s,
+        training,
+    )
+    return detail.model_copy(update={"time_to_train": section})
+
+
 def estimate(
     job,
     layout,
@@ -453,9 +525,10 @@ def estimate(
     mem_headroom: float | None = None,
     order: str | None = None,
     profile: str | None = None,
+    training=None,
 ):
     """One layout's predicted step (see :func:`planner.estimate.estimate`); ``profile``: see
-    :func:`with_profile`."""
+    :func:`with_profile`; with ``training`` (:func:`build_training`), its time to train too."""
     mem_headroom = _checked_headroom(mem_headroom)
     from hwspecs.catalog import load_cluster
     from planner.comm.topology import resolve_order
@@ -464,7 +537,8 @@ def estimate(
     spec = load_cluster(cluster)
     job = with_profile(job, spec.accelerator, profile)
     mesh = resolve_order(order) if order else None
-    return estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
+    detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
+    return detail if training is None else _with_time_to_train(detail, job, training)
 
 
 class PlanResult(BaseModel):
@@ -476,6 +550,19 @@ class PlanResult(BaseModel):
     rejected: dict[str, int]
     results: list[dict]
     explanation: list[str] = []
+
+
+def _time_to_train_ranking(objective: str, results: list[dict]) -> list[str]:
+    """Under objective time_to_train: the winner's and runner-up's expected wall times."""
+    if objective != "time_to_train" or len(results) < 2:
+        return []
+    first, second = (entry["time_to_train"] for entry in results[:2])
+    return [
+        f"ranked by expected wall time of {first['train_tokens']:.4g} tokens, failures included: "
+        f"{first['wall_time_days']:.2f} days (goodput {100 * first['goodput']:.1f}%) vs "
+        f"{second['wall_time_days']:.2f} days (goodput {100 * second['goodput']:.1f}%) for the "
+        f"runner-up"
+    ]
 
 
 def plan(
@@ -491,17 +578,23 @@ def plan(
     progress=None,
     refine_top: int | None = None,
     profile: str | None = None,
+    training=None,
 ):
     """Search every layout and return the top ones with their full estimates; also the table.
     ``refine_top``: rows re-timed by the event simulator (default
-    :data:`planner.refine.DEFAULT_REFINE_TOP`); ``profile``: see :func:`with_profile`."""
+    :data:`planner.refine.DEFAULT_REFINE_TOP`); ``profile``: see :func:`with_profile`;
+    ``training`` (:func:`build_training`) adds each result's time to train and the
+    ``expected_wall_time_s`` column; objective ``time_to_train`` ranks by it."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.comm.topology import resolve_order
     from planner.estimate import estimate as estimate_layout
     from planner.search import OBJECTIVES, layout_of_row, search
 
+    objective = objective.replace("-", "_")
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective '{objective}'; choose one of: {', '.join(OBJECTIVES)}")
+    if objective == "time_to_train" and training is None:
+        raise PlanError("--objective time-to-train needs --train-tokens (e.g. 15T or 2e12)")
     mem_headroom = _checked_headroom(mem_headroom)
     spec = load_cluster(cluster)
     gpus = gpus or spec.num_gpus
@@ -517,11 +610,14 @@ def plan(
     found = search(
         job, spec, accelerator, gpus, space, objective, mem_headroom, mesh, mfu_dtype, progress,
         DEFAULT_REFINE_TOP if refine_top is None else refine_top,
+        training=training,
     )  # fmt: skip
     results = []
     for rank, row in enumerate(found.table.head(top).to_dict("records"), start=1):
         layout = layout_of_row(row, job.model.is_moe)
         detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
+        if training is not None:
+            detail = _with_time_to_train(detail, job, training)
         entry = detail.model_dump(mode="json")
         entry["layout"]["num_microbatches"] = layout.num_microbatches
         simulated = row["step_time_simulated_s"] == row["step_time_simulated_s"]  # not NaN
@@ -549,6 +645,8 @@ def plan(
         "finetune": job.finetune.model_dump() if job.finetune is not None else None,
         "space": space.model_dump() if space else None,
     }
+    if training is not None:
+        query["training"] = training.model_dump()
     if job.model.is_moe:  # the routing load the plan assumed
         query["moe_imbalance"] = job.model.moe_imbalance
         query["moe_capacity_factor"] = job.model.moe_capacity_factor
@@ -558,7 +656,8 @@ def plan(
         feasible=found.feasible,
         rejected=found.rejected,
         results=results,
-        explanation=explain_plan(found, results, accelerator, mem_headroom),
+        explanation=_time_to_train_ranking(objective, results)
+        + explain_plan(found, results, accelerator, mem_headroom),
     )
     return result, found.table
 
@@ -678,6 +777,7 @@ _EXPORTS = {
     "TopologyReport": "planner.comm.topology",
     "FLASH_BACKWARD_FLOPS_RATIO": "planner.cost.compute",
     "attention_core_ops": "planner.cost.flops",
+    "TimeToTrain": "planner.cost.goodput",
 }
 
 
@@ -690,3 +790,88 @@ def __getattr__(name: str):
     module = importlib.import_module(_EXPORTS[name])
     attribute = "estimate" if name == "estimate_layout" else name
     return getattr(module, attribute)
+
+
+# ----- scaling sweep --------------------------------------------------------------------
+
+SWEEP_QUANTITIES = ("gpus", "seq_len")
+
+
+class SweepPoint(BaseModel):
+    """The best layout at one value of the swept quantity (None figures: nothing fits)."""
+
+    value: int
+    gpus: int
+    seq_len: int
+    feasible: int
+    layout: dict | None = None
+    step_time_s: float | None = None
+    mfu: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    cluster_tokens_per_s: float | None = None
+    time_to_train: dict | None = None
+
+
+class SweepResult(BaseModel):
+    """The plan's winner at each point of a sweep of ``quantity``."""
+
+    quantity: str
+    query: dict
+    points: list[SweepPoint]
+
+
+def sweep(
+    job_fields: dict,
+    cluster: str,
+    quantity: str,
+    values: list[int],
+    gpus: int | None = None,
+    space=None,
+    objective: str = "step_time",
+    mem_headroom: float = 0.05,
+    training=None,
+) -> SweepResult:
+    """Run :func:`plan` at each value of ``quantity`` (``gpus`` or ``seq_len``) and keep
+    the winner: where scaling stops paying shows in step time, MFU, days and goodput.
+
+    ``job_fields``: :func:`build_job`'s arguments (``seq_len`` is replaced when swept)."""
+    from planner.search import SearchSpace
+
+    if quantity not in SWEEP_QUANTITIES:
+        raise unknown_name_error("sweep quantity", quantity, SWEEP_QUANTITIES)
+    if not values:
+        raise PlanError(f"--{quantity.replace('_', '-')}: give at least one value to sweep")
+    space = space or SearchSpace()
+    points = []
+    for value in values:
+        fields = {**job_fields, "seq_len": value} if quantity == "seq_len" else job_fields
+        job = build_job(**fields)
+        point_gpus = value if quantity == "gpus" else gpus
+        result, _ = plan(
+            job, cluster, point_gpus, space, objective, mem_headroom, top=1, training=training
+        )
+        point = {
+            "value": value,
+            "gpus": result.query["gpus"],
+            "seq_len": job.seq_len,
+            "feasible": result.feasible,
+        }
+        if result.results:
+            best = result.results[0]
+            point |= {
+                "layout": best["layout"],
+                "step_time_s": best["step_time_s"],
+                "mfu": best["mfu"],
+                "tokens_per_s_per_gpu": best["tokens_per_s_per_gpu"],
+                "cluster_tokens_per_s": best["tokens_per_s_per_gpu"] * best["num_gpus"],
+                "time_to_train": best.get("time_to_train"),
+            }
+        points.append(SweepPoint(**point))
+    query = {
+        "model": job_fields["model"],
+        "cluster": cluster,
+        "objective": objective,
+        "values": values,
+        "training": training.model_dump() if training is not None else None,
+    }
+    return SweepResult(quantity=quantity, query=query, points=points)

@@ -22,6 +22,7 @@ from hwspecs.catalog import load_accelerator
 from hwspecs.errors import PlanError
 from hwspecs.schema import Cluster
 from planner.comm.traffic import AXES
+from planner.cost.goodput import TimeToTrain
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, MEMORY_PARTS
 from planner.cost.profile import PROFILE_PARTS, profile_intervals
 from planner.evaluate import evaluate_columns, layout_columns
@@ -78,6 +79,11 @@ class Estimate(BaseModel):
     step_time_interval_s: tuple[float, float] | None = None
     tokens_per_s_per_gpu_interval: tuple[float, float] | None = None
     mfu_interval: tuple[float, float] | None = None
+    #: Weights, master weights and optimizer states the busiest-writing rank saves per
+    #: checkpoint (replicas split over the data-parallel group; :mod:`planner.cost.goodput`).
+    checkpoint_bytes_per_rank: float = 0.0
+    #: Time, GPU-hours, energy, cost and goodput of a token budget (``--train-tokens``).
+    time_to_train: TimeToTrain | None = None
 
 
 def estimate(
@@ -152,4 +158,5 @@ def estimate(
         usable_bytes=memory.usable_bytes,
         fits=memory.fits,
         **profile_intervals(job.efficiency_profile, value),
+        checkpoint_bytes_per_rank=float(value["checkpoint_bytes_per_rank"]),
     )

@@ -26,7 +26,7 @@ from planner.spec.layout import Layout
 from planner.spec.rules import RULES, schedule_rules
 
 GIB = 2**30
-OBJECTIVES = ("step_time", "memory", "mfu")
+OBJECTIVES = ("step_time", "memory", "mfu", "time_to_train")
 LAYOUT_COLUMNS = (
     "tp",
     "cp",
@@ -246,9 +246,14 @@ def search(
     mfu_dtype: str = "bf16",
     progress=None,
     refine_top: int = DEFAULT_REFINE_TOP,
+    training=None,
 ) -> SearchResult:
     """Screen, evaluate and rank every layout of ``job`` on the first ``gpus`` of ``cluster``;
-    the first ``refine_top`` rows are re-timed by the event simulator (:mod:`planner.refine`)."""
+    the first ``refine_top`` rows are re-timed by the event simulator (:mod:`planner.refine`).
+
+    With ``training`` (a :class:`planner.cost.goodput.TrainingRun`) every row gains
+    ``expected_wall_time_s`` and ``goodput`` (:func:`planner.cost.goodput.
+    time_to_train_columns`), which objective ``time_to_train`` ranks by."""
     space = space or SearchSpace()
     grid, cells, grid_shape = screening_grid(job, cluster, gpus, space)
     copies = len(space.zero_stage) * len(space.recompute)  # rows per screened grid row
@@ -301,7 +306,9 @@ def search(
         columns = {key: value[kept] for key, value in columns.items()}  # in row order
         for key, value in merged.items():
             columns[key] = (value if in_place else value[at]) if key in timed else value[kept]
-        ranking = _ranking({key: columns[key] for key in RANKING_COLUMNS}, objective)
+        if training is not None:
+            columns.update(_time_to_train_columns(columns, gpus, job, training))
+        ranking = _ranking({k: columns[k] for k in RANKING_COLUMNS if k in columns}, objective)
     columns = {k: v.strings() if isinstance(v, Labels) else v for k, v in columns.items()}
     table = pd.DataFrame(columns) if screened else pd.DataFrame(columns=LAYOUT_COLUMNS)
     if screened:  # ranked: one take of the table's blocks
@@ -333,6 +340,7 @@ RANKING_KEYS = {  # objective: (columns, ascending), ties broken by the later co
     "step_time": (("step_time_s", "memory_per_gpu_bytes"), (True, True)),
     "memory": (("memory_per_gpu_bytes", "step_time_s"), (True, True)),
     "mfu": (("mfu", "memory_per_gpu_bytes"), (False, True)),
+    "time_to_train": (("expected_wall_time_s", "memory_per_gpu_bytes"), (True, True)),
 }
 #: Every column an objective reads.
 RANKING_COLUMNS = tuple(dict.fromkeys(name for names, _ in RANKING_KEYS.values() for name in names))
@@ -353,6 +361,16 @@ def _ranking(columns: dict[str, np.ndarray], objective: str) -> np.ndarray:
         rows = np.sort(order[at])
         order[at] = rows[np.lexsort([key[rows] for key in keys[::-1]])]
     return order
+
+
+def _time_to_train_columns(columns: dict, gpus: int, job: Job, training) -> dict:
+    """Expected wall time of the token budget and goodput per row (failures included)."""
+    from planner.cost.goodput import time_to_train_columns
+
+    step = columns["step_time_s"]
+    batch = job.global_batch_tokens or columns["tokens_per_s_per_gpu"] * gpus * step
+    found = time_to_train_columns(step, columns["checkpoint_bytes_per_rank"], gpus, batch, training)
+    return {"expected_wall_time_s": found["wall_time_s"], "goodput": found["goodput"]}
 
 
 def _smallest(memory: np.ndarray, rows: np.ndarray) -> int:

@@ -201,7 +201,8 @@ def test_ranking_equals_a_lexicographic_sort_with_nan_and_signed_zeros(objective
         first[rng.random(n) < 0.1] = np.nan
         second[rng.random(n) < 0.1] = np.nan
         first[rng.random(n) < 0.1] = -0.0
-        columns = {"step_time_s": first, "mfu": first, "memory_per_gpu_bytes": second}
+        columns = {"step_time_s": first, "mfu": first, "memory_per_gpu_bytes": second,
+                   "expected_wall_time_s": first}  # fmt: skip
         names, ascending = RANKING_KEYS[objective]
         keys = [columns[k] if up else -columns[k] for k, up in zip(names, ascending, strict=True)]
         np.testing.assert_array_equal(_ranking(columns, objective), np.lexsort(keys[::-1]))

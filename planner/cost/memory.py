@@ -104,6 +104,20 @@ def model_state_columns(
     return parts
 
 
+def checkpoint_bytes_columns(
+    job: Job, zero_group, expert_group, R: dict, tuned, copies
+) -> np.ndarray:
+    """Bytes the busiest-writing rank saves per checkpoint, per row: its weights, master
+    weights and optimizer states with every replica split over its data-parallel group (as
+    ZeRO-3 shards them: a distributed checkpoint writes each replicated tensor once, spread
+    over the replicas; gradients are not saved). ``copies``: parameter copies per rank
+    (DualPipe's two, each stage on two ranks, are replicas too)."""
+    zero3 = np.full(len(zero_group), 3)
+    parts = model_state_columns(job, zero3, zero_group, expert_group, R, tuned)
+    saved = parts["weights"] + parts["master_weights"] + parts["optimizer_states"]
+    return saved.max(axis=1) / copies
+
+
 def activation_columns(
     job: Job, c: dict, S: dict, R: dict, schedule_groups
 ) -> dict[str, np.ndarray]:

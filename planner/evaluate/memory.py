@@ -11,8 +11,14 @@ import numpy as np
 
 from planner.columns.codes import distinct_rows
 from planner.columns.tables import MEMORY_SHAPE_KEYS, rows_by_value
-from planner.cost.memory import activation_columns, comm_buffer_columns, model_state_columns
+from planner.cost.memory import (
+    activation_columns,
+    checkpoint_bytes_columns,
+    comm_buffer_columns,
+    model_state_columns,
+)
 from planner.evaluate.rows import gather
+from planner.pipeline import closed_form
 from planner.spec.job import Job
 
 #: Structure-table entries the activation memory reads (model states read the parameters
@@ -83,6 +89,15 @@ def memory_columns(
     for name, value in held.items():
         out[f"memory_{name}_bytes"] = value[held_inv, peak_slot]
     out["memory_comm_buffers_bytes"] = comm_buffer
+    copies = np.ones(len(state_rows))  # DualPipe's two parameter copies are replicas
+    for schedule, rows in rows_by_value(c["schedule"][state_rows]):
+        copies[rows] = closed_form.parameter_copies(schedule)
+    state_R = gather(
+        structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)
+    )
+    out["checkpoint_bytes_per_rank"] = checkpoint_bytes_columns(
+        job, zero_group[state_rows], c["edp"][state_rows], state_R, tuned, copies
+    )[state_inv]
     out["memory_runtime_overhead_bytes"] = np.full(n, runtime)
     if per_rank:
         for name, value in states.items():

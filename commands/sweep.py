@@ -1,0 +1,110 @@
+"""`llmplan sweep`: the plan at each GPU count or sequence length, winner per point."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from commands.common import JsonFlag, app, emit_json, int_list, make_console
+from commands.time_to_train import GpuHourCostFlag, TrainTokensFlag, build_training
+
+
+@app.command()
+def sweep(
+    model: Annotated[str, typer.Option(help="catalog model, model TOML or HF config.json")] = (
+        "llama3-405b"
+    ),
+    cluster: Annotated[str, typer.Option(help="catalog cluster or TOML path")] = "llama3-h100-24k",
+    gpus: Annotated[
+        str | None, typer.Option(help="GPU counts to sweep, e.g. 1024,2048,4096 (or one count)")
+    ] = None,
+    seq_len: Annotated[
+        str | None, typer.Option(help="sequence lengths to sweep, e.g. 4096,8192 (or one)")
+    ] = None,
+    global_batch_tokens: Annotated[
+        int | None, typer.Option(min=1, help="tokens per step (default 16M)")
+    ] = None,
+    objective: Annotated[
+        str, typer.Option(help="step_time, memory, mfu or time-to-train (needs --train-tokens)")
+    ] = "step_time",
+    mem_headroom: Annotated[float, typer.Option(help="fraction of HBM kept free")] = 0.05,
+    train_tokens: TrainTokensFlag = None,
+    gpu_hour_cost: GpuHourCostFlag = None,
+    html: Annotated[str | None, typer.Option(help="write the sweep's plots as HTML")] = None,
+    png: Annotated[str | None, typer.Option(help="write them as PNG (needs kaleido)")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Plan at each GPU count (--gpus 1024,…) or sequence length (--seq-len …): best step
+    time, MFU, days to train and goodput per point, to see where scaling stops paying."""
+    from hwspecs.errors import PlanError
+    from planner import api
+
+    try:
+        gpu_values = int_list(gpus, "gpus")
+        seq_values = int_list(seq_len, "seq-len")
+        swept = [(name, v) for name, v in (("gpus", gpu_values), ("seq_len", seq_values))
+                 if v is not None and len(v) > 1]  # fmt: skip
+        if len(swept) != 1:
+            raise PlanError(
+                "sweep one quantity: give --gpus or --seq-len a list of two or more values"
+            )
+        quantity, values = swept[0]
+        fixed_gpus = gpu_values[0] if gpu_values and quantity != "gpus" else None
+        if fixed_gpus is None and quantity != "gpus" and cluster == api.DEFAULT_PLAN["cluster"]:
+            fixed_gpus = api.DEFAULT_PLAN["gpus"]
+        fixed_seq = seq_values[0] if seq_values and quantity != "seq_len" else 8192
+        job_fields = {
+            "model": model,
+            "seq_len": fixed_seq,
+            "global_batch_tokens": global_batch_tokens or api.DEFAULT_PLAN["global_batch_tokens"],
+        }
+        training = build_training(cluster, train_tokens, gpu_hour_cost)
+        result = api.sweep(
+            job_fields, cluster, quantity, values, fixed_gpus, None, objective, mem_headroom,
+            training,
+        )  # fmt: skip
+        if html or png:
+            from plots.schedule import write_figure
+            from plots.sweep import sweep_figure
+
+            write_figure(sweep_figure(result), html, png)
+    except PlanError as error:
+        if as_json:
+            emit_json({"error": str(error)})
+            raise typer.Exit(2) from None
+        raise
+    if as_json:
+        emit_json(result)
+        return
+    _print_sweep(result)
+    for path in (html, png):
+        if path:
+            make_console().print(f"wrote {path}")
+
+
+def _print_sweep(result) -> None:
+    from rich.table import Table
+
+    table = Table(show_edge=False, padding=(0, 1))
+    label = {"gpus": "GPUs", "seq_len": "seq"}[result.quantity]
+    for column in (label, "tp/cp/pp/dp/ep", "schedule", "step s", "MFU%", "Mtok/s", "days",
+                   "good%"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("tp/cp/pp/dp/ep", "schedule")
+                         else "right", no_wrap=True)  # fmt: skip
+    for point in result.points:
+        if point.layout is None:
+            table.add_row(f"{point.value:,}", "no layout fits", *[""] * 6)
+            continue
+        lay, section = point.layout, point.time_to_train
+        table.add_row(
+            f"{point.value:,}",
+            "/".join(str(lay[a]) for a in ("tp", "cp", "pp", "dp", "ep")),
+            lay["schedule"],
+            f"{point.step_time_s:.3f}",
+            f"{100 * point.mfu:.1f}",
+            f"{point.cluster_tokens_per_s / 1e6:.2f}",
+            f"{section['wall_time_days']:.1f}" if section else "",
+            f"{100 * section['goodput']:.1f}" if section else "",
+        )
+    make_console().print(table)

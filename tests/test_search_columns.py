@@ -15,8 +15,8 @@ from hwspecs.errors import PlanError
 from planner.estimate import layout_columns
 from planner.evaluate import evaluate_columns
 from planner.memory_report import memory_report
-from planner.pipeline.schedules import SCHEDULES
 from planner.pipeline import closed_form as cf
+from planner.pipeline.schedules import SCHEDULES
 from planner.search import (
     RANKING_COLUMNS,
     RANKING_KEYS,

@@ -275,6 +275,7 @@ class _progress:
 
 
 def _print_plan(result, explain: bool) -> None:
+    from rich import box
     from rich.table import Table
 
     console = make_console()
@@ -284,7 +285,10 @@ def _print_plan(result, explain: bool) -> None:
         f"{q['global_batch_tokens']:,} tokens per step: {result.candidates_evaluated:,} layouts "
         f"screened, {result.feasible:,} feasible"
     )
-    table = Table(show_edge=False, padding=(0, 1))
+    # No vertical rules and two spaces between columns: the widest rows (DeepSeek-V3's
+    # five degrees, "int-1f1b v8") fit 80 columns; only the schedule and recompute names
+    # may wrap, never a number.
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), pad_edge=False)
     ep = any(entry["layout"]["ep"] > 1 for entry in result.results)
     etp = any((entry["layout"].get("etp") or entry["layout"]["tp"]) != entry["layout"]["tp"]
               for entry in result.results)  # fmt: skip
@@ -304,7 +308,13 @@ def _print_plan(result, explain: bool) -> None:
     )
     for column in columns:
         left = column in (degrees_header, "schedule", "recomp")
-        table.add_column(column, justify="left" if left else "right", no_wrap=True)
+        wraps = column in ("schedule", "recomp")
+        table.add_column(
+            column,
+            justify="left" if left else "right",
+            no_wrap=not wraps,
+            overflow="fold" if wraps else "ellipsis",
+        )
     short = {"interleaved-1f1b": "int-1f1b", "selective": "sel"}
     for entry in result.results:
         lay = entry["layout"]
@@ -417,11 +427,13 @@ def estimate(
         f"pp {lay.pp} dp {lay.dp} ep {lay.ep}{f' etp {lay.etp}' if lay.etp is not None else ''} vpp {lay.vpp}, {lay.schedule}, m {result.num_microbatches}, "
         f"mbs {lay.micro_batch_size}, ZeRO {lay.zero_stage}, recompute {lay.recompute}"
     )
-    table = Table(
-        title=f"step {result.step_time_s:.3f} s — MFU {100 * result.mfu:.1f}% "
-        f"(causal {100 * result.mfu_causal:.1f}%), {result.model_tflops_per_gpu:.0f} TFLOP/s per GPU, "
-        f"{result.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+    # The headline is a line of its own (a table title wraps inside the table's width).
+    console.print(
+        f"step {result.step_time_s:.3f} s — MFU {100 * result.mfu:.1f}% "
+        f"(causal {100 * result.mfu_causal:.1f}%), {result.model_tflops_per_gpu:.0f} TFLOP/s "
+        f"per GPU, {result.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
     )
+    table = Table()
     table.add_column("term")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")

@@ -59,7 +59,7 @@ def explain_estimate(result, job) -> list[str]:
     eff = accelerator.matmul_efficiency.get(dtype)
     lines = [
         f"GEMMs at {dtype}: peak {accelerator.peak_tflops(dtype)} TFLOP/s × matmul efficiency {eff} "
-        f"({accelerator.source_of(f'matmul_efficiency.{dtype}')[:90]})",
+        f"({accelerator.source_of(f'matmul_efficiency.{dtype}')})",
         _attention_line(accelerator, dtype, job.flash_attention),
         f"HBM {accelerator.hbm_bytes_per_s / 1e12:.2f} TB/s × {accelerator.hbm_bandwidth_efficiency} for memory-bound ops",
         f"busiest rank per micro-batch: F {stage['forward'] * 1e3:.2f} ms, B {stage['input_grad'] * 1e3:.2f} ms, "
@@ -211,7 +211,7 @@ def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool) -> str:
     dtype = attention_dtype(gemm_dtype)
     forward, backward = accelerator.achievable_attention_flops_per_s(dtype)
     source = accelerator.source_of(f"attention_forward_efficiency.{dtype}")
-    where = source[:90] if source else "no attention measurement: at the matmul rate (rule 6)"
+    where = source if source else "no attention measurement: at the matmul rate (rule 6)"
     return (
         f"attention (fused, {dtype}): forward {forward / 1e12:.0f}, backward {backward / 1e12:.0f} "
         f"TFLOP/s on {FLASH_BACKWARD_FLOPS_RATIO}× the forward FLOPs ({where})"

@@ -75,3 +75,85 @@ def test_estimate_explain_prints_whole_citations(capsys, monkeypatch):
     source = load_accelerator("h100-sxm").source_of("matmul_efficiency.bf16")
     # Wrapped at spaces only: joining the lines gives the whole citation back.
     assert " ".join(source.split()) in " ".join(out.split())
+
+
+# ----- the schedule timeline -----------------------------------------------------------
+
+
+def _printed_rows(out: str, pp: int) -> dict[int, list[int]]:
+    """Micro-batch numbers per rank, read left to right through every band."""
+    rows: dict[int, list[int]] = {rank: [] for rank in range(pp)}
+    for line in out.splitlines():
+        match = re.match(r"rank (\d+) (.*)", line)
+        if match:
+            rows[int(match[1])] += [int(value) for value in match[2].split()]
+    return rows
+
+
+def _runs(values):
+    return [value for i, value in enumerate(values) if i == 0 or values[i - 1] != value]
+
+
+def _simulated_order(report, rank):
+    return sorted(
+        (item for item in report.timeline if item.rank == rank and item.end > item.start),
+        key=lambda item: item.start,
+    )
+
+
+def test_interleaved_timeline_at_80_columns_is_the_simulators_order(capsys, monkeypatch):
+    from planner.pipeline import schedule_report
+
+    argv = ("schedule", "--schedule", "interleaved-1f1b", "--pp", "8", "--microbatches", "32")
+    out = render(capsys, monkeypatch, 80, *argv)
+    assert_fits(out, 80)
+    assert "exact" in out and "wrapped into" in out
+    report = schedule_report("interleaved-1f1b", 8, 32)
+    printed = _printed_rows(out, 8)
+    for rank in range(8):
+        simulated = [item.microbatch for item in _simulated_order(report, rank)]
+        assert _runs(printed[rank]) == _runs(simulated), rank
+    # The warm-up bubble: the last rank idles while the first forwards reach it.
+    last_rank = next(line for line in out.splitlines() if line.startswith("rank 7"))
+    first_start = min(item.start for item in report.timeline if item.rank == 7)
+    cell_text_width = 3
+    assert last_rank[len("rank 7 ") :].startswith(" " * int(first_start / 0.5) * cell_text_width)
+
+
+@pytest.mark.parametrize(
+    ("name", "pp", "microbatches"),
+    [("interleaved-1f1b", 8, 32), ("zbv", 4, 8), ("dualpipe", 16, 128), ("1f1b", 16, 256)],
+)
+def test_chart_cells_never_reorder_or_overwrite_actions(name, pp, microbatches):
+    """Exact charts show every action in order; compressed ones a subsequence, and say so."""
+    from planner.pipeline import schedule_report
+    from plots.schedule_chart import chart_grid, scale_note
+
+    report = schedule_report(name, pp, microbatches)
+    grid = chart_grid(report, cells_per_band=24, max_bands=4)
+    index_of = {id(item): index for index, item in enumerate(report.timeline)}
+    for rank in range(pp):
+        shown = _runs([int(index) for index in grid.cells[rank] if index >= 0])
+        order = [index_of[id(item)] for item in _simulated_order(report, rank)]
+        if grid.exact:
+            assert shown == order
+        else:
+            position = {index: place for place, index in enumerate(order)}
+            assert [position[index] for index in shown] == sorted(position[i] for i in shown)
+    note = scale_note(grid, 2)
+    if not grid.exact:
+        assert "compressed" in note and f"1 cell = {grid.cell_time:g}" in note
+        assert grid.cell_time > grid.base_unit
+        assert f"{grid.hidden_actions:,} actions not shown" in note
+
+
+def test_compressed_chart_keeps_the_warm_up_bubble_visible():
+    from planner.pipeline import schedule_report
+    from plots.schedule_chart import chart_grid
+
+    report = schedule_report("1f1b", 16, 256)
+    grid = chart_grid(report, cells_per_band=24, max_bands=6)
+    assert not grid.exact
+    first_start = min(item.start for item in report.timeline if item.rank == 15)
+    idle_cells = int(first_start // grid.cell_time)
+    assert idle_cells >= 1 and (grid.cells[15, :idle_cells] == -1).all()

@@ -213,7 +213,8 @@ def plan(
     if html:
         from plots.plan import plan_figure
 
-        plan_figure(table, result).write_html(html, include_plotlyjs=True, full_html=True)
+        figure = plan_figure(table, result, api.plan_page_sample(table))
+        figure.write_html(html, include_plotlyjs=True, full_html=True)
     if as_json:
         emit_json(result)
         return

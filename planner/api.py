@@ -507,3 +507,13 @@ def plan(
         explanation=explain_plan(found, results, accelerator, mem_headroom),
     )
     return result, found.table
+
+
+def plan_page_sample(table):
+    """The rows a plan page draws: the Pareto front and a grid sample of the feasible cloud.
+
+    ``table`` is :func:`plan`'s table (ranked, feasible rows); see :mod:`planner.results`.
+    """
+    from planner.results import page_sample
+
+    return page_sample(table["step_time_s"].to_numpy(), table["memory_per_gpu_bytes"].to_numpy())

@@ -132,7 +132,15 @@ def plan(
         bool, typer.Option("--explain", help="why the winner wins, why rows were rejected")
     ] = False,
     emit: Annotated[
-        str | None, typer.Option(help="print the winner's settings for: torchtitan, megatron")
+        str | None,
+        typer.Option(
+            help="the winner's settings for a trainer: megatron (arguments) or torchtitan "
+            "(config overrides); the search keeps to what that trainer runs; printed alone on "
+            "stdout (the table goes to stderr) unless --emit-out is given; also in --json"
+        ),
+    ] = None,
+    emit_out: Annotated[
+        str | None, typer.Option(help="write the --emit settings to this file")
     ] = None,
     csv: Annotated[str | None, typer.Option(help="write every feasible row as CSV")] = None,
     html: Annotated[
@@ -179,6 +187,8 @@ def plan(
             space_fields["micro_batch_size"] = int_list(micro_batch_size, "micro-batch-size")
         if schedule:
             space_fields["schedule"] = _name_list(schedule, "schedule")
+        if emit:
+            space_fields["schedule"] = _trainer_space(emit, job, space_fields, as_json)
         if zero_stage:
             space_fields["zero_stage"] = [int(v) for v in zero_stage.split(",")]
             if any(v not in (0, 1, 2, 3) for v in space_fields["zero_stage"]):
@@ -215,17 +225,53 @@ def plan(
 
         figure = plan_figure(table, result, api.plan_page_sample(table))
         figure.write_html(html, include_plotlyjs=True, full_html=True)
+    emitted = api.emit_settings(result.results[0], emit, job) if emit else None
+    if emit_out and emitted is not None:
+        with open(emit_out, "w") as out:
+            out.write(emitted.text + "\n")
     if as_json:
-        emit_json(result)
+        data = result.model_dump(mode="json")
+        if emitted is not None:
+            data["emitted"] = emitted.model_dump(mode="json")
+        emit_json(data)
         return
-    _print_plan(result, explain)
-    if emit:
-        make_console().print(
-            api.emit_settings(result.results[0], emit, job), markup=False, highlight=False
-        )
-    for path in (csv, html):
+    # With --emit and no file, stdout carries the settings alone (redirectable as they are).
+    alone = emitted is not None and not emit_out
+    console = _stderr_console() if alone else make_console()
+    _print_plan(result, explain, console)
+    for note in emitted.notes if emitted is not None else ():
+        console.print(f"note ({emit}): {note}", markup=False, highlight=False)
+    if alone:
+        sys.stdout.write(emitted.text + "\n")
+    for path in (csv, html, emit_out):
         if path:
-            make_console().print(f"wrote {path}")
+            console.print(f"wrote {path}")
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _trainer_space(trainer: str, job, space_fields: dict, quiet: bool) -> list[str]:
+    """The schedules (and, for torchtitan's MoE, the expert TP) a search for ``trainer`` keeps."""
+    from planner import api
+    from planner.errors import PlanError
+    from planner.handoff import TRAINER_ETP, TRAINER_NAMES
+
+    pinned = space_fields.get("schedule")
+    schedules = api.trainer_schedules(trainer, pinned)
+    if job.model.is_moe and TRAINER_ETP[trainer] == "1":
+        if space_fields.get("etp") not in (None, [1]) and 1 not in space_fields["etp"]:
+            raise PlanError(f"--emit {trainer}: {TRAINER_NAMES[trainer]} runs etp 1 only")
+        space_fields["etp"] = [1]
+    if not quiet and schedules != pinned:
+        sys.stderr.write(
+            f"--emit {trainer}: searching the schedules {TRAINER_NAMES[trainer]} runs: "
+            f"{', '.join(schedules)}\n"
+        )
+    return schedules
 
 
 def _name_list(text: str, name: str) -> list[str]:
@@ -275,11 +321,11 @@ class _progress:
         return False
 
 
-def _print_plan(result, explain: bool) -> None:
+def _print_plan(result, explain: bool, console=None) -> None:
     from rich import box
     from rich.table import Table
 
-    console = make_console()
+    console = console or make_console()
     q = result.query
     console.print(
         f"{q['model']} on {q['gpus']:,} GPUs of {q['cluster']}, seq {q['seq_len']:,}, "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ValidationError
 
 from planner.errors import PlanError, unknown_name_error
-from planner.explain import emit_settings, explain_estimate, explain_plan  # noqa: F401 (CLI)
+from planner.explain import explain_estimate, explain_plan  # noqa: F401 (CLI)
 
 CATALOG_KINDS = ("models", "accelerators", "clusters", "links")
 
@@ -517,3 +517,22 @@ def plan_page_sample(table):
     from planner.results import page_sample
 
     return page_sample(table["step_time_s"].to_numpy(), table["memory_per_gpu_bytes"].to_numpy())
+
+
+def emit_settings(entry: dict, trainer: str, job):
+    """A plan result's layout as ``trainer``'s settings (see :mod:`planner.handoff`)."""
+    from planner.handoff import emit_settings as emit
+    from planner.layout import layers_per_virtual_stage
+
+    lay = entry["layout"]
+    vpp = lay["vpp"] if lay["schedule"] == "interleaved-1f1b" else 1
+    split = lay.get("pipeline_layer_split", "auto")
+    layers = layers_per_virtual_stage(job.model.num_layers, lay["pp"], vpp, split)
+    return emit(entry, trainer, job, [int(count) for count in layers])
+
+
+def trainer_schedules(trainer: str, pinned: list[str] | None) -> list[str]:
+    """The schedules a search for ``trainer`` may use (see :mod:`planner.handoff`)."""
+    from planner.handoff import trainer_schedules as schedules
+
+    return schedules(trainer, pinned)

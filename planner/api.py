@@ -525,9 +525,8 @@ def emit_settings(entry: dict, trainer: str, job):
     from planner.layout import layers_per_virtual_stage
 
     lay = entry["layout"]
-    vpp = lay["vpp"] if lay["schedule"] == "interleaved-1f1b" else 1
     split = lay.get("pipeline_layer_split", "auto")
-    layers = layers_per_virtual_stage(job.model.num_layers, lay["pp"], vpp, split)
+    layers = layers_per_virtual_stage(job.model.num_layers, lay["pp"], lay["vpp"], split)
     return emit(entry, trainer, job, [int(count) for count in layers])
 
 

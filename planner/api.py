@@ -45,12 +45,39 @@ def list_catalog(kind: str | None = None) -> dict[str, list[str]]:
     return {name: catalog_names(name) for name in kinds}
 
 
-def show_catalog(name: str) -> dict:
-    """One catalog entry as JSON-ready data; models gain ``num_params`` and ``num_active_params``."""
+#: ``catalog show KIND:NAME`` / ``--kind``: the singular kind names a user types.
+CATALOG_KIND_NAMES = {
+    "model": "models",
+    "accelerator": "accelerators",
+    "cluster": "clusters",
+    "link": "links",
+}
+
+
+def catalog_kinds_of(name: str) -> list[str]:
+    """The catalog kinds (singular) that hold an entry called ``name``."""
+    return [kind for kind, plural in CATALOG_KIND_NAMES.items() if name in catalog_names(plural)]
+
+
+def show_catalog(name: str, kind: str | None = None) -> dict:
+    """One catalog entry as JSON-ready data; models gain ``num_params`` and ``num_active_params``.
+
+    A name that is more than one kind (``mi300x``: an accelerator and a cluster) resolves to
+    the first of model, accelerator, cluster, link unless ``kind`` (or ``kind:name``) says.
+    """
     from hwspecs import catalog
     from planner.model import load_model
 
-    if name in catalog_names("models"):
+    if kind is None and ":" in name:
+        kind, name = name.split(":", 1)
+    if kind is not None:
+        if kind not in CATALOG_KIND_NAMES:
+            raise PlanError(
+                f"unknown catalog kind '{kind}'; choose one of: {', '.join(CATALOG_KIND_NAMES)}"
+            )
+        if name not in catalog_names(CATALOG_KIND_NAMES[kind]):
+            raise unknown_name_error(kind, name, catalog_names(CATALOG_KIND_NAMES[kind]))
+    if kind in (None, "model") and name in catalog_names("models"):
         model = load_model(name)
         return {
             "kind": "model",
@@ -64,8 +91,8 @@ def show_catalog(name: str) -> dict:
         "clusters": ("cluster", catalog.load_cluster),
         "links": ("link", catalog.load_link),
     }
-    for kind, (label, loader) in loaders.items():
-        if name in catalog_names(kind):
+    for plural, (label, loader) in loaders.items():
+        if kind in (None, plural.rstrip("s")) and name in catalog_names(plural):
             return {"kind": label, **loader(name).model_dump()}
     everything = [entry for kind in CATALOG_KINDS for entry in catalog_names(kind)]
     raise unknown_name_error("catalog entry", name, everything)

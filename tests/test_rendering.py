@@ -157,3 +157,56 @@ def test_compressed_chart_keeps_the_warm_up_bubble_visible():
     first_start = min(item.start for item in report.timeline if item.rank == 15)
     idle_cells = int(first_start // grid.cell_time)
     assert idle_cells >= 1 and (grid.cells[15, :idle_cells] == -1).all()
+
+
+# ----- the catalog -----------------------------------------------------------------------
+
+
+def test_readme_cluster_template_loads_and_plans(tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    template = readme.split("### Your own cluster", 1)[1].split("```toml\n", 1)[1].split("```")[0]
+    path = tmp_path / "mine.toml"
+    path.write_text(template)
+    out = render(capsys, monkeypatch, 100, "plan", "--cluster", str(path), "--model", "llama3-8b")
+    assert "64 GPUs of my-h100-cluster" in " ".join(out.split())
+
+
+def test_misspelt_cluster_key_is_named_with_a_suggestion(tmp_path, capsys):
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    template = readme.split("### Your own cluster", 1)[1].split("```toml\n", 1)[1].split("```")[0]
+    path = tmp_path / "typo.toml"
+    path.write_text(template.replace("gpus_per_node = 8", "gpus_per_nod = 8"))
+    code = cli.main(["plan", "--cluster", str(path), "--model", "llama3-8b"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "'gpus_per_nod': unknown key (did you mean 'gpus_per_node'?)" in err
+    assert "more)" not in err
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("h100-sxm", ["79.65 GiB (85.5 GB)", "3.35 TB/s", "989.4 TFLOP/s", "mamf-finder"]),
+        ("nvlink4", ["450.0 GB/s", "3.4 µs", "busbw_efficiency.ring", "nccl-tests"]),
+        ("llama3-405b", ["405,853,388,800 (405.85 B)", "(shape)", "Table 3"]),
+        ("cluster:mi300x", ["cluster mi300x", "tiers[0].name"]),
+        ("mi300x", ["gpu mi300x", "192.00 GiB"]),
+    ],
+)
+def test_catalog_show_formats_values_with_units_and_sources(capsys, monkeypatch, name, expected):
+    out = render(capsys, monkeypatch, 120, "catalog", "show", name)
+    text = " ".join(out.split())
+    for piece in expected:
+        assert piece in text
+    assert "None" not in out and "{'" not in out  # no Python reprs
+
+
+def test_catalog_show_says_a_shared_name_has_another_kind(capsys):
+    assert cli.main(["catalog", "show", "mi300x"]) == 0
+    assert "catalog show cluster:mi300x" in capsys.readouterr().err
+    assert cli.main(["catalog", "show", "mi300x", "--kind", "cluster", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "cluster"

@@ -462,9 +462,12 @@ def estimate(
         sequence_parallel=sequence_parallel,
     )
     result = api.estimate(job, layout, cluster, gpus, mfu_dtype, order=order)
+    warnings = api.layout_warnings(layout, cluster)
     if as_json:
-        emit_json(result)
+        emit_json({**result.model_dump(mode="json"), "warnings": warnings})
         return
+    for warning in warnings:
+        sys.stderr.write(f"warning: {warning}\n")
     from rich.table import Table
 
     console = make_console()

@@ -562,3 +562,21 @@ def trainer_schedules(trainer: str, pinned: list[str] | None) -> list[str]:
     from planner.handoff import trainer_schedules as schedules
 
     return schedules(trainer, pinned)
+
+
+def layout_warnings(layout, cluster: str) -> list[str]:
+    """What a search would have rejected in a layout a user gave by hand (it still runs).
+
+    The same rule as the search's: TP beyond the cluster's scale-up (NVLink) domain.
+    """
+    from hwspecs.catalog import load_cluster
+
+    spec = load_cluster(cluster)
+    warnings = []
+    if layout.tp > spec.scale_up_domain_size:
+        warnings.append(
+            f"tp {layout.tp} crosses the {spec.scale_up_domain_size}-GPU scale-up domain of "
+            f"{spec.id}: its all-reduces run over the scale-out network (plan rejects this "
+            "unless --allow-cross-node-tp)"
+        )
+    return warnings

@@ -210,3 +210,13 @@ def test_catalog_show_says_a_shared_name_has_another_kind(capsys):
     assert "catalog show cluster:mi300x" in capsys.readouterr().err
     assert cli.main(["catalog", "show", "mi300x", "--kind", "cluster", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["kind"] == "cluster"
+
+
+def test_estimate_warns_when_tp_crosses_the_scale_up_domain(capsys):
+    assert cli.main(["estimate", "--tp", "16", "--dp", "64"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: tp 16 crosses the 8-GPU scale-up domain" in err
+    assert cli.main(["estimate", "--tp", "16", "--dp", "64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"][0].startswith("tp 16 crosses")
+    assert cli.main(["estimate"]) == 0
+    assert "warning" not in capsys.readouterr().err

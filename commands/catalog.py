@@ -42,25 +42,95 @@ def catalog_list(
 
 @catalog_app.command("show")
 def catalog_show(
-    name: Annotated[str, typer.Argument(help="a catalog name, e.g. llama3-405b or h100-sxm")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="a catalog name, e.g. llama3-405b or h100-sxm; KIND:NAME (cluster:mi300x) "
+            "for a name that is more than one kind"
+        ),
+    ],
+    kind: Annotated[
+        str | None,
+        typer.Option(help="model, accelerator, cluster or link (for names shared by kinds)"),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Show one catalog entry with its sources (models also with parameter counts)."""
+    """Show one catalog entry: every figure with its unit and its source."""
+    import re
+    import sys
+
     from planner import api
 
-    result = api.show_catalog(name)
+    result = api.show_catalog(name, kind)
+    bare = name.split(":")[-1]
+    shared = api.catalog_kinds_of(bare)
+    if kind is None and ":" not in name and len(shared) > 1:
+        others = ", ".join(f"catalog show {other}:{bare}" for other in shared[1:])
+        sys.stderr.write(f"{bare} is also a {' and a '.join(shared[1:])}: {others}\n")
     if as_json:
         emit_json(result)
         return
     from rich.table import Table
 
-    sources = result.pop("sources", {}) or {}
-    table = Table(title=f"{result.get('kind')} {name}")
-    table.add_column("field")
-    table.add_column("value")
+    sources = dict(result.pop("sources", {}) or {})
+    notes = result.pop("notes", None)
+    rows = list(_flatten(result))
+    table = Table(title=f"{result.get('kind')} {bare}")
+    table.add_column("field", no_wrap=True, min_width=max(len(key) for key, _ in rows))
+    table.add_column("value", max_width=26, overflow="fold")
     table.add_column("source", overflow="fold")
-    for key, value in result.items():
-        if isinstance(value, int) and not isinstance(value, bool) and key.startswith("num_params"):
-            value = f"{value:,} ({value / 1e9:.2f} B)"
-        table.add_row(key, str(value), sources.get(key, ""))
-    make_console().print(table)
+    # A source of a group ("tiers.0", a link's "busbw_efficiency") goes on its first row.
+    for key in list(sources):
+        group = re.sub(r"\.(\d+)", r"[\1]", key)
+        first = next((row for row, _ in rows if row == group or row.startswith(group)), None)
+        if first is not None and first not in sources:
+            sources[first] = sources.pop(key)
+    for key, value in rows:
+        table.add_row(key, _formatted(key, value), sources.pop(key, ""))
+    for key, source in sources.items():  # sources of a group of figures (a model's shape)
+        table.add_row(f"({key})", "", source)
+    console = make_console()
+    console.print(table)
+    if notes:
+        console.print(f"notes: {notes}", markup=False, highlight=False)
+
+
+def _flatten(data: dict, prefix: str = ""):
+    """``(dotted key, value)`` pairs: dicts open into ``a.b``, lists of dicts into ``a[0].b``."""
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from _flatten(value, f"{dotted}.")
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for index, item in enumerate(value):
+                yield from _flatten(item, f"{dotted}[{index}].")
+        else:
+            yield dotted, value
+
+
+def _formatted(key: str, value) -> str:
+    """A value with its unit: bytes in GiB (and GB), rates in GB/s or TB/s, times in µs."""
+    if value is None or value == {} or value == []:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value)
+    if not isinstance(value, int | float):
+        return str(value)
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf.endswith("bytes_per_s") or "bytes_per_s_" in leaf:
+        return f"{value / 1e12:,.2f} TB/s" if value >= 1e12 else f"{value / 1e9:,.1f} GB/s"
+    if leaf.endswith("_bytes"):
+        return f"{value / 2**30:,.2f} GiB ({value / 1e9:,.1f} GB)"
+    if leaf.endswith("_tflops"):
+        return f"{value:,.1f} TFLOP/s"
+    if leaf.endswith("_s"):
+        return f"{value * 1e6:,.3g} µs" if value < 1e-3 else f"{value:,.4g} s"
+    if leaf.endswith("_w"):
+        return f"{value:,.0f} W"
+    if leaf.startswith("num_") and "params" in leaf and isinstance(value, int):
+        return f"{value:,} ({value / 1e9:.2f} B)"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.4g}"

@@ -145,7 +145,15 @@ def plan(
         bool, typer.Option("--explain", help="why the winner wins, why rows were rejected")
     ] = False,
     emit: Annotated[
-        str | None, typer.Option(help="print the winner's settings for: torchtitan, megatron")
+        str | None,
+        typer.Option(
+            help="the winner's settings for a trainer: megatron (arguments) or torchtitan "
+            "(config overrides); the search keeps to what that trainer runs; printed alone on "
+            "stdout (the table goes to stderr) unless --emit-out is given; also in --json"
+        ),
+    ] = None,
+    emit_out: Annotated[
+        str | None, typer.Option(help="write the --emit settings to this file")
     ] = None,
     csv: Annotated[str | None, typer.Option(help="write every feasible row as CSV")] = None,
     html: Annotated[
@@ -197,6 +205,8 @@ def plan(
             space_fields["micro_batch_size"] = int_list(micro_batch_size, "micro-batch-size")
         if schedule:
             space_fields["schedule"] = _name_list(schedule, "schedule")
+        if emit:
+            space_fields["schedule"] = _trainer_space(emit, job, space_fields, as_json)
         if zero_stage:
             space_fields["zero_stage"] = [int(v) for v in zero_stage.split(",")]
             if any(v not in (0, 1, 2, 3) for v in space_fields["zero_stage"]):
@@ -234,18 +244,55 @@ def plan(
     if html:
         from plots.plan import plan_figure
 
-        plan_figure(table, result).write_html(html, include_plotlyjs=True, full_html=True)
+        figure = plan_figure(table, result, api.plan_page_sample(table))
+        figure.write_html(html, include_plotlyjs=True, full_html=True)
+    emitted = api.emit_settings(result.results[0], emit, job) if emit else None
+    if emit_out and emitted is not None:
+        with open(emit_out, "w") as out:
+            out.write(emitted.text + "\n")
     if as_json:
-        emit_json(result)
+        data = result.model_dump(mode="json")
+        if emitted is not None:
+            data["emitted"] = emitted.model_dump(mode="json")
+        emit_json(data)
         return
-    _print_plan(result, explain)
-    if emit:
-        make_console().print(
-            api.emit_settings(result.results[0], emit, job), markup=False, highlight=False
-        )
-    for path in (csv, html):
+    # With --emit and no file, stdout carries the settings alone (redirectable as they are).
+    alone = emitted is not None and not emit_out
+    console = _stderr_console() if alone else make_console()
+    _print_plan(result, explain, console)
+    for note in emitted.notes if emitted is not None else ():
+        console.print(f"note ({emit}): {note}", markup=False, highlight=False)
+    if alone:
+        sys.stdout.write(emitted.text + "\n")
+    for path in (csv, html, emit_out):
         if path:
-            make_console().print(f"wrote {path}")
+            console.print(f"wrote {path}")
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _trainer_space(trainer: str, job, space_fields: dict, quiet: bool) -> list[str]:
+    """The schedules (and, for torchtitan's MoE, the expert TP) a search for ``trainer`` keeps."""
+    from hwspecs.errors import PlanError
+    from planner import api
+    from planner.api import TRAINER_ETP, TRAINER_NAMES
+
+    pinned = space_fields.get("schedule")
+    schedules = api.trainer_schedules(trainer, pinned)
+    if job.model.is_moe and TRAINER_ETP[trainer] == "1":
+        if space_fields.get("etp") not in (None, [1]) and 1 not in space_fields["etp"]:
+            raise PlanError(f"--emit {trainer}: {TRAINER_NAMES[trainer]} runs etp 1 only")
+        space_fields["etp"] = [1]
+    if not quiet and schedules != pinned:
+        sys.stderr.write(
+            f"--emit {trainer}: searching the schedules {TRAINER_NAMES[trainer]} runs: "
+            f"{', '.join(schedules)}\n"
+        )
+    return schedules
 
 
 def _name_list(text: str, name: str) -> list[str]:
@@ -295,17 +342,21 @@ class _progress:
         return False
 
 
-def _print_plan(result, explain: bool) -> None:
+def _print_plan(result, explain: bool, console=None) -> None:
+    from rich import box
     from rich.table import Table
 
-    console = make_console()
+    console = console or make_console()
     q = result.query
     console.print(
         f"{q['model']} on {q['gpus']:,} GPUs of {q['cluster']}, seq {q['seq_len']:,}, "
         f"{q['global_batch_tokens']:,} tokens per step: {result.candidates_evaluated:,} layouts "
         f"screened, {result.feasible:,} feasible"
     )
-    table = Table(show_edge=False, padding=(0, 1))
+    # No vertical rules and two spaces between columns: the widest rows (DeepSeek-V3's
+    # five degrees, "int-1f1b v8") fit 80 columns; only the schedule and recompute names
+    # may wrap, never a number.
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), pad_edge=False)
     ep = any(entry["layout"]["ep"] > 1 for entry in result.results)
     etp = any((entry["layout"].get("etp") or entry["layout"]["tp"]) != entry["layout"]["tp"]
               for entry in result.results)  # fmt: skip
@@ -327,7 +378,13 @@ def _print_plan(result, explain: bool) -> None:
     columns += ("days", "good%") if timed else ()
     for column in columns:
         left = column in (degrees_header, "schedule", "recomp")
-        table.add_column(column, justify="left" if left else "right", no_wrap=True)
+        wraps = column in ("schedule", "recomp")
+        table.add_column(
+            column,
+            justify="left" if left else "right",
+            no_wrap=not wraps,
+            overflow="fold" if wraps else "ellipsis",
+        )
     short = {"interleaved-1f1b": "int-1f1b", "selective": "sel"}
     for entry in result.results:
         lay = entry["layout"]
@@ -458,9 +515,12 @@ def estimate(
         job, layout, cluster, gpus, mfu_dtype, mem_headroom, order=order, profile=profile,
         training=training,
     )  # fmt: skip
+    warnings = api.layout_warnings(layout, cluster)
     if as_json:
-        emit_json(result)
+        emit_json({**result.model_dump(mode="json"), "warnings": warnings})
         return
+    for warning in warnings:
+        sys.stderr.write(f"warning: {warning}\n")
     from rich.table import Table
 
     console = make_console()
@@ -470,11 +530,13 @@ def estimate(
         f"pp {lay.pp} dp {lay.dp} ep {lay.ep}{f' etp {lay.etp}' if lay.etp is not None else ''} vpp {lay.vpp}, {lay.schedule}, m {result.num_microbatches}, "
         f"mbs {lay.micro_batch_size}, ZeRO {lay.zero_stage}, recompute {lay.recompute}"
     )
-    table = Table(
-        title=f"step {result.step_time_s:.3f} s — MFU {100 * result.mfu:.1f}% "
-        f"(causal {100 * result.mfu_causal:.1f}%), {result.model_tflops_per_gpu:.0f} TFLOP/s per GPU, "
-        f"{result.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+    # The headline is a line of its own (a table title wraps inside the table's width).
+    console.print(
+        f"step {result.step_time_s:.3f} s — MFU {100 * result.mfu:.1f}% "
+        f"(causal {100 * result.mfu_causal:.1f}%), {result.model_tflops_per_gpu:.0f} TFLOP/s "
+        f"per GPU, {result.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
     )
+    table = Table()
     table.add_column("term")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")

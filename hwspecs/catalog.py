@@ -8,6 +8,7 @@ missing file, bad TOML, a field that fails validation) is a one-line
 
 from __future__ import annotations
 
+import difflib
 import functools
 import sys
 from pathlib import Path
@@ -30,15 +31,30 @@ SpecT = TypeVar("SpecT", bound=BaseModel)
 KIND_DIRS = {"accelerator": "accelerators", "link": "links", "cluster": "clusters"}
 
 
-def validation_error_line(error: ValidationError, source: str) -> str:
-    """Collapse a pydantic error into one line naming the field and the problem."""
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        message = "unknown key"
-    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{source}: field '{where}': {message}{more}"
+def validation_error_line(error: ValidationError, source: str, model=None) -> str:
+    """Collapse a pydantic error into one line naming every field and its problem.
+
+    Unknown keys come first, each with a did-you-mean from the fields the same table is
+    missing (a misspelt key is usually why a required one is missing) or ``model``'s fields.
+    """
+    errors = error.errors()
+    missing = {tuple(item["loc"][:-1]): [] for item in errors if item["type"] == "missing"}
+    for item in errors:
+        if item["type"] == "missing":
+            missing[tuple(item["loc"][:-1])].append(str(item["loc"][-1]))
+    parts = []
+    for item in sorted(errors, key=lambda item: item["type"] != "extra_forbidden"):
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            parent, key = tuple(item["loc"][:-1]), str(item["loc"][-1])
+            candidates = missing.get(parent) or (
+                list(model.model_fields) if model is not None and not parent else []
+            )
+            close = difflib.get_close_matches(key, candidates, n=1)
+            message = "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")
+        parts.append(f"field '{where}': {message}")
+    return f"{source}: " + "; ".join(parts)
 
 
 def read_toml(path: Path) -> dict:
@@ -59,7 +75,7 @@ def parse_spec(data: dict, model: type[SpecT], source: str) -> SpecT:
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        raise PlanError(validation_error_line(error, source)) from None
+        raise PlanError(validation_error_line(error, source, model)) from None
 
 
 def looks_like_path(name: str) -> bool:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from hwspecs.errors import PlanError, unknown_name_error
 from planner.cost.goodput import explain_time_to_train  # noqa: F401 (CLI)
-from planner.explain import emit_settings, explain_estimate, explain_plan  # noqa: F401 (CLI)
+from planner.explain import explain_estimate, explain_plan  # noqa: F401 (CLI)
 
 CATALOG_KINDS = ("models", "accelerators", "clusters", "links")
 
@@ -46,12 +46,39 @@ def list_catalog(kind: str | None = None) -> dict[str, list[str]]:
     return {name: catalog_names(name) for name in kinds}
 
 
-def show_catalog(name: str) -> dict:
-    """One catalog entry as JSON-ready data; models gain ``num_params`` and ``num_active_params``."""
+#: ``catalog show KIND:NAME`` / ``--kind``: the singular kind names a user types.
+CATALOG_KIND_NAMES = {
+    "model": "models",
+    "accelerator": "accelerators",
+    "cluster": "clusters",
+    "link": "links",
+}
+
+
+def catalog_kinds_of(name: str) -> list[str]:
+    """The catalog kinds (singular) that hold an entry called ``name``."""
+    return [kind for kind, plural in CATALOG_KIND_NAMES.items() if name in catalog_names(plural)]
+
+
+def show_catalog(name: str, kind: str | None = None) -> dict:
+    """One catalog entry as JSON-ready data; models gain ``num_params`` and ``num_active_params``.
+
+    A name that is more than one kind (``mi300x``: an accelerator and a cluster) resolves to
+    the first of model, accelerator, cluster, link unless ``kind`` (or ``kind:name``) says.
+    """
     from hwspecs import catalog
     from planner.spec.model import load_model
 
-    if name in catalog_names("models"):
+    if kind is None and ":" in name:
+        kind, name = name.split(":", 1)
+    if kind is not None:
+        if kind not in CATALOG_KIND_NAMES:
+            raise PlanError(
+                f"unknown catalog kind '{kind}'; choose one of: {', '.join(CATALOG_KIND_NAMES)}"
+            )
+        if name not in catalog_names(CATALOG_KIND_NAMES[kind]):
+            raise unknown_name_error(kind, name, catalog_names(CATALOG_KIND_NAMES[kind]))
+    if kind in (None, "model") and name in catalog_names("models"):
         model = load_model(name)
         return {
             "kind": "model",
@@ -65,8 +92,8 @@ def show_catalog(name: str) -> dict:
         "clusters": ("cluster", catalog.load_cluster),
         "links": ("link", catalog.load_link),
     }
-    for kind, (label, loader) in loaders.items():
-        if name in catalog_names(kind):
+    for plural, (label, loader) in loaders.items():
+        if kind in (None, plural.rstrip("s")) and name in catalog_names(plural):
             return {"kind": label, **loader(name).model_dump()}
     everything = [entry for kind in CATALOG_KINDS for entry in catalog_names(kind)]
     raise unknown_name_error("catalog entry", name, everything)
@@ -778,6 +805,8 @@ _EXPORTS = {
     "FLASH_BACKWARD_FLOPS_RATIO": "planner.cost.compute",
     "attention_core_ops": "planner.cost.flops",
     "TimeToTrain": "planner.cost.goodput",
+    "TRAINER_ETP": "planner.handoff",
+    "TRAINER_NAMES": "planner.handoff",
 }
 
 
@@ -875,3 +904,49 @@ def sweep(
         "training": training.model_dump() if training is not None else None,
     }
     return SweepResult(quantity=quantity, query=query, points=points)
+
+
+def plan_page_sample(table):
+    """The rows a plan page draws: the Pareto front and a grid sample of the feasible cloud.
+
+    ``table`` is :func:`plan`'s table (ranked, feasible rows); see :mod:`planner.results`.
+    """
+    from planner.results import page_sample
+
+    return page_sample(table["step_time_s"].to_numpy(), table["memory_per_gpu_bytes"].to_numpy())
+
+
+def emit_settings(entry: dict, trainer: str, job):
+    """A plan result's layout as ``trainer``'s settings (see :mod:`planner.handoff`)."""
+    from planner.handoff import emit_settings as emit
+    from planner.spec.layout import layers_per_virtual_stage
+
+    lay = entry["layout"]
+    split = lay.get("pipeline_layer_split", "auto")
+    layers = layers_per_virtual_stage(job.model.num_layers, lay["pp"], lay["vpp"], split)
+    return emit(entry, trainer, job, [int(count) for count in layers])
+
+
+def trainer_schedules(trainer: str, pinned: list[str] | None) -> list[str]:
+    """The schedules a search for ``trainer`` may use (see :mod:`planner.handoff`)."""
+    from planner.handoff import trainer_schedules as schedules
+
+    return schedules(trainer, pinned)
+
+
+def layout_warnings(layout, cluster: str) -> list[str]:
+    """What a search would have rejected in a layout a user gave by hand (it still runs).
+
+    The same rule as the search's: TP beyond the cluster's scale-up (NVLink) domain.
+    """
+    from hwspecs.catalog import load_cluster
+
+    spec = load_cluster(cluster)
+    warnings = []
+    if layout.tp > spec.scale_up_domain_size:
+        warnings.append(
+            f"tp {layout.tp} crosses the {spec.scale_up_domain_size}-GPU scale-up domain of "
+            f"{spec.id}: its all-reduces run over the scale-out network (plan rejects this "
+            "unless --allow-cross-node-tp)"
+        )
+    return warnings

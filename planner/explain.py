@@ -6,7 +6,6 @@ Pure functions from results to text; the CLI prints them.
 
 from __future__ import annotations
 
-from hwspecs.errors import PlanError
 from planner.cost.memory import usable_memory_bytes
 
 
@@ -60,7 +59,7 @@ def explain_estimate(result, job) -> list[str]:
     eff = accelerator.matmul_efficiency.get(dtype)
     lines = [
         f"GEMMs at {dtype}: peak {accelerator.peak_tflops(dtype)} TFLOP/s × matmul efficiency {eff} "
-        f"({accelerator.source_of(f'matmul_efficiency.{dtype}')[:90]})",
+        f"({accelerator.source_of(f'matmul_efficiency.{dtype}')})",
         _attention_line(accelerator, dtype, job.flash_attention),
         f"HBM {accelerator.hbm_bytes_per_s / 1e12:.2f} TB/s × {accelerator.hbm_bandwidth_efficiency} for memory-bound ops",
         f"busiest rank per micro-batch: F {stage['forward'] * 1e3:.2f} ms, B {stage['input_grad'] * 1e3:.2f} ms, "
@@ -127,82 +126,6 @@ def _moe_lines(result, job) -> list[str]:
     return lines
 
 
-def emit_settings(entry: dict, target: str, job) -> str:
-    """The winning layout as torchtitan TOML settings or Megatron-LM arguments."""
-    lay = entry["layout"]
-    gbs = job.global_batch_size
-    etp = lay.get("etp") or lay["tp"]  # the routed experts' TP degree (None: tp)
-    if target == "torchtitan":
-        fsdp = lay["dp"] if lay["zero_stage"] >= 1 else 1
-        return "\n".join(
-            [
-                "[parallelism]",
-                f"data_parallel_replicate_degree = {1 if fsdp > 1 else lay['dp']}",
-                f"data_parallel_shard_degree = {fsdp if fsdp > 1 else 1}",
-                f'fsdp_reshard_after_forward = "{"always" if lay["zero_stage"] >= 3 else "never"}"',
-                f"tensor_parallel_degree = {lay['tp']}",
-                f"context_parallel_degree = {lay['cp']}",
-                f"pipeline_parallel_degree = {lay['pp']}",
-                f'pipeline_parallel_schedule = "{_TORCHTITAN_SCHEDULES.get(lay["schedule"], lay["schedule"])}"',
-                f"pipeline_parallel_microbatch_size = {lay['micro_batch_size']}",
-                f"expert_parallel_degree = {lay['ep']}",
-                f"expert_tensor_parallel_degree = {etp}",
-                "",
-                "[training]",
-                f"seq_len = {job.seq_len}",
-                f"global_batch_size = {gbs}",
-                f"local_batch_size = {gbs // lay['dp']}",
-                "",
-                "[activation_checkpoint]",
-                f'mode = "{ {"none": "none", "selective": "selective", "full": "full"}[lay["recompute"]] }"',
-            ]
-        )
-    if target == "megatron":
-        args = [
-            f"--tensor-model-parallel-size {lay['tp']}",
-            f"--pipeline-model-parallel-size {lay['pp']}",
-            f"--context-parallel-size {lay['cp']}",
-            f"--expert-model-parallel-size {lay['ep']}",
-            f"--expert-tensor-parallel-size {etp}",
-            f"--micro-batch-size {lay['micro_batch_size']}",
-            f"--global-batch-size {gbs}",
-            f"--seq-length {job.seq_len}",
-        ]
-        if lay["schedule"] == "interleaved-1f1b":
-            args.append(
-                f"--num-layers-per-virtual-pipeline-stage {max(job.model.num_layers // (lay['pp'] * lay['vpp']), 1)}"
-            )
-        if lay["sequence_parallel"] and lay["tp"] > 1:
-            args.append("--sequence-parallel")
-        if lay["recompute"] != "none":
-            args.append(f"--recompute-granularity {lay['recompute']}")
-            if lay["recompute"] == "full":
-                args.append("--recompute-method uniform --recompute-num-layers 1")
-        if lay["zero_stage"] >= 1:
-            args.append("--use-distributed-optimizer")
-        if job.precision.recipe.startswith("bf16"):
-            args.append("--bf16")
-        if lay["schedule"] not in ("1f1b", "interleaved-1f1b", "gpipe"):
-            args.append(
-                f"# note: Megatron-LM has no '{lay['schedule']}' schedule; use 1f1b or interleaved"
-            )
-        return " \\\n  ".join(args)
-    raise PlanError(f"unknown --emit target '{target}'; choose one of: torchtitan, megatron")
-
-
-#: llmplan schedule names → torchtitan's ``pipeline_parallel_schedule`` names.
-_TORCHTITAN_SCHEDULES = {
-    "gpipe": "GPipe",
-    "1f1b": "1F1B",
-    "interleaved-1f1b": "Interleaved1F1B",
-    "zb-h1": "InterleavedZeroBubble",
-    "zb-h2": "InterleavedZeroBubble",
-    "zbv": "ZBVZeroBubble",
-    "dualpipev": "DualPipeV",
-    "dualpipe": "DualPipeV",
-}
-
-
 def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool) -> str:
     """The attention kernels' rates an estimate used, with their source."""
     from planner.cost.compute import FLASH_BACKWARD_FLOPS_RATIO, attention_dtype
@@ -212,7 +135,7 @@ def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool) -> str:
     dtype = attention_dtype(gemm_dtype)
     forward, backward = accelerator.achievable_attention_flops_per_s(dtype)
     source = accelerator.source_of(f"attention_forward_efficiency.{dtype}")
-    where = source[:90] if source else "no attention measurement: at the matmul rate (rule 6)"
+    where = source if source else "no attention measurement: at the matmul rate (rule 6)"
     return (
         f"attention (fused, {dtype}): forward {forward / 1e12:.0f}, backward {backward / 1e12:.0f} "
         f"TFLOP/s on {FLASH_BACKWARD_FLOPS_RATIO}× the forward FLOPs ({where})"

@@ -25,8 +25,15 @@ if TYPE_CHECKING:
 
     from planner.api import ScheduleReport
 
-#: Colour per action kind (torch.distributed.pipelining's visualizer uses the same hues).
-KIND_COLORS = {"F": "#4C78A8", "B": "#2CA6A4", "W": "#59A14F", "BW": "#F28E2B"}
+#: Colour per action kind: four hues far apart (Tableau 10's blue, orange, green, red), so
+#: B and W stay distinct in print and for red-green colour blindness by lightness too.
+KIND_COLORS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B", "BW": "#E45756"}
+#: Bar fill pattern per chunk (a rank's later stages: interleaved, ZB-V, DualPipeV) and per
+#: DualPipe direction (micro-batches fed from the last rank).
+CHUNK_PATTERNS = ("", "/", "x", ".", "-", "|", "+", "\\")
+SECOND_DIRECTION_PATTERN = "x"
+#: Pixels per action on the busiest rank in a PNG, so in-bar labels keep their size.
+PNG_PIXELS_PER_ACTION = 22
 KIND_NAMES = {"F": "forward", "B": "input grad", "W": "weight grad", "BW": "full backward"}
 #: Above this many bars a panel drops its in-bar labels (hover still has them).
 LABELLED_BARS = 4000
@@ -58,17 +65,20 @@ def schedule_figure(reports: list[ScheduleReport]) -> go.Figure:
     shown: set[str] = set()
     for row, report in enumerate(reports, start=1):
         labelled = len(report.timeline) <= LABELLED_BARS
-        for kind, color in KIND_COLORS.items():
-            bars = [item for item in report.timeline if item.action == kind]
-            if not bars:
-                continue
+        for (kind, group), bars in _bar_groups(report).items():
+            color = KIND_COLORS[kind]
+            pattern = _pattern(report, group)
             fig.add_trace(
                 go.Bar(
                     orientation="h",
                     y=[item.rank for item in bars],
                     x=[item.end - item.start for item in bars],
                     base=[item.start for item in bars],
-                    marker={"color": color, "line": {"color": "white", "width": 0.5}},
+                    marker={
+                        "color": color,
+                        "line": {"color": "white", "width": 0.5},
+                        "pattern": {"shape": pattern, "fgcolor": "white", "solidity": 0.3},
+                    },
                     text=[str(item.microbatch) for item in bars] if labelled else None,
                     textposition="inside",
                     insidetextanchor="middle",
@@ -80,14 +90,14 @@ def schedule_figure(reports: list[ScheduleReport]) -> go.Figure:
                         "%{customdata[0]}<br>stage %{customdata[1]}<br>"
                         "%{customdata[2]:.4g} → %{customdata[3]:.4g}<extra></extra>"
                     ),
-                    name=f"{kind}: {KIND_NAMES[kind]}",
+                    name=f"{kind}: {KIND_NAMES[kind]}{_group_name(report, group)}",
                     legendgroup=kind,
-                    showlegend=kind not in shown,
+                    showlegend=(kind, group) not in shown,
                 ),
                 row=row,
                 col=1,
             )
-            shown.add(kind)
+            shown.add((kind, group))
         fig.update_yaxes(
             autorange="reversed",
             tickmode="array",
@@ -107,13 +117,52 @@ def schedule_figure(reports: list[ScheduleReport]) -> go.Figure:
         title={"text": title},
         barmode="overlay",
         bargap=0.15,
-        height=int(140 + 34 * sum(heights)),
+        # Tall enough for the plot and for the legend (one line per kind and chunk).
+        height=max(int(140 + 34 * sum(heights)), 180 + 30 * len(shown)),
         legend={"title": {"text": "action"}},
         template="plotly_white",
+        uniformtext={"minsize": 9, "mode": "hide"},
     )
+    fig.layout.meta = {"png_width": _png_width(reports)}
     if len(reports) == 1:  # the figure title already says it
         fig.layout.annotations = ()
     return fig
+
+
+def _bar_groups(report: ScheduleReport) -> dict[tuple[str, int], list]:
+    """Actions per (kind, chunk) — per (kind, direction) for DualPipe — in timeline order."""
+    groups: dict[tuple[str, int], list] = {}
+    for item in report.timeline:
+        if report.schedule == "dualpipe":
+            group = int(item.microbatch >= report.microbatches // 2)
+        else:
+            group = item.stage_index // report.pp
+        groups.setdefault((item.action, group), []).append(item)
+    order = list(KIND_COLORS)
+    return dict(sorted(groups.items(), key=lambda entry: (order.index(entry[0][0]), entry[0][1])))
+
+
+def _pattern(report: ScheduleReport, group: int) -> str:
+    if report.schedule == "dualpipe":
+        return SECOND_DIRECTION_PATTERN if group else ""
+    return CHUNK_PATTERNS[group % len(CHUNK_PATTERNS)]
+
+
+def _group_name(report: ScheduleReport, group: int) -> str:
+    if report.schedule == "dualpipe":
+        return ", from the last rank (←)" if group else ", from the first rank (→)"
+    if report.vpp > 1:
+        return f", chunk {group}" + (" (hatched)" if group else "")
+    return ""
+
+
+def _png_width(reports: list[ScheduleReport]) -> int:
+    """Wide enough for every in-bar label at the default font size (1,000 to 6,000 px)."""
+    busiest = max(
+        max(sum(1 for item in report.timeline if item.rank == rank) for rank in range(report.pp))
+        for report in reports
+    )
+    return int(min(max(1000, 200 + PNG_PIXELS_PER_ACTION * busiest), 6000))
 
 
 def write_figure(
@@ -138,7 +187,8 @@ def write_figure(
     except ImportError as error:
         raise PlanError(hint) from error
     try:
-        fig.write_image(str(png_path))
+        width = (fig.layout.meta or {}).get("png_width", 1000)
+        fig.write_image(str(png_path), width=width, height=fig.layout.height)
     except (RuntimeError, ValueError) as error:
         if "chrome" in str(error).lower() or "browser" in str(error).lower():
             raise PlanError(hint) from error

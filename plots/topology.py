@@ -102,7 +102,7 @@ def topology_figure(report: TopologyReport):
 def write_topology_html(report: TopologyReport, path: str | Path) -> Path:
     """Write :func:`topology_figure` as a standalone HTML file; returns the path."""
     path = Path(path)
-    topology_figure(report).write_html(path, include_plotlyjs="cdn")
+    topology_figure(report).write_html(path, include_plotlyjs=True, full_html=True)
     return path
 
 

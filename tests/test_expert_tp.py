@@ -260,10 +260,11 @@ def test_plan_csv_and_json_carry_etp(capsys, tmp_path):
 def test_emitted_launch_settings_name_the_expert_tp():
     entry = {"layout": Layout(tp=2, dp=8, ep=8, etp=1).model_dump()}
     job = api.build_job("mixtral-8x7b", 4096, global_batch_size=64)
-    from planner.explain import emit_settings
-
-    assert "--expert-tensor-parallel-size 1" in emit_settings(entry, "megatron", job)
-    assert "expert_tensor_parallel_degree = 1" in emit_settings(entry, "torchtitan", job)
+    assert "--expert-tensor-parallel-size 1" in api.emit_settings(entry, "megatron", job).text
+    # torchtitan has no expert TP degree: EP borrows its ranks from FSDP and TP (etp 1).
+    assert (
+        "--parallelism.expert_parallel_degree 8" in api.emit_settings(entry, "torchtitan", job).text
+    )
 
 
 def test_estimate_explains_the_folded_expert_group():

@@ -89,3 +89,24 @@ def test_png_without_a_browser_says_how_to_enable_it(tmp_path, monkeypatch):
 def test_figure_needs_a_report():
     with pytest.raises(PlanError):
         schedule_figure([])
+
+
+def test_figure_marks_chunks_and_dualpipe_directions_with_distinct_colours():
+    zbv = schedule_figure([schedule_report("zbv", 4, 8)])
+    colours = {trace.legendgroup: trace.marker.color for trace in zbv.data}
+    assert len(set(colours.values())) == len(colours)  # F, B, W each its own hue
+    hatched = [trace for trace in zbv.data if trace.marker.pattern.shape]
+    assert hatched and all("chunk 1" in trace.name for trace in hatched)
+    dualpipe = schedule_figure([schedule_report("dualpipe", 4, 8)])
+    names = {trace.name for trace in dualpipe.data}
+    assert "F: forward, from the first rank (→)" in names
+    assert "F: forward, from the last rank (←)" in names
+
+
+def test_png_is_wide_enough_for_every_label():
+    from plots.schedule import PNG_PIXELS_PER_ACTION
+
+    report = schedule_report("dualpipev", 4, 8)
+    fig = schedule_figure([report])
+    busiest = max(sum(1 for item in report.timeline if item.rank == r) for r in range(4))
+    assert fig.layout.meta["png_width"] >= PNG_PIXELS_PER_ACTION * busiest

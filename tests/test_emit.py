@@ -1,0 +1,134 @@
+"""`plan --emit`: the settings name only flags and fields the trainers have (names extracted
+from their source at a recorded commit, tests/data/trainer_flags.json), describe the whole
+layout (layers per stage included), and never a schedule the trainer lacks."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import cli
+
+TRAINER_NAMES = json.loads((Path(__file__).parent / "data" / "trainer_flags.json").read_text())
+MEGATRON_FLAGS = set(TRAINER_NAMES["megatron"]["flags"])
+TORCHTITAN_FIELDS = set(TRAINER_NAMES["torchtitan"]["fields"])
+LLAMA_PINS = ("--tp", "2", "--cp", "16", "--pp", "16", "--micro-batch-size", "1")
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def megatron_args(text: str) -> dict[str, str | None]:
+    tokens = re.findall(r'"[^"]*"|\S+', text.replace("\\\n", " "))
+    args: dict[str, str | None] = {}
+    for token in tokens:
+        if token.startswith("--"):
+            args[token] = None
+            last = token
+        else:
+            args[last] = token.strip('"')
+    return args
+
+
+def expand_layout(layout: str) -> list[str]:
+    """Megatron-LM's --pipeline-model-parallel-layout grammar (its help text): stages split by
+    '|', '(X)*n' and 'x*n' repeat, commas are cosmetic."""
+    text = layout.replace(",", "")
+    while "(" in text:
+        text = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m[1] * int(m[2]), text)
+    text = re.sub(r"([EtLm])\*(\d+)", lambda m: m[1] * int(m[2]), text)
+    return text.split("|")
+
+
+def test_megatron_interleaved_names_every_layer_and_only_real_flags(capsys):
+    code, out, err = run(
+        capsys, "plan", *LLAMA_PINS, "--schedule", "interleaved-1f1b", "--vpp", "8",
+        "--emit", "megatron",
+    )  # fmt: skip
+    assert code == 0, err
+    args = megatron_args(out)  # stdout is the settings alone
+    assert set(args) <= MEGATRON_FLAGS, set(args) - MEGATRON_FLAGS
+    assert args["--num-layers"] == "126" and args["--pipeline-model-parallel-size"] == "16"
+    stages = expand_layout(args["--pipeline-model-parallel-layout"])
+    assert len(stages) == 16 * 8
+    assert sum(stage.count("t") for stage in stages) == 126
+    assert stages[0].startswith("E") and stages[-1].endswith("L")
+    assert "#" in err or "tp/cp/pp/dp" in err  # the table went to stderr
+
+
+def test_megatron_uneven_one_chunk_split_uses_first_and_last_stage_flags(capsys):
+    code, out, err = run(capsys, "plan", *LLAMA_PINS, "--schedule", "1f1b", "--emit", "megatron")
+    assert code == 0, err
+    args = megatron_args(out)
+    assert set(args) <= MEGATRON_FLAGS
+    # Llama 3 405B: 126 layers on 16 stages, one fewer on the first and last (7, 8, …, 8, 7).
+    assert args["--decoder-first-pipeline-num-layers"] == "7"
+    assert args["--decoder-last-pipeline-num-layers"] == "7"
+
+
+def test_emit_keeps_the_search_to_the_trainers_schedules(capsys):
+    code, out, err = run(capsys, "plan", *LLAMA_PINS, "--emit", "megatron", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert {entry["layout"]["schedule"] for entry in result["results"]} <= {
+        "1f1b",
+        "interleaved-1f1b",
+    }
+    assert result["emitted"]["trainer"] == "megatron"
+    assert "--num-layers 126" in result["emitted"]["text"]
+
+
+def test_emit_with_only_unsupported_schedules_pinned_is_a_clear_error(capsys):
+    code, _, err = run(capsys, "plan", *LLAMA_PINS, "--schedule", "zbv", "--emit", "megatron")
+    assert code == 2
+    assert "Megatron-LM runs none of the pinned schedules (zbv)" in err and err.count("\n") == 1
+
+
+def test_torchtitan_overrides_are_fields_of_its_config(capsys):
+    code, out, err = run(capsys, "plan", *LLAMA_PINS, "--emit", "torchtitan")
+    assert code == 0, err
+    flags = re.findall(r"--(\S+)", out)
+    fields = {re.sub(r"\.no-", ".", flag.split(" ")[0]) for flag in flags}
+    assert fields <= TORCHTITAN_FIELDS, fields - TORCHTITAN_FIELDS
+    schedule = re.search(r"--parallelism.pipeline_parallel_schedule (\S+)", out)[1]
+    assert schedule in {"GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"}
+    assert "--parallelism.pipeline_parallel_degree 16" in out
+
+
+def test_moe_torchtitan_plan_keeps_experts_untensor_parallel(capsys):
+    code, out, err = run(
+        capsys, "plan", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64",
+        "--seq-len", "4096", "--global-batch-size", "256", "--tp", "2", "--pp", "1",
+        "--emit", "torchtitan", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert {entry["layout"]["etp"] for entry in result["results"]} == {1}
+    assert "--parallelism.expert_parallel_degree" in result["emitted"]["text"]
+
+
+def test_emit_out_writes_the_file_and_keeps_the_table_on_stdout(capsys, tmp_path):
+    path = tmp_path / "megatron.args"
+    code, out, err = run(capsys, "plan", *LLAMA_PINS, "--emit", "megatron", "--emit-out", str(path))
+    assert code == 0, err
+    assert path.read_text().startswith("--num-layers 126")
+    assert "step s" in out and f"wrote {path}" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("trainer", ["megatron", "torchtitan"])
+def test_expert_tp_is_named(trainer):
+    from planner import api
+    from planner.spec.layout import Layout
+
+    entry = {"layout": Layout(tp=2, dp=8, ep=8, etp=1, num_microbatches=8).model_dump()}
+    job = api.build_job("mixtral-8x7b", 4096, global_batch_size=64)
+    text = api.emit_settings(entry, trainer, job).text
+    expected = {
+        "megatron": "--expert-tensor-parallel-size 1",
+        "torchtitan": "--parallelism.expert_parallel_degree 8",
+    }
+    assert expected[trainer] in text

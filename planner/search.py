@@ -336,7 +336,7 @@ def _refined(job: Job, accelerator, columns: dict, top: int, objective: str) -> 
         lambda row: layout_of_row(row, job.model.is_moe),
     )  # fmt: skip
     order = head["position"].to_numpy()
-    for key, value in columns.items():
+    for value in columns.values():
         value[:count] = value[:count][order]
     for key in ("pipeline_time_simulated_s", "step_time_simulated_s"):
         simulated = np.full(len(columns["tp"]), np.nan)

@@ -267,7 +267,7 @@ def search(
         progress(0.3)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     screened = (  # rows that do not fit are not timed
-        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype)
+        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype, True)
         if len(cols["tp"])
         else None
     )
@@ -296,13 +296,17 @@ def search(
         at = np.minimum(np.searchsorted(rows, kept), max(len(rows) - 1, 0))
         if len(kept) and not np.array_equal(rows[at], kept):  # not timed: NaN times
             timed = {k: _spread(v, rows, len(memory), placeable) for k, v in timed.items()}
+            for key, value in memory_out.items():  # the parts, as the timed outputs
+                if key != "memory_per_gpu_bytes":
+                    memory_out[key] = _spread(value, rows, len(memory), placeable)
             at = kept
         merged = in_output_order(timed, memory_out)
 
         def kept_rows(key: str, order: np.ndarray | slice = slice(None)) -> np.ndarray:
-            """A kept column, in ``order`` of the kept rows (timed: read at ``at``)."""
-            if key in timed:
-                return timed[key][at[order]]
+            """A kept column, in ``order`` of the kept rows (timed outputs and memory parts,
+            one per timed row: read at ``at``)."""
+            if key in timed or (key in memory_out and key != "memory_per_gpu_bytes"):
+                return (timed[key] if key in timed else memory_out[key])[at[order]]
             return (cols[key] if key in LAYOUT_COLUMNS else merged[key])[kept[order]]
 
         ranking = _ranking({key: kept_rows(key) for key in RANKING_COLUMNS}, objective)

@@ -106,43 +106,48 @@ def screen_columns(
     rates, bf16_rates, tuned = _rates(job, accelerator)
     shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
     memory = memory_columns(job, c, shapes, structs, tuned)
-    valid, rows, timed = _timed_if_fit(
-        job, cluster, accelerator, c, shapes, structs, memory, memory_limit_bytes, order,
-        mfu_dtype, rates, tuned, memory_parts_of_timed_rows,
-    )  # fmt: skip
-    return memory, valid, rows, timed
-
-
-def _timed_if_fit(
-    job, cluster, accelerator, c, shapes, structs, memory, limit, order, mfu_dtype, rates, tuned,
-    parts_of_timed_rows=False,
-):  # fmt: skip
-    """(placeable rows, the placeable rows within ``limit`` bytes, their timed outputs);
-    ``parts_of_timed_rows``: ``memory``'s parts are cut to those rows first (in place)."""
-    # Placeable or not depends on the structure (tp, ep, etp, pp, vpp, schedule, split), cp, dp.
-    some, inverse = distinct_rows(c["structure"], c["cp"], c["dp"])
-    valid = placeable(cluster, job.model.num_layers,
-                      *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
-                      chunks_column(c["schedule"][some], c["vpp"][some]),
-                      one_value_or_column(c["split"][some]), c["etp"][some])[inverse]  # fmt: skip
-    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= limit))
-    if parts_of_timed_rows:
+    valid = _placeable(job, cluster, c)
+    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= memory_limit_bytes))
+    if memory_parts_of_timed_rows:
         for key in memory:
             if key != "memory_per_gpu_bytes":
                 memory[key] = memory[key][rows]
+    c = {key: value[rows] for key, value in c.items()}  # the timed rows' columns only
+    timed = _timed_in_blocks(
+        job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+    )
+    return memory, valid, rows, timed
+
+
+def _placeable(job: Job, cluster: Cluster, c: dict) -> np.ndarray:
+    """Rows that can be placed on the cluster (:func:`planner.comm.traffic.placeable`)."""
+    # Placeable or not depends on the structure (tp, ep, etp, pp, vpp, schedule, split), cp, dp.
+    some, inverse = distinct_rows(c["structure"], c["cp"], c["dp"])
+    return placeable(cluster, job.model.num_layers,
+                     *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
+                     chunks_column(c["schedule"][some], c["vpp"][some]),
+                     one_value_or_column(c["split"][some]), c["etp"][some])[inverse]  # fmt: skip
+
+
+def _timed_in_blocks(
+    job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+) -> dict[str, np.ndarray]:
+    """:func:`planner.evaluate.time.time_columns` of the rows of ``c``, :data:`TIMED_BLOCK_ROWS`
+    at a time, into one column per output."""
+    n = len(c["tp"])
     timed: dict[str, np.ndarray] = {}
-    for start in range(0, len(rows), TIMED_BLOCK_ROWS) if len(rows) else (0,):
-        block = rows[start : start + TIMED_BLOCK_ROWS]
-        sub = {key: value[block] for key, value in c.items()}
+    for start in range(0, n, TIMED_BLOCK_ROWS) if n else (0,):
+        stop = min(start + TIMED_BLOCK_ROWS, n)
+        sub = {key: value[start:stop] for key, value in c.items()}
         part = time_columns(
             job, cluster, accelerator, sub, shapes, structs, order, mfu_dtype, rates, tuned
         )
         for key, value in part.items():
-            value = np.broadcast_to(value, (len(block),))
+            value = np.broadcast_to(value, (stop - start,))
             if key not in timed:
-                timed[key] = np.empty(len(rows), dtype=value.dtype)
-            timed[key][start : start + len(block)] = value
-    return valid, rows, timed
+                timed[key] = np.empty(n, dtype=value.dtype)
+            timed[key][start:stop] = value
+    return timed
 
 
 def _prepared(columns: dict) -> dict:

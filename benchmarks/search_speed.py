@@ -7,6 +7,7 @@ Qwen3-235B-A22B on 1,024 H100s (seq 4,096, 16M tokens per step). For each:
 * in-process: the search (:func:`planner.search.search`) once cold (placements and tables
   built) and ``--repeat`` times warm, wall and CPU seconds and candidates per second;
 * whole-process: ``python cli.py plan …`` run ``--repeat`` times as a child process
+  (all of them first, while this process is small)
   (interpreter, imports, search, the top rows' estimates and the printed table), median
   and best wall seconds and the peak resident memory (the child's ``ru_maxrss``).
 
@@ -29,10 +30,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout, not an install
 
-from hwspecs.catalog import load_accelerator, load_cluster  # noqa: E402
-from planner.api import build_job  # noqa: E402
-from planner.search import search  # noqa: E402
-
 #: name → (model, cluster, GPUs, seq_len, {batch}, the CLI flags of the same query)
 QUERIES = {
     "llama3-405b": ("llama3-405b", "llama3-h100-24k", 16384, 8192,
@@ -49,6 +46,10 @@ QUERIES = {
 
 def in_process(name: str, repeat: int) -> None:
     """Cold and warm searches of one query in this process."""
+    from hwspecs.catalog import load_accelerator, load_cluster
+    from planner.api import build_job
+    from planner.search import search
+
     model, cluster_name, gpus, seq_len, batch, _ = QUERIES[name]
     cluster = load_cluster(cluster_name)
     accelerator = load_accelerator(cluster.accelerator)
@@ -99,11 +100,15 @@ def main() -> None:
     parser.add_argument("--only", choices=list(QUERIES), help="one query")
     parser.add_argument("--no-process", action="store_true", help="skip the child processes")
     args = parser.parse_args()
-    for name in [args.only] if args.only else list(QUERIES):
+    names = [args.only] if args.only else list(QUERIES)
+    # Child processes first, from a parent that has imported nothing large: a child's
+    # ru_maxrss starts from its parent's resident size at the fork.
+    for name in [] if args.no_process else names:
+        print(name)
+        whole_process(name, args.repeat)
+    for name in names:
         print(name)
         in_process(name, args.repeat)
-        if not args.no_process:
-            whole_process(name, args.repeat)
 
 
 if __name__ == "__main__":

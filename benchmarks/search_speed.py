@@ -1,55 +1,114 @@
-"""Speed of the layout search: candidates screened per second, cold and warm.
+"""Speed of the layout search: candidates screened per second, in-process and whole-process.
 
-Screens the default query (Llama 3 405B on 16,384 H100s of the llama3-h100-24k cluster)
-once cold (placements and per-shape tables built) and then ``--repeat`` times warm (cached
-placements), printing wall and CPU seconds of each and the warm best and median (the
-machine may be shared: CPU seconds show what the search itself used). Run from the
-repository root: ``python benchmarks/search_speed.py`` (this checkout's ``planner``).
+Three queries: the default (Llama 3 405B on 16,384 H100s of the llama3-h100-24k cluster),
+DeepSeek-V3 on 2,048 H800s (its published run: seq 4,096, 15,360 sequences per step) and
+Qwen3-235B-A22B on 1,024 H100s (seq 4,096, 16M tokens per step). For each:
+
+* in-process: the search (:func:`planner.search.search`) once cold (placements and tables
+  built) and ``--repeat`` times warm, wall and CPU seconds and candidates per second;
+* whole-process: ``python cli.py plan …`` run ``--repeat`` times as a child process
+  (all of them first, while this process is small)
+  (interpreter, imports, search, the top rows' estimates and the printed table), median
+  and best wall seconds and the peak resident memory (the child's ``ru_maxrss``).
+
+The machine may be shared: CPU seconds show what the search itself used, medians what a
+user waits. Run from the repository root: ``python benchmarks/search_speed.py`` (this
+checkout's ``planner``; ``--only deepseek-v3`` for one query, ``--no-process`` to skip the
+child processes).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout, not an install
 
-from hwspecs.catalog import load_accelerator, load_cluster
-from planner.search import search
-from planner.spec.job import Job
-from planner.spec.model import load_model
+#: name → (model, cluster, GPUs, seq_len, {batch}, the CLI flags of the same query)
+QUERIES = {
+    "llama3-405b": ("llama3-405b", "llama3-h100-24k", 16384, 8192,
+                    {"global_batch_tokens": 16 * 2**20}, []),
+    "deepseek-v3": ("deepseek-v3", "dgx-h800", 2048, 4096, {"global_batch_size": 15360},
+                    ["--model", "deepseek-v3", "--cluster", "dgx-h800", "--gpus", "2048",
+                     "--seq-len", "4096", "--global-batch-size", "15360"]),
+    "qwen3-235b": ("qwen3-235b-a22b", "dgx-h100", 1024, 4096,
+                   {"global_batch_tokens": 16 * 2**20},
+                   ["--model", "qwen3-235b-a22b", "--cluster", "dgx-h100", "--gpus", "1024",
+                    "--seq-len", "4096"]),
+}  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5, help="warm runs (default 5)")
-    args = parser.parse_args()
-    cluster = load_cluster("llama3-h100-24k")
+def in_process(name: str, repeat: int) -> None:
+    """Cold and warm searches of one query in this process."""
+    from hwspecs.catalog import load_accelerator, load_cluster
+    from planner.api import build_job
+    from planner.search import search
+
+    model, cluster_name, gpus, seq_len, batch, _ = QUERIES[name]
+    cluster = load_cluster(cluster_name)
     accelerator = load_accelerator(cluster.accelerator)
-    job = Job(model=load_model("llama3-405b"), seq_len=8192, global_batch_tokens=16 * 2**20)
+    job = build_job(model, seq_len, **batch)
     warm = []
-    for run in range(1 + args.repeat):
+    for run in range(1 + repeat):
         start, cpu = time.perf_counter(), time.process_time()
-        found = search(job, cluster, accelerator, 16384)
+        found = search(job, cluster, accelerator, gpus)
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
         label = "cold" if run == 0 else f"warm {run}"
         print(
-            f"{label}: {found.candidates_evaluated:,} candidates, {found.feasible:,} feasible in "
-            f"{seconds:.2f} s (CPU {cpu_seconds:.2f} s) = "
+            f"  {label}: {found.candidates_evaluated:,} candidates, {found.feasible:,} feasible "
+            f"in {seconds:.2f} s (CPU {cpu_seconds:.2f} s) = "
             f"{found.candidates_evaluated / seconds:,.0f} candidates/s"
         )
         if run:
             warm.append(seconds)
     if warm:
-        best, median = min(warm), statistics.median(warm)
-        total = found.candidates_evaluated
+        total, median = found.candidates_evaluated, statistics.median(warm)
         print(
-            f"warm best {best:.2f} s = {total / best:,.0f} candidates/s; "
-            f"median {median:.2f} s = {total / median:,.0f} candidates/s"
+            f"  in-process warm median {median:.2f} s = {total / median:,.0f} candidates/s "
+            f"(best {min(warm):.2f} s)"
         )
+
+
+def whole_process(name: str, repeat: int) -> None:
+    """``python cli.py plan`` of one query as a child process: wall seconds, peak RSS."""
+    command = [sys.executable, str(ROOT / "cli.py"), "plan", *QUERIES[name][5]]
+    walls, peaks = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)
+        walls.append(time.perf_counter() - start)
+        peaks.append(usage.ru_maxrss * 1024)  # Linux reports KiB
+        if os.waitstatus_to_exitcode(status):
+            raise SystemExit(f"{' '.join(command)} failed")
+    print(
+        f"  whole process ({' '.join(['cli.py plan', *QUERIES[name][5]])}): "
+        f"median {statistics.median(walls):.2f} s, best {min(walls):.2f} s, "
+        f"peak {max(peaks) / 2**30:.2f} GiB over {repeat} runs"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="warm runs and processes (3)")
+    parser.add_argument("--only", choices=list(QUERIES), help="one query")
+    parser.add_argument("--no-process", action="store_true", help="skip the child processes")
+    args = parser.parse_args()
+    names = [args.only] if args.only else list(QUERIES)
+    # Child processes first, from a parent that has imported nothing large: a child's
+    # ru_maxrss starts from its parent's resident size at the fork.
+    for name in [] if args.no_process else names:
+        print(name)
+        whole_process(name, args.repeat)
+    for name in names:
+        print(name)
+        in_process(name, args.repeat)
 
 
 if __name__ == "__main__":

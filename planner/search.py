@@ -272,16 +272,17 @@ def search(
         progress(0.3)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     screened = (  # rows that do not fit are not timed
-        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype)
+        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype, True)
         if len(cols["tp"])
         else None
     )
     if progress:
         progress(0.9)
     smallest = None
-    columns = {key: cols[key] for key in LAYOUT_COLUMNS}
+    table = pd.DataFrame(columns=LAYOUT_COLUMNS)
     if screened:
         memory_out, placeable, rows, timed = screened
+        del screened
         placeable = placeable.copy()  # as evaluate_columns reports it: the timed rows' own
         placeable[rows] = timed["valid"]
         if not placeable.all():
@@ -300,23 +301,38 @@ def search(
         at = np.minimum(np.searchsorted(rows, kept), max(len(rows) - 1, 0))
         if len(kept) and not np.array_equal(rows[at], kept):  # not timed: NaN times
             timed = {k: _spread(v, rows, len(memory), placeable) for k, v in timed.items()}
+            for key, value in memory_out.items():  # the parts, as the timed outputs
+                if key != "memory_per_gpu_bytes":
+                    memory_out[key] = _spread(value, rows, len(memory), placeable)
             at = kept
-        in_place = np.array_equal(at, np.arange(len(rows)))  # every timed row is kept
         merged = in_output_order(timed, memory_out)
-        columns = {key: value[kept] for key, value in columns.items()}  # in row order
-        for key, value in merged.items():
-            columns[key] = (value if in_place else value[at]) if key in timed else value[kept]
+
+        def kept_rows(key: str, order: np.ndarray | slice = slice(None)) -> np.ndarray:
+            """A kept column, in ``order`` of the kept rows (timed outputs and memory parts,
+            one per timed row: read at ``at``)."""
+            if key in timed or (key in memory_out and key != "memory_per_gpu_bytes"):
+                return (timed[key] if key in timed else memory_out[key])[at[order]]
+            return (cols[key] if key in LAYOUT_COLUMNS else merged[key])[kept[order]]
+
+        extra = {}  # the time to train of each kept row (with a token budget)
         if training is not None:
-            columns.update(_time_to_train_columns(columns, gpus, job, training))
-        ranking = _ranking({k: columns[k] for k in RANKING_COLUMNS if k in columns}, objective)
-    columns = {k: v.strings() if isinstance(v, Labels) else v for k, v in columns.items()}
-    table = pd.DataFrame(columns) if screened else pd.DataFrame(columns=LAYOUT_COLUMNS)
-    if screened:  # ranked: one take of the table's blocks
-        table = table.take(ranking).reset_index(drop=True)
-        table = refine_table(
-            job, accelerator, table, refine_top, objective,
-            lambda row: layout_of_row(row, job.model.is_moe),
-        )  # fmt: skip
+            needed = ("step_time_s", "tokens_per_s_per_gpu", "checkpoint_bytes_per_rank")
+            extra = _time_to_train_columns({k: kept_rows(k) for k in needed}, gpus, job, training)
+        present = (*timed, *memory_out, *merged, *LAYOUT_COLUMNS, *extra)
+        ranking = _ranking(
+            {k: extra[k] if k in extra else kept_rows(k) for k in RANKING_COLUMNS if k in present},
+            objective,
+        )
+        columns = {}  # each column taken once, in ranked order; the evaluated ones released
+        for key in dict.fromkeys((*LAYOUT_COLUMNS, *merged)):
+            value = kept_rows(key, ranking)
+            columns[key] = value.strings() if isinstance(value, Labels) else value
+            for source in (timed, merged, memory_out):
+                source.pop(key, None)
+        columns.update({key: value[ranking] for key, value in extra.items()})
+        del memory_out, merged, cols
+        columns = _refined(job, accelerator, columns, refine_top, objective)
+        table = pd.DataFrame(columns, copy=False)  # one block per column: no stacking copy
     return SearchResult(
         candidates_evaluated=total,
         feasible=len(table),
@@ -324,6 +340,27 @@ def search(
         table=table,
         smallest_memory=smallest,
     )
+
+
+def _refined(job: Job, accelerator, columns: dict, top: int, objective: str) -> dict:
+    """The ranked columns with their first ``top`` rows re-timed by the event simulator
+    (:func:`planner.refine.refine_table` on those rows only; the rows below keep their
+    order and NaN simulated times)."""
+    count = min(top, len(columns["tp"]))
+    head = pd.DataFrame({key: value[:count] for key, value in columns.items()})
+    head["position"] = np.arange(count)
+    head = refine_table(
+        job, accelerator, head, top, objective,
+        lambda row: layout_of_row(row, job.model.is_moe),
+    )  # fmt: skip
+    order = head["position"].to_numpy()
+    for value in columns.values():
+        value[:count] = value[:count][order]
+    for key in ("pipeline_time_simulated_s", "step_time_simulated_s"):
+        simulated = np.full(len(columns["tp"]), np.nan)
+        simulated[:count] = head[key].to_numpy()
+        columns[key] = simulated
+    return columns
 
 
 def layout_of_row(row: dict, is_moe: bool) -> Layout:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from planner.columns.codes import Labels, unique_rows
+from planner.columns.codes import Labels, distinct_rows, unique_rows
 from planner.cost import activations as act
 from planner.cost import adapters as ft
 from planner.cost.compute import GpuRates
@@ -97,57 +97,93 @@ def _padded(values: np.ndarray, width: int) -> np.ndarray:
     return np.pad(values, pad, mode="edge")
 
 
+def local_token_ratio(mbs, cp) -> tuple[np.ndarray, np.ndarray]:
+    """The micro-batch over the CP degree in lowest terms (numerator, denominator): every
+    per-shape quantity reads ``mbs`` and ``cp`` only through the rank's tokens ``s·mbs/cp``
+    and the sequences ``mbs/cp`` (equal fractions round to the same float), and the
+    op-dispatch cost through ``cp > 1``."""
+    mbs, cp = np.asarray(mbs, dtype=np.int64), np.asarray(cp, dtype=np.int64)
+    common = np.gcd(mbs, cp)
+    return mbs // common, cp // common
+
+
 def shape_table(
     job: Job, rates: GpuRates, tuned, tp, cp, ep, etp, sp, mbs, recompute, bf16_rates=None
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per distinct layer shape: activation bytes and per-layer times; each row's shape.
 
     ``etp``: the routed experts' TP degree per row; ``bf16_rates``: under an FP8 recipe,
-    the rates of the ops that stay in BF16."""
+    the rates of the ops that stay in BF16.
+
+    Each quantity is worked out once per distinct value of the fields it reads, on one
+    shape holding it: times and weight-pass bytes per (tp, ep, etp, SP, mbs/cp, cp > 1
+    where dispatch costs time), without the recompute policy; activation bytes per (tp,
+    etp, SP, mbs/cp, the routed load of ep, recompute) (:func:`local_token_ratio`;
+    ``tests/test_shape_fields.py`` holds the functions to those fields)."""
     model, e = job.model, job.precision.activation_bytes
-    shapes, shape_inv = unique_rows(tp, cp, ep, etp, sp, mbs, recompute)
+    chosen, shape_inv = distinct_rows(tp, cp, ep, etp, sp, mbs, recompute)
+    recompute = Labels.of(recompute)
+    t, c, x, et, s, b = (np.asarray(col)[chosen] for col in (tp, cp, ep, etp, sp, mbs))
+    r = recompute.codes[chosen]
+    num, den = local_token_ratio(b, c)
+    many_cp = (c > 1) if rates.op_overhead_s else np.zeros(len(c), dtype=bool)
+    load = model.routed_load_factor(x) if model.is_moe else np.ones(len(x))
+    time_rows, time_of = distinct_rows(t, x, et, s, num, den, many_cp)
+    act_rows, act_of = distinct_rows(t, et, s, num, den, load, r)
     measures = job.active_memory_measures
-    fixed: dict[tuple, int] = {}  # times and weight-pass bytes do not depend on the recompute
-    free_rows, free_of, own_rows = [], [], []  # policy: once per (tp, cp, ep, etp, SP, mbs)
-    linears = {}  # each layer kind's linear modules, per tp
-    for t, c, x, et, s, b, r in shapes:
-        shape = act.ActivationShape(
-            seq_len=job.seq_len, micro_batch_size=b, tp=t, cp=c, sequence_parallel=s,
-            flash_attention=job.flash_attention, recompute=r, element_bytes=e,
-            measures=measures, ep=x, etp=None if et == t else et,
+
+    def activation_shape(u: int) -> act.ActivationShape:
+        return act.ActivationShape(
+            seq_len=job.seq_len, micro_batch_size=int(b[u]), tp=int(t[u]), cp=int(c[u]),
+            sequence_parallel=bool(s[u]), flash_attention=job.flash_attention,
+            recompute=recompute.values[r[u]], element_bytes=e, measures=measures,
+            ep=int(x[u]), etp=None if et[u] == t[u] else int(et[u]),
         )  # fmt: skip
-        if (t, c, x, et, s, b) not in fixed:
-            fixed[t, c, x, et, s, b] = len(free_rows)
-            free_rows.append(_recompute_free(job, rates, tuned, bf16_rates, shape, x, linears))
-        times, moe_t, _ = free_rows[fixed[t, c, x, et, s, b]]
-        free_of.append(fixed[t, c, x, et, s, b])
-        adapters = ft.adapter_layer_bytes(model, tuned, shape)
-        act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
-        own_rows.append((  # in the order of OWN_SHAPE_KEYS
-            act.activation_bytes_per_layer(model, shape, False) + adapters[False],
-            act_moe + adapters[True] if model.is_moe else 0.0,
-            sum(act.first_stage_tensors(model, shape).values()),
-            sum(act.last_stage_tensors(model, shape).values()),
-            max(
-                act.recompute_working_bytes(model, shape, False),
-                act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
-            )
-            + sum(ft.adapter_working_max(model, tuned, shape).values()),
-            act.backward_working_bytes(model, shape),
-            act.logits_buffer_bytes(model, shape),
-            times.dense.recompute_s(r),
-            moe_t.recompute_s(r),
-        ))  # fmt: skip
-    own = np.array(own_rows, dtype=float).reshape(-1, len(OWN_SHAPE_KEYS)).T
+
+    linears = {}  # each layer kind's linear modules, per tp
+    free_rows = [
+        _recompute_free(job, rates, tuned, bf16_rates, activation_shape(u), int(x[u]), linears)
+        for u in time_rows.tolist()
+    ]
+    own_rows = [_activation_entries(job, tuned, activation_shape(u)) for u in act_rows.tolist()]
+    own = np.array(own_rows, dtype=float).reshape(-1, len(ACTIVATION_SHAPE_KEYS))[act_of].T
     free = np.array([row for *_, row in free_rows], dtype=float).reshape(-1, len(FREE_SHAPE_KEYS))
-    columns = dict(zip(OWN_SHAPE_KEYS, own, strict=True))
-    columns.update(zip(FREE_SHAPE_KEYS, free[free_of].T, strict=True))
+    columns = dict(zip(ACTIVATION_SHAPE_KEYS, own, strict=True))
+    columns.update(zip(FREE_SHAPE_KEYS, free[time_of].T, strict=True))
+    # Recompute seconds: the shape's layer times under its policy (once per time × policy).
+    policies = recompute.values
+    rerun = np.array(
+        [[(times.dense.recompute_s(p), moe_t.recompute_s(p)) for p in policies]
+         for times, moe_t, _ in free_rows],
+        dtype=float,
+    ).reshape(len(free_rows), len(policies), 2)  # fmt: skip
+    columns["rd"], columns["rm"] = rerun[time_of, r].T
     return {key: columns[key] for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}, shape_inv
 
 
-#: Shape-table entries worked out per shape (those :func:`_recompute_free` does not give).
-OWN_SHAPE_KEYS = ("act_dense", "act_moe", "first_extra", "last_extra", "working", "backward",
-                  "logits", "rd", "rm")  # fmt: skip
+def _activation_entries(job: Job, tuned, shape: act.ActivationShape) -> tuple[float, ...]:
+    """The values of :data:`ACTIVATION_SHAPE_KEYS` for one shape."""
+    model = job.model
+    adapters = ft.adapter_layer_bytes(model, tuned, shape)
+    act_moe = act.activation_bytes_per_layer(model, shape, True) if model.is_moe else 0.0
+    return (  # in the order of ACTIVATION_SHAPE_KEYS
+        act.activation_bytes_per_layer(model, shape, False) + adapters[False],
+        act_moe + adapters[True] if model.is_moe else 0.0,
+        sum(act.first_stage_tensors(model, shape).values()),
+        sum(act.last_stage_tensors(model, shape).values()),
+        max(
+            act.recompute_working_bytes(model, shape, False),
+            act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
+        )
+        + sum(ft.adapter_working_max(model, tuned, shape).values()),
+        act.backward_working_bytes(model, shape),
+        act.logits_buffer_bytes(model, shape),
+    )
+
+
+#: Shape-table entries of activation memory (:func:`_activation_entries`' order).
+ACTIVATION_SHAPE_KEYS = ("act_dense", "act_moe", "first_extra", "last_extra", "working",
+                         "backward", "logits")  # fmt: skip
 #: Shape-table entries that do not depend on the recompute policy, in :func:`_recompute_free`'s
 #: order.
 FREE_SHAPE_KEYS = ("wpass_dense", "wpass_moe", "fd", "bd", "wd", "fm", "bm", "wm", "f_emb",

@@ -388,4 +388,6 @@ def mtp_op_times(
         )  # fmt: skip
     ops += layer_ops
     ops += head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
-    return [op.model_copy(update={"name": MTP_PREFIX + op.name}) for op in ops]
+    # Renamed by validation, which costs about half a model_copy (the search runs this once
+    # per distinct shape).
+    return [OpTime(**{**op.__dict__, "name": MTP_PREFIX + op.name}) for op in ops]

@@ -37,6 +37,10 @@ from planner.evaluate.time import data_parallel_form, time_columns
 from planner.spec.job import Job
 from planner.spec.layout import expert_data_parallel_size, resolved_etp
 
+#: Rows timed together: the timing's intermediate columns (per axis and link) stay near
+#: 10^8 bytes whatever the search's size; each row's numbers do not depend on the others.
+TIMED_BLOCK_ROWS = 2**17
+
 #: Integer layout columns :func:`evaluate_columns` reads.
 INT_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_microbatches",
                "zero_stage")  # fmt: skip
@@ -113,47 +117,73 @@ def screen_columns(
     memory_limit_bytes: float,
     order=None,
     mfu_dtype: str = "bf16",
+    memory_parts_of_timed_rows: bool = False,
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
     without spreading the timed rows back over all rows: (memory outputs of every row,
     which rows can be placed, the rows timed — placeable and fitting —, the timed outputs
-    of those rows only, one per row of them)."""
+    of those rows only, one per row of them).
+
+    ``memory_parts_of_timed_rows``: every memory output but ``memory_per_gpu_bytes`` is
+    kept for the timed rows only (one per row of them), and the others' released before
+    the timing (the search reads no other row's parts)."""
     c = _prepared(columns)
     rates, bf16_rates, tuned = _rates(job, accelerator)
     shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
     memory = memory_columns(job, c, shapes, structs, tuned)
-    valid, rows, timed = _timed_if_fit(
-        job, cluster, accelerator, c, shapes, structs, memory, memory_limit_bytes, order,
-        mfu_dtype, rates, tuned,
-    )  # fmt: skip
+    valid = _placeable(job, cluster, c)
+    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= memory_limit_bytes))
+    if memory_parts_of_timed_rows:
+        for key in memory:
+            if key != "memory_per_gpu_bytes":
+                memory[key] = memory[key][rows]
+    c = {key: value[rows] for key, value in c.items()}  # the timed rows' columns only
+    timed = _timed_in_blocks(
+        job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+    )
     return memory, valid, rows, timed
 
 
-def _timed_if_fit(
-    job, cluster, accelerator, c, shapes, structs, memory, limit, order, mfu_dtype, rates, tuned
-):
-    """(placeable rows, the placeable rows within ``limit`` bytes, their timed outputs)."""
+def _placeable(job: Job, cluster: Cluster, c: dict) -> np.ndarray:
+    """Rows that can be placed on the cluster (:func:`planner.comm.traffic.placeable`)."""
     # Placeable or not depends on the structure (tp, ep, etp, pp, vpp, schedule, split), cp, dp.
     some, inverse = distinct_rows(c["structure"], c["cp"], c["dp"])
-    valid = placeable(cluster, job.model.num_layers,
-                      *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
-                      chunks_column(c["schedule"][some], c["vpp"][some]),
-                      one_value_or_column(c["split"][some]), c["etp"][some])[inverse]  # fmt: skip
-    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= limit))
-    sub = {key: value[rows] for key, value in c.items()}
-    timed = time_columns(
-        job, cluster, accelerator, sub, shapes, structs, order, mfu_dtype, rates, tuned
-    )
-    return valid, rows, timed
+    return placeable(cluster, job.model.num_layers,
+                     *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
+                     chunks_column(c["schedule"][some], c["vpp"][some]),
+                     one_value_or_column(c["split"][some]), c["etp"][some])[inverse]  # fmt: skip
+
+
+def _timed_in_blocks(
+    job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+) -> dict[str, np.ndarray]:
+    """:func:`planner.evaluate.time.time_columns` of the rows of ``c``, :data:`TIMED_BLOCK_ROWS`
+    at a time, into one column per output."""
+    n = len(c["tp"])
+    timed: dict[str, np.ndarray] = {}
+    for start in range(0, n, TIMED_BLOCK_ROWS) if n else (0,):
+        stop = min(start + TIMED_BLOCK_ROWS, n)
+        sub = {key: value[start:stop] for key, value in c.items()}
+        part = time_columns(
+            job, cluster, accelerator, sub, shapes, structs, order, mfu_dtype, rates, tuned
+        )
+        for key, value in part.items():
+            value = np.broadcast_to(value, (stop - start,))
+            if key not in timed:
+                timed[key] = np.empty(n, dtype=value.dtype)
+            timed[key][start:stop] = value
+    return timed
 
 
 def _prepared(columns: dict) -> dict:
     """The layout columns under the names the models read (ints as int64; SP only with TP)."""
     col = {k: np.asarray(columns[k]) for k in (*INT_COLUMNS, "sequence_parallel")}
-    c = {k: col[k].astype(np.int64) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
+    # No copies of columns already int64 (the search's are): 10^7 rows cost 80 MB a column.
+    c = {k: col[k].astype(np.int64, copy=False) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
     c["etp"] = resolved_etp(columns.get("etp"), c["tp"])  # the routed experts' TP degree
     c["mbs"], c["m"], c["zero"] = (
-        col[k].astype(np.int64) for k in ("micro_batch_size", "num_microbatches", "zero_stage")
+        col[k].astype(np.int64, copy=False)
+        for k in ("micro_batch_size", "num_microbatches", "zero_stage")
     )
     c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
     c["dp_cp"] = c["dp"] * c["cp"]  # the ZeRO group

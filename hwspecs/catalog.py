@@ -30,17 +30,6 @@ SpecT = TypeVar("SpecT", bound=BaseModel)
 KIND_DIRS = {"accelerator": "accelerators", "link": "links", "cluster": "clusters"}
 
 
-def validation_error_line(error: ValidationError, source: str) -> str:
-    """Collapse a pydantic error into one line naming the field and the problem."""
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        message = "unknown key"
-    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{source}: field '{where}': {message}{more}"
-
-
 def read_toml(path: Path) -> dict:
     """Read a TOML file, turning I/O and syntax errors into one-line PlanErrors."""
     try:
@@ -59,7 +48,9 @@ def parse_spec(data: dict, model: type[SpecT], source: str) -> SpecT:
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        raise PlanError(validation_error_line(error, source)) from None
+        from planner.errors import validation_error
+
+        raise validation_error(error, source, model) from None
 
 
 def looks_like_path(name: str) -> bool:

@@ -106,12 +106,13 @@ _BOUNDS = {
 }
 
 
-def validation_error(error, source: str | None = None) -> PlanError:
+def validation_error(error, source: str | None = None, spec=None) -> PlanError:
     """One pydantic ``ValidationError`` as a one-line PlanError in our words.
 
     ``source`` names what was validated (a file path, a catalog name); the message is
     ``"<source>: <field> takes <allowed>; got '<value>'"`` for a bad value, ``"unknown
-    key"`` / ``"is required"`` for keys, and a validator's own sentence for rules.
+    key"`` (listing ``spec``'s keys when given) / ``"missing"`` for keys, and a validator's
+    own sentence for rules.
     """
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
@@ -120,9 +121,11 @@ def validation_error(error, source: str | None = None) -> PlanError:
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
     got = first.get("input")
     if kind == "extra_forbidden":
-        message, allowed = f"unknown key '{where}'", None
+        allowed = sorted(spec.model_fields) if spec is not None and len(first["loc"]) == 1 else None
+        known = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
+        message = f"field '{where}': unknown key{closest_match_hint(where, allowed or [])}{known}"
     elif kind == "missing":
-        message, allowed = f"missing required key '{where}'", None
+        message, allowed = f"field '{where}': missing (required)", None
     elif kind in ("value_error", "assertion_error"):
         reason = str(context.get("error", first["msg"]))
         message, allowed, got = (f"{where}: {reason}" if where else reason), None, None

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = command.main(args=argv, prog_name="llmplan", standalone_mode=False)
     except PlanError as error:
-        return errors.report(error, as_json, _subcommand(command, argv))
+        return errors.report(error, as_json, _subcommand(command, argv), argv)
     except interrupt.Interrupted as stop:
         interrupt.kill_descendants()
         sys.stderr.write(f"error: interrupted by {stop.name}; stopped\n")
@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(error.ctx.get_help() + "\n")
             return 0
         if hasattr(error, "format_message") and hasattr(error, "exit_code"):
-            return errors.report(errors.usage_error(error), as_json, getattr(error, "ctx", None))
+            named = _subcommand(command, argv)
+            translated = errors.usage_error(error, named)
+            return errors.report(translated, as_json, getattr(error, "ctx", None) or named, argv)
         if os.environ.get("LLMPLAN_TRACEBACK"):
             raise
         # Not a user error: one line, never a traceback (LLMPLAN_TRACEBACK=1 shows it).

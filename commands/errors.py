@@ -46,10 +46,13 @@ def _validation_cause(error):
     return cause
 
 
-def usage_error(error) -> PlanError:
-    """A click usage error rewritten as a PlanError naming the flag and what it allows."""
+def usage_error(error, command=None) -> PlanError:
+    """A click usage error rewritten as a PlanError naming the flag and what it allows.
+
+    ``command``: the command the arguments named, for errors that carry no context.
+    """
     ctx = getattr(error, "ctx", None)
-    command = ctx.command if ctx is not None else None
+    command = ctx.command if ctx is not None else command
     where = ctx.command_path if ctx is not None else "llmplan"
     param = getattr(error, "param", None)
     if _is(error, "NoSuchOption"):
@@ -97,8 +100,6 @@ def usage_error(error) -> PlanError:
     if _is(error, "BadOptionUsage") and getattr(error, "option_name", None):
         param = _param_named(command, error.option_name)
         allowed, choices = _allowed(command, param) if param is not None else ("a value", None)
-        if ctx is None:
-            where = "llmplan"
         return PlanError(
             f"{error.option_name} needs a value ({allowed})",
             field=error.option_name,
@@ -116,7 +117,7 @@ def usage_error(error) -> PlanError:
             got=got,
         )
     if message.startswith("Got unexpected extra argument"):
-        got = message[message.find("(") + 1 : message.rfind(")")]
+        got = message[message.rfind("(") + 1 : message.rfind(")")]
         return PlanError(
             f"unexpected argument '{got}' for {where} (see '{where} --help')",
             field="argument",
@@ -140,7 +141,7 @@ def _bad_value(error) -> str:
     return text
 
 
-def error_fields(error: PlanError, where=None) -> dict:
+def error_fields(error: PlanError, where=None, argv: list[str] | None = None) -> dict:
     """The JSON error object: message, field (a flag where one matches), allowed, got.
 
     ``where``: the click context or command the error happened in; a field that names one
@@ -149,9 +150,13 @@ def error_fields(error: PlanError, where=None) -> dict:
     field = error.field
     flags = _flags_by_name(getattr(where, "command", where))
     if field is not None and not str(field).startswith("-"):
-        field = flags.get(str(field).replace("-", "_"), field)
-    if field is None:
-        field = _flag_in_message(str(error), flags)
+        field = flags.get(str(field).replace("-", "_").replace(" ", "_"), field)
+    if field is None or field not in flags.values():
+        field = (
+            _flag_by_value(str(error), argv or [], set(flags.values()))
+            or _flag_in_message(str(error), flags)
+            or field
+        )
     fields = {"message": str(error), "field": field}
     if error.allowed is not None:
         fields["allowed"] = error.allowed
@@ -165,9 +170,20 @@ def _flags_by_name(command) -> dict[str, str]:
     return {param.name: flag_of(param) for param in params if param.name}
 
 
+def _flag_by_value(message: str, argv: list[str], flags: set[str]) -> str | None:
+    """The flag whose given value (a path, a name; not a bare number) the message quotes."""
+    for flag, given in zip(argv, argv[1:]):
+        text = given.strip()
+        if flag in flags and len(text) >= 3 and not text.replace(".", "").isdigit():
+            if text in message:
+                return flag
+    return None
+
+
 def _flag_in_message(message: str, flags: dict[str, str]) -> str | None:
     """The first of the command's flags a message names (``--tp`` or ``tp``), if any."""
-    words = [word.strip("'\",;:()[]=·") for word in message.replace("=", " ").split()]
+    spaced = message.replace("=", " ").replace("·", " ").replace("/", " ")
+    words = [word.strip("'\",;:()[]") for word in spaced.split()]
     for word in words:
         if word in flags.values():
             return word
@@ -177,13 +193,13 @@ def _flag_in_message(message: str, flags: dict[str, str]) -> str | None:
     return None
 
 
-def report(error: PlanError, as_json: bool, where=None) -> int:
+def report(error: PlanError, as_json: bool, where=None, argv: list[str] | None = None) -> int:
     """Print ``error: <message>`` on stderr (and the JSON object on stdout); return 2.
 
     Reasons an error carries (``error.reasons``, e.g. why no layout fits) go one a line to
     stdout, or into the JSON object.
     """
-    fields = error_fields(error, where)
+    fields = error_fields(error, where, argv)
     reasons = getattr(error, "reasons", None)
     if reasons:
         fields["reasons"] = reasons

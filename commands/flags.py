@@ -39,6 +39,11 @@ class Parser:
     def __call__(self, text):
         if not isinstance(text, str):  # a default, already a value
             return text
+        if text.startswith("--") and text[2:3].isalpha():  # the next option, not a value
+            raise PlanError(
+                f"needs a value ({self.allowed}); got the option '{text}'",
+                allowed=self.choices or self.allowed,
+            )
         return self.parse(text.strip())
 
     def parse(self, text: str):
@@ -143,7 +148,7 @@ class ListOf(Parser):
     def __call__(self, text):
         if text is None or isinstance(text, list):
             return text
-        return self.parse(str(text).strip())
+        return super().__call__(str(text))
 
     def parse(self, text: str) -> list:
         parts = [part.strip() for part in text.split(",") if part.strip()]

@@ -39,6 +39,8 @@ def read_toml(path: Path) -> dict:
         raise PlanError(f"file not found: {path}") from None
     except tomllib.TOMLDecodeError as error:
         raise PlanError(f"{path}: malformed TOML: {error}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{path}: not a text file (TOML is UTF-8 text)") from None
     except OSError as error:
         raise PlanError(f"{path}: cannot read: {error.strerror}") from None
 

@@ -8,6 +8,7 @@ option), which :func:`usage_error` rewrites in the project's words with the same
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
@@ -172,11 +173,11 @@ def _flags_by_name(command) -> dict[str, str]:
 
 def _flag_by_value(message: str, argv: list[str], flags: set[str]) -> str | None:
     """The flag whose given value (a path, a name; not a bare number) the message quotes."""
-    for flag, given in zip(argv, argv[1:]):
+    for flag, given in itertools.pairwise(argv):
         text = given.strip()
-        if flag in flags and len(text) >= 3 and not text.replace(".", "").isdigit():
-            if text in message:
-                return flag
+        quoted = len(text) >= 3 and not text.replace(".", "").isdigit() and text in message
+        if flag in flags and quoted:
+            return flag
     return None
 
 

@@ -9,6 +9,7 @@ import contextlib
 import io
 import itertools
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -38,9 +39,12 @@ BASE = {
     "bytes-per-param": [],
     "catalog list": [],
     "catalog show": ["llama3-8b"],
-    "calibrate": ["--ranks", "0"],
-    "validate": ["--timeout-s", "-1"],
+    "calibrate": [],
+    "validate": [],
 }  # fmt: skip
+
+#: Appended last (click keeps the last value of a flag), so no fuzzed flag can undo them.
+LAST = {"calibrate": ["--ranks", "0"], "validate": ["--timeout-s", "-1"]}
 
 #: Values a flag may get: valid ones of every kind, and every kind of wrong one.
 WORDS = [
@@ -116,6 +120,7 @@ def command_lines(draw) -> list[str]:
         argv.append(flag)
         if draw(st.integers(0, 5)):  # mostly with a value; sometimes a flag alone
             argv.append(draw(VALUES))
+    argv.extend(LAST.get(name, []))
     if draw(st.booleans()):
         argv.append("--json")
     return argv
@@ -123,8 +128,13 @@ def command_lines(draw) -> list[str]:
 
 def _run(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
+    here = os.getcwd()
+    os.chdir(_directory)  # output flags given random names write there, not in the checkout
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(argv)
+    finally:
+        os.chdir(here)
     return code, out.getvalue(), err.getvalue()
 
 

@@ -474,8 +474,18 @@ PINS = FlagGroup(
     )
 )  # fmt: skip
 
-MFU_DTYPE = _flag("mfu_dtype", Name("a dtype with a peak, e.g. bf16"),
-                  "dtype whose peak MFU is measured against", "bf16")  # fmt: skip
+
+class MfuDtype(str, Enum):  # the dtypes an accelerator lists a peak for (hwspecs.schema)
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    fp4 = "fp4"
+
+
+MFU_DTYPE = _flag("mfu_dtype", Choice(MfuDtype), "dtype whose peak MFU is measured against",
+                  MfuDtype.bf16)  # fmt: skip
 
 # ----- from flags to the library's models ------------------------------------------------
 

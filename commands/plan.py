@@ -25,6 +25,9 @@ from commands.flags import (
     pinned,
     uses,
 )
+from commands.flags import (
+    value as enum_value,
+)
 
 # ----- plan and estimate ---------------------------------------------------------------
 
@@ -75,7 +78,7 @@ def plan(
             objective,
             mem_headroom,
             top,
-            mfu_dtype,
+            enum_value(mfu_dtype),
             cluster.order,
             progress=advance,
         )
@@ -200,7 +203,7 @@ def estimate(
         build_layout(layout, job),
         cluster.cluster,
         cluster.gpus,
-        mfu_dtype,
+        enum_value(mfu_dtype),
         order=cluster.order,
     )
     if as_json:

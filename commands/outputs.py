@@ -51,7 +51,7 @@ def atomic_path(path: str | os.PathLike):
     """Yield a temporary path next to ``path``; on success rename it to ``path``."""
     target = Path(path).expanduser()
     handle, temporary = tempfile.mkstemp(  # the suffix kept: writers pick the format by it
-        prefix=f".{target.stem}.partial.", suffix=target.suffix, dir=target.parent
+        prefix=f".{target.stem}-partial-", suffix=target.suffix, dir=target.parent
     )
     os.close(handle)
     umask = os.umask(0)

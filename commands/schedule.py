@@ -43,6 +43,15 @@ def schedule(
 ) -> None:
     """Generate, simulate and draw a pipeline schedule (or compare several)."""
     from planner import api
+    from planner.errors import PlanError
+
+    if png and not png.lower().endswith(".png"):
+        raise PlanError(
+            f"--png takes a file path ending in .png; got '{png}'",
+            field="--png",
+            allowed="a file path ending in .png",
+            got=png,
+        )
 
     names = compare or [name]
     reports = [

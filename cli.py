@@ -1,13 +1,19 @@
 """llmplan's command line: a thin typer app over :mod:`planner.api`.
 
-Each command parses its flags, calls one API function and renders the result as a rich
-table or, with ``--json``, as the result's JSON. Problems with the input are one line on
-stderr and exit code 2. Heavy imports (pandas, plotly, the planner) happen inside the
-commands so that ``llmplan --help`` starts fast.
+Each command parses its flags (declared once in :mod:`commands.flags`), calls one API
+function and renders the result as a rich table or, with ``--json``, as the result's JSON.
+
+The error contract (:mod:`commands.errors`): a problem with the input, a usage error
+included, is one line ``error: ...`` on stderr naming the flag and what it allows, exit
+code 2, and with ``--json`` also ``{"error": {"message", "field", "allowed", "got"}}`` on
+stdout. Ctrl-C or SIGTERM ends the command within a second with one line, exit code 130 or
+143, and no child process left (:mod:`commands.interrupt`). Heavy imports (pandas, plotly,
+the planner) happen inside the commands so that ``llmplan --help`` starts fast.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -20,27 +26,62 @@ from commands import plan, memory, schedule, network, validation, catalog, runs,
 # isort: on
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """``--json`` among the options (before a ``--`` that ends them)."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in options
+
+
+def _subcommand(command, argv: list[str]):
+    """The (sub)command ``argv`` names, for mapping an error's field to its flag."""
+    for word in argv:
+        found = getattr(command, "commands", {}).get(word)
+        if found is None:
+            if not word.startswith("-") and getattr(command, "commands", None):
+                return command
+            continue
+        command = found
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; user errors are one line on stderr with exit code 2."""
+    """Run the CLI; return the exit code (0, 2 for user errors, 128 + signal if stopped)."""
+    from commands import errors, interrupt
     from hwspecs.errors import PlanError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = _wants_json(argv)
     command = typer.main.get_command(app)
+    interrupt.install()
     try:
         result = command.main(args=argv, prog_name="llmplan", standalone_mode=False)
     except PlanError as error:
-        sys.stderr.write(f"error: {error}\n")
-        return 2
+        return errors.report(error, as_json, _subcommand(command, argv), argv)
+    except interrupt.Interrupted as stop:
+        interrupt.kill_descendants()
+        sys.stderr.write(f"error: interrupted by {stop.name}; stopped\n")
+        return stop.exit_code
     except typer.Exit as done:
         return done.exit_code
-    except typer.Abort:
-        sys.stderr.write("aborted\n")
-        return 1
     except Exception as error:
-        # Usage errors (bad option values, unknown options) from typer's click layer.
-        if not hasattr(error, "format_message"):
+        if type(error).__name__ == "NoArgsIsHelpError":  # bare `llmplan`, `llmplan catalog`
+            sys.stdout.write(error.ctx.get_help() + "\n")
+            return 0
+        if hasattr(error, "format_message") and hasattr(error, "exit_code"):
+            named = _subcommand(command, argv)
+            translated = errors.usage_error(error, named)
+            return errors.report(translated, as_json, getattr(error, "ctx", None) or named, argv)
+        if os.environ.get("LLMPLAN_TRACEBACK"):
             raise
-        sys.stderr.write(f"error: {error.format_message()}\n")
-        return getattr(error, "exit_code", 2) or 2
+        # Not a user error: one line, never a traceback (LLMPLAN_TRACEBACK=1 shows it).
+        detail = " ".join(str(error).split())[:300]
+        sys.stderr.write(
+            f"error: internal error ({type(error).__name__}: {detail}); please report it "
+            "with the command line (LLMPLAN_TRACEBACK=1 shows where)\n"
+        )
+        return 1
+    finally:
+        interrupt.restore()
     return result if isinstance(result, int) else 0
 
 

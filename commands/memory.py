@@ -2,108 +2,66 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Annotated
 
 import typer
 
-from commands.common import (
-    EtpFlag,
+from commands.common import JsonFlag, app, emit_json, fits_line, gib, make_console
+from commands.flags import (
+    JOB,
+    LAYOUT,
+    MEM_HEADROOM,
+    Choice,
+    Count,
     GradDtype,
-    JsonFlag,
+    IntIn,
     MasterDtype,
-    MemHeadroomFlag,
-    MemoryMeasuresFlag,
-    MoeCapacityFlag,
-    MoeImbalanceFlag,
+    Name,
     Optimizer,
     Precision,
-    PrecisionFlag,
-    Recompute,
-    WeightPass,
-    WeightPassFlag,
-    app,
-    emit_json,
-    fits_line,
-    gib,
-    make_console,
-    option_value,
+    Values,
+    build_finetune,
+    build_job,
+    build_layout,
+    option,
+    uses,
+    value,
 )
 
 # ----- bytes per parameter --------------------------------------------------------------
 
-
-class Recipe(str, Enum):
-    full = "full"
-    lora = "lora"
-    qlora = "qlora"
-    dora = "dora"
-    vera = "vera"
-
-
-class AdapterDtype(str, Enum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-RecipeFlag = Annotated[
-    Recipe, typer.Option(help="training recipe: full, or adapters on a frozen base")
-]
-LoraRankFlag = Annotated[
-    int | None, typer.Option(min=1, help="adapter rank r (default 8; QLoRA used 64)")
-]
-LoraAlphaFlag = Annotated[float | None, typer.Option(help="adapter scale alpha (no cost effect)")]
-LoraTargetsFlag = Annotated[
-    str | None,
-    typer.Option(help="attention, mlp, all (default) or module names, e.g. q_proj,v_proj"),
-]
-AdapterDtypeFlag = Annotated[
-    AdapterDtype | None,
-    typer.Option(help="adapter weight dtype (default fp32; bf16 for qlora)"),
-]
-DoubleQuantFlag = Annotated[
-    bool | None,
-    typer.Option(
-        "--double-quant/--no-double-quant", help="qlora: quantize the NF4 constants (default on)"
-    ),
-]
-
-
-def _finetune(recipe, lora_rank, lora_alpha, lora_targets, adapter_dtype, double_quant, **extra):
-    from planner import api
-
-    return api.build_finetune(
-        option_value(recipe),
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_targets=lora_targets,
-        adapter_dtype=option_value(adapter_dtype),
-        double_quant=double_quant,
-        **extra,
-    )
+#: The job flags bytes-per-param takes: the precision recipe and the adapter recipe.
+RECIPE = JOB.only(
+    "recipe", "lora_rank", "lora_alpha", "lora_targets", "adapter_dtype", "double_quant"
+)
 
 
 @app.command("bytes-per-param")
+@uses(adapters=RECIPE)
 def bytes_per_param(
-    precision: Annotated[Precision, typer.Option(help="precision recipe")] = Precision.bf16_mixed,
-    optimizer: Annotated[Optimizer, typer.Option(help="optimizer")] = Optimizer.adamw,
-    grad_dtype: Annotated[GradDtype | None, typer.Option(help="gradient dtype override")] = None,
-    master_dtype: Annotated[
-        MasterDtype | None, typer.Option(help="master weight dtype override")
+    precision: Annotated[
+        Precision, option(Choice(Precision), "precision recipe", show_allowed=True)
+    ] = Precision.bf16_mixed,
+    optimizer: Annotated[
+        Optimizer, option(Choice(Optimizer), "optimizer", show_allowed=True)
+    ] = Optimizer.adamw,
+    grad_dtype: Annotated[
+        GradDtype | None, option(Choice(GradDtype), "gradient dtype override", show_allowed=True)
     ] = None,
-    zero_stage: Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage 0-3")] = 0,
-    dp: Annotated[int, typer.Option(min=1, help="data-parallel ranks ZeRO shards over")] = 1,
+    master_dtype: Annotated[
+        MasterDtype | None,
+        option(Choice(MasterDtype), "master weight dtype override", show_allowed=True),
+    ] = None,
+    zero_stage: Annotated[int, option(IntIn(0, 3), "ZeRO stage", show_allowed=True)] = 0,
+    dp: Annotated[int, option(Count(1), "data-parallel ranks ZeRO shards over")] = 1,
     model: Annotated[
         str | None,
-        typer.Option(help="model (for totals, shape-dependent optimizers and adapter recipes)"),
+        option(
+            Name("a catalog model, a model TOML or a HF config.json"),
+            "model (for totals, shape-dependent optimizers and adapter recipes)",
+        ),
     ] = None,
-    recipe: RecipeFlag = Recipe.full,
-    lora_rank: LoraRankFlag = None,
-    lora_alpha: LoraAlphaFlag = None,
-    lora_targets: LoraTargetsFlag = None,
-    adapter_dtype: AdapterDtypeFlag = None,
-    double_quant: DoubleQuantFlag = None,
+    adapters: Values = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Model-state bytes per parameter for a precision recipe, optimizer and ZeRO stage.
@@ -114,12 +72,12 @@ def bytes_per_param(
     """
     from planner import api
 
-    finetune = _finetune(recipe, lora_rank, lora_alpha, lora_targets, adapter_dtype, double_quant)
+    finetune = build_finetune(Values(adapters, lora_dropout=None))
     result = api.bytes_per_param(
-        precision=option_value(precision),
-        optimizer=option_value(optimizer),
-        grad_dtype=option_value(grad_dtype),
-        master_dtype=option_value(master_dtype),
+        precision=value(precision),
+        optimizer=value(optimizer),
+        grad_dtype=value(grad_dtype),
+        master_dtype=value(master_dtype),
         zero_stage=zero_stage,
         dp=dp,
         model=model,
@@ -142,10 +100,10 @@ def bytes_per_param(
     )
     table.add_column("part")
     table.add_column("bytes / param", justify="right")
-    for part, value in result.breakdown.items():
-        table.add_row(part, f"{value:.4g}")
-    for part, value in (result.recipe_breakdown or {}).items():
-        table.add_row(f"  of which {part}", f"{value:.4g}", style="dim")
+    for part, share in result.breakdown.items():
+        table.add_row(part, f"{share:.4g}")
+    for part, share in (result.recipe_breakdown or {}).items():
+        table.add_row(f"  of which {part}", f"{share:.4g}", style="dim")
     table.add_row("total", f"{result.bytes_per_param:.4g}", style="bold")
     if result.total_bytes is not None:
         table.add_row(
@@ -159,58 +117,18 @@ def bytes_per_param(
 
 
 @app.command()
+@uses(job=JOB, layout=LAYOUT)
 def memory(
-    model: Annotated[
-        str, typer.Option(help="catalog model, model TOML or HF config.json")
-    ] = "llama3-405b",
-    tp: Annotated[int, typer.Option(min=1)] = 1,
-    cp: Annotated[int, typer.Option(min=1)] = 1,
-    pp: Annotated[int, typer.Option(min=1)] = 1,
-    dp: Annotated[int, typer.Option(min=1)] = 1,
-    ep: Annotated[int, typer.Option(min=1)] = 1,
-    etp: EtpFlag = None,
-    vpp: Annotated[
-        int | None, typer.Option(min=1, help="chunks per rank (default: the schedule's)")
-    ] = None,
-    seq_len: Annotated[int, typer.Option(min=1)] = 8192,
-    micro_batch_size: Annotated[int, typer.Option(min=1)] = 1,
-    num_microbatches: Annotated[
-        int | None, typer.Option(min=1, help="default: from the global batch, else pp")
-    ] = None,
-    global_batch_tokens: Annotated[int | None, typer.Option(min=1)] = None,
-    global_batch_size: Annotated[int | None, typer.Option(min=1, help="sequences per step")] = None,
-    zero_stage: Annotated[int, typer.Option(min=0, max=3)] = 1,
-    recompute: Annotated[
-        Recompute | None,
-        typer.Option(help="default: full for qlora (gradient checkpointing, as QLoRA), else none"),
-    ] = None,
-    sequence_parallel: Annotated[
-        bool, typer.Option("--sequence-parallel/--no-sequence-parallel")
-    ] = True,
-    schedule: Annotated[
-        str, typer.Option(help="pipeline schedule (e.g. 1f1b, interleaved-1f1b, zbv)")
-    ] = "1f1b",
-    precision: PrecisionFlag = None,
-    memory_measures: MemoryMeasuresFlag = None,
-    weight_pass_memory: WeightPassFlag = WeightPass.inputs,
-    moe_imbalance: MoeImbalanceFlag = None,
-    moe_capacity_factor: MoeCapacityFlag = None,
-    optimizer: Annotated[Optimizer, typer.Option()] = Optimizer.adamw,
-    grad_dtype: Annotated[GradDtype | None, typer.Option()] = None,
-    flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention")] = True,
+    job: Values,
+    layout: Values,
     accelerator: Annotated[
-        str | None, typer.Option(help="accelerator whose HBM the result is checked against")
+        str | None,
+        option(
+            Name("a catalog accelerator or an accelerator TOML"),
+            "accelerator whose HBM the result is checked against",
+        ),
     ] = "h100-sxm",
-    mem_headroom: MemHeadroomFlag = 0.05,
-    recipe: RecipeFlag = Recipe.full,
-    lora_rank: LoraRankFlag = None,
-    lora_alpha: LoraAlphaFlag = None,
-    lora_targets: LoraTargetsFlag = None,
-    lora_dropout: Annotated[
-        float | None, typer.Option(min=0, max=0.99, help="adapter dropout (stores input copies)")
-    ] = None,
-    adapter_dtype: AdapterDtypeFlag = None,
-    double_quant: DoubleQuantFlag = None,
+    mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     explain: Annotated[
         bool, typer.Option("--explain", help="print each term's formula with its numbers")
     ] = False,
@@ -223,48 +141,8 @@ def memory(
     """
     from planner import api
 
-    finetune = _finetune(
-        recipe,
-        lora_rank,
-        lora_alpha,
-        lora_targets,
-        adapter_dtype,
-        double_quant,
-        lora_dropout=lora_dropout,
-    )
-    if recompute is None:
-        recompute = Recompute.full if option_value(recipe) == "qlora" else Recompute.none
-    job = api.build_job(
-        model,
-        seq_len,
-        global_batch_tokens=global_batch_tokens,
-        global_batch_size=global_batch_size,
-        precision=option_value(precision),
-        optimizer=option_value(optimizer),
-        grad_dtype=option_value(grad_dtype),
-        flash_attention=flash_attention,
-        finetune=finetune,
-        memory_measures=option_value(memory_measures),
-        weight_pass_memory=option_value(weight_pass_memory),
-        moe_imbalance=moe_imbalance,
-        moe_capacity_factor=moe_capacity_factor,
-    )
-    layout = api.build_layout(
-        tp=tp,
-        cp=cp,
-        pp=pp,
-        dp=dp,
-        ep=ep,
-        etp=etp,
-        vpp=vpp,
-        micro_batch_size=micro_batch_size,
-        num_microbatches=num_microbatches,
-        zero_stage=zero_stage,
-        recompute=option_value(recompute),
-        sequence_parallel=sequence_parallel,
-        schedule=schedule,
-    )
-    report = api.memory(job, layout, accelerator, mem_headroom)
+    query = build_job(job, default_batch=False)
+    report = api.memory(query, build_layout(layout, job), accelerator, mem_headroom)
     if as_json:
         emit_json(report)
         return

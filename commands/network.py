@@ -5,17 +5,22 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated
 
-import typer
-
-from commands.common import (
-    EtpFlag,
-    JsonFlag,
-    PrecisionFlag,
-    Recompute,
-    app,
-    emit_json,
-    make_console,
-    option_value,
+from commands.common import JsonFlag, app, emit_json, make_console, wrote
+from commands.flags import (
+    CLUSTER,
+    JOB,
+    LAYOUT,
+    Choice,
+    Count,
+    Name,
+    Parser,
+    Values,
+    build_job,
+    build_layout,
+    option,
+    output,
+    uses,
+    value,
 )
 
 # ----- communication -------------------------------------------------------------------
@@ -33,28 +38,45 @@ def _rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e9:,.1f} GB/s"
 
 
+class ByteSize(Parser):
+    """A message size: 1GiB, 512MB, 1e9 or bytes (:func:`planner.spec.units.parse_bytes`)."""
+
+    allowed = "a size in bytes, e.g. 4096, 512MB, 1GiB, 1e9"
+
+    def parse(self, text: str) -> float:
+        from hwspecs.errors import PlanError
+        from planner.api import parse_bytes
+
+        try:
+            return parse_bytes(text)
+        except PlanError:
+            self.fail(text)
+
+
 @app.command()
 def collective(
-    op: Annotated[CollectiveOp, typer.Option(help="the collective")],
+    op: Annotated[CollectiveOp, option(Choice(CollectiveOp), "the collective", show_allowed=True)],
     num_bytes: Annotated[
-        str, typer.Option("--bytes", help="message size: 1GiB, 512MB, 1e9 or bytes")
+        float, option(ByteSize(), "message size: 1GiB, 512MB, 1e9 or bytes", "--bytes")
     ],
-    ranks: Annotated[int, typer.Option(min=1, help="group size (consecutive ranks)")],
-    cluster: Annotated[str, typer.Option(help="catalog cluster or TOML path")] = "dgx-h100",
+    ranks: Annotated[int, option(Count(1), "group size (consecutive ranks)")],
+    cluster: Annotated[
+        str, option(Name("a catalog cluster or a cluster TOML"), "catalog cluster or TOML path")
+    ] = "dgx-h100",
     algorithm: Annotated[
-        str | None, typer.Option(help="ring, tree, hierarchical, nvls, torus, pairwise, direct")
+        str | None,
+        option(
+            Name("ring, tree, hierarchical, nvls, torus, pairwise or direct"),
+            "ring, tree, hierarchical, nvls, torus, pairwise, direct",
+        ),
     ] = None,
-    gpus: Annotated[
-        int | None, typer.Option(min=1, help="use the first N devices of the cluster")
-    ] = None,
+    gpus: Annotated[int | None, option(Count(1), "use the first N devices of the cluster")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Time of one collective on one cluster, with algorithm and bus bandwidth."""
     from planner import api
 
-    result = api.collective(
-        option_value(op), num_bytes, ranks, cluster, algorithm=algorithm, gpus=gpus
-    )
+    result = api.collective(value(op), num_bytes, ranks, cluster, algorithm=algorithm, gpus=gpus)
     if as_json:
         emit_json(result)
         return
@@ -70,61 +92,19 @@ def collective(
 
 
 @app.command()
+@uses(job=JOB, cluster=CLUSTER, layout=LAYOUT.defaults(tp=8, pp=16, dp=128))
 def comm(
-    model: Annotated[
-        str, typer.Option(help="catalog model, model TOML or HF config.json")
-    ] = "llama3-405b",
-    cluster: Annotated[str, typer.Option(help="catalog cluster or TOML path")] = "llama3-h100-24k",
-    tp: Annotated[int, typer.Option(min=1)] = 8,
-    cp: Annotated[int, typer.Option(min=1)] = 1,
-    pp: Annotated[int, typer.Option(min=1)] = 16,
-    dp: Annotated[int, typer.Option(min=1)] = 128,
-    ep: Annotated[int, typer.Option(min=1)] = 1,
-    etp: EtpFlag = None,
-    vpp: Annotated[int | None, typer.Option(min=1)] = None,
-    seq_len: Annotated[int, typer.Option(min=1)] = 8192,
-    global_batch_tokens: Annotated[int | None, typer.Option(min=1)] = None,
-    global_batch_size: Annotated[int | None, typer.Option(min=1, help="sequences per step")] = None,
-    micro_batch_size: Annotated[int, typer.Option(min=1)] = 1,
-    schedule: Annotated[str, typer.Option()] = "1f1b",
-    zero_stage: Annotated[int, typer.Option(min=0, max=3)] = 1,
-    recompute: Annotated[Recompute, typer.Option()] = Recompute.none,
-    sequence_parallel: Annotated[
-        bool, typer.Option("--sequence-parallel/--no-sequence-parallel")
-    ] = True,
-    precision: PrecisionFlag = None,
-    order: Annotated[
-        str | None, typer.Option(help="mesh order innermost first, e.g. tp,cp,ep,pp,dp")
-    ] = None,
+    job: Values,
+    cluster: Values,
+    layout: Values,
     as_json: JsonFlag = False,
 ) -> None:
     """Per-axis communication of one layout per step: bytes per GPU, tier, raw and exposed time."""
     from planner import api
 
-    if global_batch_tokens is None and global_batch_size is None:
-        global_batch_tokens = 16 * 2**20
-    job = api.build_job(
-        model,
-        seq_len,
-        global_batch_tokens=global_batch_tokens,
-        global_batch_size=global_batch_size,
-        precision=option_value(precision),
+    report = api.comm(
+        build_job(job), build_layout(layout, job), cluster.cluster, cluster.order, cluster.gpus
     )
-    layout = api.build_layout(
-        tp=tp,
-        cp=cp,
-        pp=pp,
-        dp=dp,
-        ep=ep,
-        etp=etp,
-        vpp=vpp,
-        micro_batch_size=micro_batch_size,
-        schedule=schedule,
-        zero_stage=zero_stage,
-        recompute=option_value(recompute),
-        sequence_parallel=sequence_parallel,
-    )
-    report = api.comm(job, layout, cluster, order=order)
     if as_json:
         emit_json(report)
         return
@@ -154,34 +134,27 @@ def comm(
 
 
 @app.command()
+@uses(cluster=CLUSTER, mesh=LAYOUT.only("tp", "cp", "pp", "dp", "ep", "etp").defaults(dp=None))
 def topology(
-    cluster: Annotated[str, typer.Option(help="catalog cluster or TOML path")] = "llama3-h100-24k",
-    tp: Annotated[int, typer.Option(min=1)] = 1,
-    cp: Annotated[int, typer.Option(min=1)] = 1,
-    pp: Annotated[int, typer.Option(min=1)] = 1,
-    dp: Annotated[
-        int | None, typer.Option(min=1, help="default: fills --gpus or the cluster")
-    ] = None,
-    ep: Annotated[int, typer.Option(min=1)] = 1,
-    etp: EtpFlag = None,
-    gpus: Annotated[int | None, typer.Option(min=1, help="use the first N devices")] = None,
-    order: Annotated[str | None, typer.Option(help="mesh order innermost first")] = None,
-    html: Annotated[str | None, typer.Option(help="write the hierarchy as plotly HTML")] = None,
+    cluster: Values,
+    mesh: Values,
+    html: output("write the hierarchy as plotly HTML") = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Rank placement: which ranks form each axis's groups and which links they cross."""
+    """Rank placement: which ranks form each axis's groups and which links they cross.
+
+    --dp defaults to what fills --gpus or the cluster.
+    """
     from planner import api
 
-    sizes = {"tp": tp, "cp": cp, "pp": pp, "ep": ep}
-    if etp is not None:
-        sizes["etp"] = etp
-    if dp is not None:
-        sizes["dp"] = dp
-    report = api.topology(cluster, sizes, order=order, gpus=gpus)
+    sizes = {axis: size for axis, size in mesh.items() if size is not None}
+    report = api.topology(cluster.cluster, sizes, order=cluster.order, gpus=cluster.gpus)
     if html:
+        from commands.outputs import atomic_path
         from plots.topology import write_topology_html
 
-        write_topology_html(report, html)
+        with atomic_path(html) as temporary:
+            write_topology_html(report, temporary)
     if as_json:
         emit_json(report)
         return
@@ -217,5 +190,4 @@ def topology(
     console.print(table)
     for note in report.notes:
         console.print(f"note: {note}")
-    if html:
-        console.print(f"wrote {html}")
+    wrote(html)

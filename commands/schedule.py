@@ -2,60 +2,58 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-import typer
-
-from commands.common import (
-    JsonFlag,
-    app,
-    emit_json,
-    make_console,
-)
+from commands.common import JsonFlag, app, emit_json, make_console, wrote
+from commands.flags import Count, ListOf, Number, ScheduleName, option, output
 
 # ----- pipeline schedules --------------------------------------------------------------
+
+TIME = Number(0)
 
 
 @app.command()
 def schedule(
     name: Annotated[
-        str,
-        typer.Option(
-            "--schedule",
-            help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zbv, dualpipe, dualpipev",
-        ),
+        str, option(ScheduleName(), "the schedule", "--schedule", show_allowed=True)
     ] = "1f1b",
-    pp: Annotated[int, typer.Option(min=1, help="pipeline ranks")] = 4,
-    microbatches: Annotated[int, typer.Option(min=1)] = 8,
+    pp: Annotated[int, option(Count(1), "pipeline ranks")] = 4,
+    microbatches: Annotated[int, option(Count(1), "micro-batches per step")] = 8,
     vpp: Annotated[
-        int | None, typer.Option(min=1, help="chunks per rank (default: the schedule's)")
+        int | None, option(Count(1), "chunks per rank (default: the schedule's)")
     ] = None,
-    f: Annotated[float, typer.Option("--f", help="forward time per rank per micro-batch")] = 1.0,
-    b: Annotated[
-        float, typer.Option("--b", help="input-gradient time per rank per micro-batch")
-    ] = 1.0,
-    w: Annotated[
-        float, typer.Option("--w", help="weight-gradient time per rank per micro-batch")
-    ] = 1.0,
-    comm: Annotated[float, typer.Option(help="point-to-point time per hop")] = 0.0,
-    overlap_fb: Annotated[float, typer.Option(help="DualPipe F&B overlap, 0..1")] = 0.0,
+    f: Annotated[float, option(TIME, "forward time per rank per micro-batch", "--f")] = 1.0,
+    b: Annotated[float, option(TIME, "input-gradient time per rank per micro-batch", "--b")] = 1.0,
+    w: Annotated[float, option(TIME, "weight-gradient time per rank per micro-batch", "--w")] = 1.0,
+    comm: Annotated[float, option(TIME, "point-to-point time per hop")] = 0.0,
+    overlap_fb: Annotated[float, option(Number(0, 1), "DualPipe F&B overlap, 0..1")] = 0.0,
     microbatch_group_size: Annotated[
-        int | None, typer.Option(min=1, help="interleaved: Llama 3's N")
+        int | None, option(Count(1), "interleaved: Llama 3's N")
     ] = None,
     compare: Annotated[
-        str | None,
-        typer.Option(help="comma-separated schedules to compare, e.g. 1f1b,zb-h1,zbv,dualpipev"),
+        Any,
+        option(
+            ListOf(ScheduleName()),
+            "comma-separated schedules to compare, e.g. 1f1b,zb-h1,zbv,dualpipev",
+        ),
     ] = None,
-    html: Annotated[str | None, typer.Option(help="write a plotly timeline as HTML")] = None,
-    png: Annotated[
-        str | None, typer.Option(help="write the timeline as PNG (needs kaleido + Chromium)")
-    ] = None,
+    html: output("write a plotly timeline as HTML") = None,
+    png: output("write the timeline as PNG (needs kaleido + Chromium)") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Generate, simulate and draw a pipeline schedule (or compare several)."""
+    from hwspecs.errors import PlanError
     from planner import api
 
-    names = [n.strip() for n in compare.split(",") if n.strip()] if compare else [name]
+    if png and not png.lower().endswith(".png"):
+        raise PlanError(
+            f"--png takes a file path ending in .png; got '{png}'",
+            field="--png",
+            allowed="a file path ending in .png",
+            got=png,
+        )
+
+    names = compare or [name]
     reports = [
         api.schedule(
             n,
@@ -72,9 +70,14 @@ def schedule(
         for n in names
     ]
     if html or png:
+        from commands.outputs import atomic_path
         from plots.schedule import schedule_figure, write_figure
 
-        write_figure(schedule_figure(reports), html_path=html, png_path=png)
+        figure = schedule_figure(reports)
+        for path, kind in ((html, "html_path"), (png, "png_path")):
+            if path:
+                with atomic_path(path) as temporary:
+                    write_figure(figure, **{kind: temporary})
     if as_json:
         emit_json(reports[0] if len(reports) == 1 else [r.model_dump(mode="json") for r in reports])
         return
@@ -111,6 +114,18 @@ def schedule(
     for report in reports:
         console.print(schedule_chart(report, max_width=max(console.width, 40)))
         console.print(summary_line(report))
-    for path in (html, png):
-        if path:
-            console.print(f"wrote {path}")
+        if report.bubble_time - report.pipelined_bubble_time > 1e-9:
+            console.print(_skew_note(report), markup=False, highlight=False)
+    wrote(html)
+    wrote(png)
+
+
+def _skew_note(report) -> str:
+    """Why the step's bubble exceeds the paper's: the ranks' spans are skewed."""
+    return (
+        f"  the bubble above is a synchronous optimizer step's (every rank waits for the "
+        f"last); per rank's own span it is {report.pipelined_bubble_time:.4g} (step "
+        f"{report.pipelined_step_time:.4g}), the zero-bubble paper's measure when its "
+        "post-validated optimizer step lets each rank start the next step at once (Qi et "
+        "al. 2024 §4); llmplan's step times assume the synchronous step"
+    )

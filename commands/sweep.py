@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from commands.common import JsonFlag, app, emit_json, int_list, make_console
+from commands.common import JsonFlag, app, emit_json, make_console
+from commands.flags import MEM_HEADROOM, POSITIVE, ListOf, option, output
 from commands.time_to_train import GpuHourCostFlag, TrainTokensFlag, build_training
 
 
@@ -17,10 +18,12 @@ def sweep(
     ),
     cluster: Annotated[str, typer.Option(help="catalog cluster or TOML path")] = "llama3-h100-24k",
     gpus: Annotated[
-        str | None, typer.Option(help="GPU counts to sweep, e.g. 1024,2048,4096 (or one count)")
+        Any,
+        option(ListOf(POSITIVE), "GPU counts to sweep, e.g. 1024,2048,4096 (or one count)"),
     ] = None,
     seq_len: Annotated[
-        str | None, typer.Option(help="sequence lengths to sweep, e.g. 4096,8192 (or one)")
+        Any,
+        option(ListOf(POSITIVE), "sequence lengths to sweep, e.g. 4096,8192 (or one)"),
     ] = None,
     global_batch_tokens: Annotated[
         int | None, typer.Option(min=1, help="tokens per step (default 16M)")
@@ -28,11 +31,11 @@ def sweep(
     objective: Annotated[
         str, typer.Option(help="step_time, memory, mfu or time-to-train (needs --train-tokens)")
     ] = "step_time",
-    mem_headroom: Annotated[float, typer.Option(help="fraction of HBM kept free")] = 0.05,
+    mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     train_tokens: TrainTokensFlag = None,
     gpu_hour_cost: GpuHourCostFlag = None,
-    html: Annotated[str | None, typer.Option(help="write the sweep's plots as HTML")] = None,
-    png: Annotated[str | None, typer.Option(help="write them as PNG (needs kaleido)")] = None,
+    html: output("write the sweep's plots as HTML") = None,
+    png: output("write them as PNG (needs kaleido)") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Plan at each GPU count (--gpus 1024,…) or sequence length (--seq-len …): best step
@@ -41,8 +44,7 @@ def sweep(
     from planner import api
 
     try:
-        gpu_values = int_list(gpus, "gpus")
-        seq_values = int_list(seq_len, "seq-len")
+        gpu_values, seq_values = gpus, seq_len
         swept = [(name, v) for name, v in (("gpus", gpu_values), ("seq_len", seq_values))
                  if v is not None and len(v) > 1]  # fmt: skip
         if len(swept) != 1:

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from commands.common import (
-    JsonFlag,
-    app,
-    emit_json,
-    int_list,
-    make_console,
-)
+from commands.common import JsonFlag, app, emit_json, make_console, wrote
+from commands.flags import Count, ListOf, Name, Number, OutputPath, option, output
 
 # ----- validation against real torch.distributed runs ----------------------------------
 
@@ -31,16 +26,18 @@ def _need_torch() -> None:
 @app.command()
 def calibrate(
     out: Annotated[
-        str | None, typer.Option(help="write the cluster spec here (plus -accelerator/-link TOMLs)")
+        str, option(OutputPath(), "write the cluster spec here (plus -accelerator/-link TOMLs)")
     ] = "local.toml",
-    ranks: Annotated[str, typer.Option(help="world sizes to fit collectives for")] = "2,4",
+    ranks: Annotated[
+        Any, option(ListOf(Count(2)), "world sizes to fit collectives for, e.g. 2,4")
+    ] = "2,4",
     as_json: JsonFlag = False,
 ) -> None:
     """Measure this machine (GEMM FLOP/s per rank, memory bandwidth, gloo collectives) as a cluster spec."""
     _need_torch()
     from validate.calibrate import calibrate as run_calibration
 
-    sizes = tuple(int_list(ranks, "ranks"))
+    sizes = tuple(ListOf(Count(2))(ranks))
     result = run_calibration(ranks=sizes, out_path=out)
     if as_json:
         emit_json(result)
@@ -71,18 +68,27 @@ def validate(
         bool, typer.Option("--quick/--full", help="the quick set (CI) or every layout")
     ] = True,
     layouts: Annotated[
-        str | None, typer.Option(help="comma-separated layout names (see --list)")
+        Any,
+        option(
+            ListOf(Name("layout names (see --list)")), "comma-separated layout names (see --list)"
+        ),
     ] = None,
     cluster: Annotated[
-        str | None, typer.Option(help="calibrated cluster TOML; calibrates first if omitted")
+        str | None,
+        option(
+            Name("a calibrated cluster TOML"),
+            "calibrated cluster TOML; calibrates first if omitted",
+        ),
     ] = None,
-    timeout_s: Annotated[float, typer.Option(help="time limit per layout")] = 180.0,
+    timeout_s: Annotated[float, option(Number(0, low_open=True), "time limit per layout")] = 180.0,
     list_layouts: Annotated[
         bool, typer.Option("--list", help="list the layout names and exit")
     ] = False,
-    html: Annotated[
-        str | None, typer.Option(help="write predicted vs measured pipeline timelines")
-    ] = None,
+    results: output(
+        "append each layout's measured result here as it arrives (JSON lines), so an "
+        "interrupted run keeps what it measured"
+    ) = None,
+    html: output("write predicted vs measured pipeline timelines") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run real torch.distributed steps and print predicted vs measured side by side."""
@@ -95,7 +101,7 @@ def validate(
             marker = "quick" if spec in QUICK_LAYOUTS else "full"
             make_console().print(f"{spec.name:<20} {marker}")
         return
-    specs = find_layouts(layouts.split(",")) if layouts else None
+    specs = find_layouts(layouts) if layouts else None
     if cluster is None:
         from validate.calibrate import calibrate as run_calibration
 
@@ -110,18 +116,22 @@ def validate(
         if not as_json:
             console.print(f"  ran {result.name}: {result.status}")
 
-    results = run_layouts(specs, quick=quick, timeout_s=timeout_s, on_result=progress)
-    report = compare(results, cluster)
+    measured = run_layouts(
+        specs, quick=quick, timeout_s=timeout_s, on_result=progress, jsonl_path=results
+    )
+    report = compare(measured, cluster)
     if html:
+        from commands.outputs import atomic_path
         from plots.validation import validation_figure
 
-        validation_figure(report).write_html(html, include_plotlyjs=True, full_html=True)
+        with atomic_path(html) as temporary:
+            validation_figure(report).write_html(temporary, include_plotlyjs=True, full_html=True)
     if as_json:
         emit_json(report)
         return
     _print_validation(report)
-    if html:
-        console.print(f"wrote {html}")
+    wrote(html)
+    wrote(results)
 
 
 def _print_validation(report) -> None:

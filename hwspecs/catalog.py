@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from hwspecs.errors import PlanError, unknown_name_error
+from hwspecs.errors import PlanError, unknown_name_error, validation_error
 from hwspecs.schema import Accelerator, Cluster, LinkTier, Reliability
 
 if sys.version_info >= (3, 11):
@@ -29,6 +29,19 @@ DATA_DIR = Path(__file__).parent / "data"
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
 KIND_DIRS = {"accelerator": "accelerators", "link": "links", "cluster": "clusters"}
+
+
+class _single:
+    """One item of a pydantic ValidationError, as :func:`validation_error` reads one."""
+
+    def __init__(self, error, item):
+        self._item = item
+
+    def errors(self):
+        return [self._item]
+
+    def error_count(self) -> int:
+        return 1
 
 
 def validation_error_line(error: ValidationError, source: str, model=None) -> str:
@@ -46,6 +59,10 @@ def validation_error_line(error: ValidationError, source: str, model=None) -> st
     for item in sorted(errors, key=lambda item: item["type"] != "extra_forbidden"):
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
         message = item["msg"]
+        if item["type"] == "missing":
+            message = "missing (required)"
+        elif item["type"] not in ("extra_forbidden",):  # a bad value: our wording of it
+            message = str(validation_error(_single(error, item), None, model)).split(": ", 1)[-1]
         if item["type"] == "extra_forbidden":
             parent, key = tuple(item["loc"][:-1]), str(item["loc"][-1])
             candidates = missing.get(parent) or (
@@ -66,6 +83,8 @@ def read_toml(path: Path) -> dict:
         raise PlanError(f"file not found: {path}") from None
     except tomllib.TOMLDecodeError as error:
         raise PlanError(f"{path}: malformed TOML: {error}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{path}: not a text file (TOML is UTF-8 text)") from None
     except OSError as error:
         raise PlanError(f"{path}: cannot read: {error.strerror}") from None
 
@@ -75,7 +94,8 @@ def parse_spec(data: dict, model: type[SpecT], source: str) -> SpecT:
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        raise PlanError(validation_error_line(error, source, model)) from None
+        first = ".".join(str(part) for part in error.errors()[0]["loc"]).split(".")[0]
+        raise PlanError(validation_error_line(error, source, model), field=first or None) from None
 
 
 def looks_like_path(name: str) -> bool:

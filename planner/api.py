@@ -17,12 +17,12 @@ CATALOG_KINDS = ("models", "accelerators", "clusters", "links")
 
 def _validated(model_cls, **fields):
     """Build a pydantic model from user values; errors become one-line PlanErrors."""
+    from hwspecs.errors import validation_error
+
     try:
         return model_cls(**fields)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or model_cls.__name__
-        raise PlanError(f"{where}: {first['msg']}") from None
+        raise validation_error(error) from None
 
 
 # ----- catalog --------------------------------------------------------------------------
@@ -568,6 +568,25 @@ def estimate(
     return detail if training is None else _with_time_to_train(detail, job, training)
 
 
+def build_search_space(allow_cross_node_tp: bool = False, **pins):
+    """The SearchSpace of the knobs the user pinned (lists of values); the rest search all.
+
+    ``pins``: any of ``tp cp pp dp ep etp vpp micro_batch_size schedule zero_stage recompute``
+    as lists, ``sequence_parallel`` as one bool. Unknown schedules and recompute modes are
+    rejected by name.
+    """
+    from planner.pipeline.schedules import SCHEDULES
+    from planner.search import SearchSpace
+
+    fields = {key: values for key, values in pins.items() if values is not None}
+    for name in fields.get("schedule", []):
+        if name not in SCHEDULES:
+            raise unknown_name_error("schedule", name, SCHEDULES)
+    if "sequence_parallel" in fields and not isinstance(fields["sequence_parallel"], list):
+        fields["sequence_parallel"] = [fields["sequence_parallel"]]
+    return _validated(SearchSpace, **fields, allow_cross_node_tp=allow_cross_node_tp)
+
+
 class PlanResult(BaseModel):
     """The ranked plan: the query, what was screened, rejections and the top results."""
 
@@ -677,6 +696,15 @@ def plan(
     if job.model.is_moe:  # the routing load the plan assumed
         query["moe_imbalance"] = job.model.moe_imbalance
         query["moe_capacity_factor"] = job.model.moe_capacity_factor
+    if not results:
+        from planner.explain import infeasible_reasons
+
+        headline, reasons = infeasible_reasons(
+            found, accelerator, mem_headroom, gpus, spec.num_gpus
+        )
+        error = PlanError(headline, field="gpus" if found.smallest_memory else None)
+        error.reasons = reasons
+        raise error
     result = PlanResult(
         query=query,
         candidates_evaluated=found.candidates_evaluated,
@@ -807,6 +835,9 @@ _EXPORTS = {
     "TimeToTrain": "planner.cost.goodput",
     "TRAINER_ETP": "planner.handoff",
     "TRAINER_NAMES": "planner.handoff",
+    "COUNT_EXAMPLES": "planner.spec.units",
+    "parse_count": "planner.spec.units",
+    "parse_bytes": "planner.spec.units",
 }
 
 

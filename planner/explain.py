@@ -140,3 +140,51 @@ def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool) -> str:
         f"attention (fused, {dtype}): forward {forward / 1e12:.0f}, backward {backward / 1e12:.0f} "
         f"TFLOP/s on {FLASH_BACKWARD_FLOPS_RATIO}× the forward FLOPs ({where})"
     )
+
+
+def _same_unit_pair(needed: float, usable: float) -> tuple[str, str]:
+    """Two sizes in GiB with enough digits that they differ when they do (75.67 vs 75.69)."""
+    for digits in range(1, 5):
+        a, b = f"{needed:,.{digits}f}", f"{usable:,.{digits}f}"
+        if a != b or needed == usable:
+            return a, b
+    return f"{needed:,.4f}", f"{usable:,.4f}"
+
+
+def infeasible_reasons(
+    found, accelerator, mem_headroom: float, gpus: int, cluster_gpus: int
+) -> tuple[str, list[str]]:
+    """Why no layout fits: a headline with the dominant cause and a remedy, one reason a line.
+
+    Memory leads when any layout passed the rules and failed only on memory (the rules
+    reject some layouts of every query, e.g. dualpipe's even pp); else the rule that
+    rejected the most rows does.
+    """
+    gib = 2**30
+    reasons = [
+        f"{count:,} layouts: {reason}"
+        for reason, count in sorted(found.rejected.items(), key=lambda item: -item[1])
+    ]
+    small = found.smallest_memory
+    if small is None:
+        top = max(found.rejected.items(), key=lambda item: item[1], default=None)
+        cause = top[0] if top else "no candidate layouts for these GPUs and pins"
+        return f"no layout fits: {cause}", reasons
+    usable = accelerator.hbm_bytes * (1 - mem_headroom) / gib
+    needed, available = _same_unit_pair(small["memory_per_gpu_bytes"] / gib, usable)
+    remedies = ["more GPUs" + (f" (--gpus up to {cluster_gpus:,})" if gpus < cluster_gpus else "")]
+    if small["recompute"] != "full":
+        remedies.append("--recompute full")
+    if small["zero_stage"] < 3 and small["dp"] > 1:
+        remedies.append("--zero-stage 3")
+    remedies.append("a larger --pp")
+    layout = (
+        f"tp {small['tp']}, cp {small['cp']}, pp {small['pp']}, dp {small['dp']}, "
+        f"{small['schedule']}, ZeRO {small['zero_stage']}, recompute {small['recompute']}"
+    )
+    headline = (
+        f"no layout fits in memory: the smallest needs {needed} GiB per GPU, {available} "
+        f"available ({100 * (1 - mem_headroom):g}% of {accelerator.hbm_bytes / gib:,.1f} GiB): "
+        f"try {', '.join(remedies[:-1])} or {remedies[-1]}"
+    )
+    return headline, [*reasons, f"smallest layout that did not fit: {layout}"]

@@ -85,7 +85,7 @@ def assert_one_line_error(code, out, err, *fragments):
         (["memory", "--pp", "127"], ["num_layers 126", "pp·vpp"]),
         (["memory", "--tp", "0"], ["--tp"]),
         (["memory", "--seq-len", "-5"], ["--seq-len"]),
-        (["memory", "--schedule", "1f1x"], ["unknown schedule", "1f1b"]),
+        (["memory", "--schedule", "1f1x"], ["--schedule takes", "did you mean '1f1b'"]),
         (["memory", "--accelerator", "h100"], ["unknown accelerator", "h100-sxm"]),
         (["bytes-per-param", "--optimizer", "adam"], ["--optimizer", "adamw"]),
         (["bytes-per-param", "--zero-stage", "4"], ["--zero-stage"]),
@@ -240,7 +240,7 @@ def test_schedule_compare_writes_one_html_page(capsys, tmp_path):
         ),
         (["schedule", "--schedule", "dualpipe", "--pp", "3", "--microbatches", "8"], ["even"]),
         (["schedule", "--schedule", "zbv", "--vpp", "3"], ["vpp"]),
-        (["schedule", "--schedule", "1f2b"], ["unknown schedule", "1f1b"]),
+        (["schedule", "--schedule", "1f2b"], ["--schedule takes", "did you mean '1f1b'"]),
         (["schedule", "--overlap-fb", "2"], ["overlap"]),
     ],
 )

@@ -218,7 +218,7 @@ def test_sizes_parse_like_the_cli_takes_them():
     assert parse_num_bytes("512MB") == 512e6
     assert parse_num_bytes("1e9") == 1e9
     assert parse_num_bytes("4096") == 4096
-    with pytest.raises(PlanError, match="not a size"):
+    with pytest.raises(PlanError, match="takes a size in bytes"):
         parse_num_bytes("lots")
 
 

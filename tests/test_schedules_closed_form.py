@@ -144,6 +144,19 @@ def test_zb_h2_bubble_per_rank_span_is_p_minus_1_times_f_plus_b_minus_2w():
             assert sim.bubble_time == pytest.approx((pp - 1) * max(fi, fi + bi - 2 * wi))
 
 
+def test_zb_h2_issue_case_paper_zero_per_rank_span_and_one_rule_for_the_step():
+    """Issue 17's case, pp 4, m 8, F = B = W = 1: the paper's (p−1)(F+B−2W) = 0 is the
+    simulator's bubble per rank span; the synchronous step (what llmplan's step times use)
+    adds the parallelogram's (p−1)F = 3, in the closed form and the simulator alike."""
+    pp, m = 4, 8
+    sim = simulated("zb-h2", pp, m, 1, 1.0, 1.0, 1.0)
+    assert sim.pipelined_bubble_time == pytest.approx((pp - 1) * (1 + 1 - 2 * 1))
+    assert sim.pipelined_bubble_time == pytest.approx(0.0)
+    closed = float(cf.step_time("zb-h2", pp, m, 1, 1.0, 1.0, 1.0, 0.0, 0.0))
+    busy = float(cf.busy_time("zb-h2", pp, m, 1, 1.0, 1.0, 1.0, 0.0))
+    assert closed - busy == pytest.approx(sim.bubble_time) == pytest.approx((pp - 1) * 1.0)
+
+
 def test_zbv_has_no_bubble_per_rank_span_at_equal_times():
     """Qi et al. §6: ZB-V is bubble-free at T_F = T_B = T_W once m ≥ 2p−1."""
     for pp in (2, 3, 4, 6):

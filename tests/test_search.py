@@ -173,7 +173,7 @@ def test_infeasible_plan_explains_and_exits_2_with_json_error(capsys):
         "--json",
     )
     assert code == 2
-    error = json.loads(out)["error"]
+    error = json.loads(out)["error"]["message"]
     assert "no layout fits" in error and "GiB per GPU" in error
 
 

@@ -316,7 +316,13 @@ def cluster_spec(accelerator: str, link: str, ranks: int, method: str) -> Cluste
 
 
 def write_specs(calibration, out_path: Path):
-    """Write cluster (``out_path``), accelerator and link TOMLs; the cluster names them by path."""
+    """Write cluster (``out_path``), accelerator and link TOMLs; the cluster names them by path.
+
+    Each file is written whole (temporary file + rename): an interrupted calibration leaves
+    the previous files or the new ones, never a truncated TOML.
+    """
+    from commands.outputs import write_text
+
     out_path = out_path.expanduser().resolve()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     stem = out_path.stem
@@ -332,23 +338,23 @@ def write_specs(calibration, out_path: Path):
         }
     )
     header = f"# Measured by llmplan calibrate on {calibration.hostname} {calibration.date}.\n"
-    accelerator_path.write_text(header + to_toml(calibration.accelerator.model_dump()))
-    link_path.write_text(header + to_toml(calibration.link.model_dump()))
-    out_path.write_text(header + to_toml(cluster.model_dump()))
+    write_text(accelerator_path, header + to_toml(calibration.accelerator.model_dump()))
+    write_text(link_path, header + to_toml(calibration.link.model_dump()))
+    write_text(out_path, header + to_toml(cluster.model_dump()))
     paths = {"cluster": str(out_path), "accelerator": str(accelerator_path), "link": str(link_path)}
     for ranks, accelerator in calibration.accelerators.items():
         sized = world_size_path(out_path, int(ranks))
         sized_accelerator = sized.with_name(f"{sized.stem}-accelerator.toml")
-        sized_accelerator.write_text(header + to_toml(accelerator.model_dump()))
+        write_text(sized_accelerator, header + to_toml(accelerator.model_dump()))
         update = {"accelerator": str(sized_accelerator)}
         if ranks in calibration.links:
             sized_link = sized.with_name(f"{sized.stem}-link.toml")
-            sized_link.write_text(header + to_toml(calibration.links[ranks].model_dump()))
+            write_text(sized_link, header + to_toml(calibration.links[ranks].model_dump()))
             update["tiers"] = [
                 tier.model_copy(update={"link": str(sized_link)}) for tier in cluster.tiers
             ]
         sized_cluster = cluster.model_copy(update=update)
-        sized.write_text(header + to_toml(sized_cluster.model_dump()))
+        write_text(sized, header + to_toml(sized_cluster.model_dump()))
         paths[f"cluster_n{ranks}"] = str(sized)
     return calibration.model_copy(update={"cluster": cluster, "paths": paths})
 

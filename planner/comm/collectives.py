@@ -57,7 +57,6 @@ from these.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -379,24 +378,8 @@ def tier_names(levels: tuple[Level, ...]) -> str:
     return " + ".join(level.tier for level in levels) or "no link"
 
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGTP]?i?B?)\s*$", re.I)
-_UNITS = {"": 1, "B": 1}
-for _i, _prefix in enumerate("KMGTP", start=1):
-    _UNITS[f"{_prefix}B"] = 1000**_i
-    _UNITS[f"{_prefix}"] = 1000**_i
-    _UNITS[f"{_prefix}IB"] = 1024**_i
-    _UNITS[f"{_prefix}I"] = 1024**_i
-
-
 def parse_num_bytes(text: str | float | int) -> float:
-    """Bytes from ``4096``, ``1e9``, ``512MB`` (10^6) or ``1GiB`` (2^30)."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    match = _SIZE.match(text)
-    unit = match.group(2).upper() if match else None
-    if not match or unit not in _UNITS:
-        raise PlanError(
-            f"bytes '{text}' is not a size; use a number with an optional unit "
-            f"(B, KB, MB, GB, TB or KiB, MiB, GiB, TiB), e.g. 1GiB"
-        )
-    return float(match.group(1)) * _UNITS[unit]
+    """Bytes from ``4096``, ``1e9``, ``512MB`` (10^6) or ``1GiB`` (2^30) (:mod:`planner.spec.units`)."""
+    from planner.spec.units import parse_bytes
+
+    return parse_bytes(text, "--bytes")

@@ -38,6 +38,9 @@ class ScheduleReport(BaseModel):
     bubble_ratio: float
     #: Longest single-rank span: the step time when ranks may start the next step skewed.
     pipelined_step_time: float
+    #: Bubble in that span, the zero-bubble paper's measure (post-validated optimizer step,
+    #: Qi et al. §4); ``bubble_time`` is the synchronous step's (every rank waits for all).
+    pipelined_bubble_time: float = 0.0
     #: Per rank, micro-batches past B still waiting for W (the zero-bubble paper's M_W).
     peak_weight_pending: list[float]
 
@@ -98,5 +101,6 @@ def schedule_report(
         timeline=rows,
         bubble_ratio=simulation.bubble_ratio,
         pipelined_step_time=simulation.pipelined_step_time,
+        pipelined_bubble_time=simulation.pipelined_bubble_time,
         peak_weight_pending=simulation.peak_weight_pending,
     )

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from hwspecs.errors import PlanError
+from hwspecs.errors import PlanError, validation_error
 
 
 def _require(config: dict, key: str, source: str):
@@ -160,6 +160,4 @@ def model_from_hf_config(config: dict, source: str):
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "config"
-        raise PlanError(f"{source}: {where}: {first['msg']}") from None
+        raise validation_error(error, source) from None

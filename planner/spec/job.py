@@ -53,9 +53,11 @@ class Job(BaseModel):
     @model_validator(mode="after")
     def _batch_holds_whole_sequences(self) -> Job:
         if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            below = self.global_batch_tokens // self.seq_len * self.seq_len
+            nearest = ", ".join(f"{n:,}" for n in (below, below + self.seq_len) if n > 0)
             raise ValueError(
-                f"global_batch_tokens {self.global_batch_tokens} is not a multiple of "
-                f"seq_len {self.seq_len}"
+                f"global_batch_tokens {self.global_batch_tokens:,} is not a multiple of "
+                f"seq_len {self.seq_len:,} (nearest: {nearest}; or give --global-batch-size)"
             )
         return self
 

@@ -305,6 +305,10 @@ def load_model(name: str) -> ModelSpec:
         config = json.loads(path.read_text())
     except FileNotFoundError:
         raise PlanError(f"file not found: {path}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{path}: not a text file (a config.json is UTF-8 JSON)") from None
+    except OSError as error:
+        raise PlanError(f"{path}: cannot read: {error.strerror}") from None
     except json.JSONDecodeError as error:
         raise PlanError(f"{path}: malformed JSON: {error}") from None
     if not isinstance(config, dict):

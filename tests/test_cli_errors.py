@@ -236,7 +236,7 @@ def test_interrupted_validate_leaves_no_process_and_keeps_results(tmp_path):
     results = tmp_path / "results.jsonl"
     code = cli.main(["calibrate", "--out", str(calibrated), "--ranks", "2"])
     assert code == 0
-    argv = ["validate", "--cluster", str(calibrated), "--layouts", "dp,dp,dp,dp",
+    argv = ["validate", "--cluster", str(calibrated), "--layouts", "dp-zero0,dp-zero1,dp-zero2,dp-zero3",
             "--results", str(results)]  # fmt: skip
     returncode, err, seconds, children = _interrupt(argv, signal.SIGINT, wait_for_children=True)
     assert returncode == 130, err

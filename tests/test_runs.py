@@ -36,7 +36,7 @@ def test_schema_rejects_unknown_keys():
 
 def test_reference_file_loads_unchanged():
     """The shared reference rows (no model.mla or hardware.cluster keys) load as they are."""
-    reference = DATA_DIR.parents[2].parent / "shared" / "reference" / "runs" / "train.json"
+    reference = DATA_DIR.parents[1].parent / "shared" / "reference" / "runs" / "train.json"
     if not reference.exists():
         pytest.skip("shared reference runs not on this machine")
     assert len(load_runs(str(reference))) == 614

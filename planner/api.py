@@ -895,6 +895,7 @@ def sweep(
     the winner: where scaling stops paying shows in step time, MFU, days and goodput.
 
     ``job_fields``: :func:`build_job`'s arguments (``seq_len`` is replaced when swept)."""
+    from hwspecs.catalog import load_cluster
     from planner.search import SearchSpace
 
     if quantity not in SWEEP_QUANTITIES:
@@ -907,9 +908,16 @@ def sweep(
         fields = {**job_fields, "seq_len": value} if quantity == "seq_len" else job_fields
         job = build_job(**fields)
         point_gpus = value if quantity == "gpus" else gpus
-        result, _ = plan(
-            job, cluster, point_gpus, space, objective, mem_headroom, top=1, training=training
-        )
+        try:
+            result, _ = plan(
+                job, cluster, point_gpus, space, objective, mem_headroom, top=1, training=training
+            )
+        except PlanError as error:  # nothing fits at this point: the sweep goes on
+            if getattr(error, "reasons", None) is None:
+                raise
+            gpus_here = point_gpus or load_cluster(cluster).num_gpus
+            points.append(SweepPoint(value=value, gpus=gpus_here, seq_len=job.seq_len, feasible=0))
+            continue
         point = {
             "value": value,
             "gpus": result.query["gpus"],

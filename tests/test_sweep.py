@@ -51,3 +51,14 @@ def test_seq_len_sweep_keeps_the_gpu_count(capsys):
 def test_sweep_needs_exactly_one_list(capsys, argv):
     code, _, err = run(capsys, *argv)
     assert code == 2 and "sweep one quantity" in err and err.count("\n") == 1
+
+
+def test_a_point_where_nothing_fits_is_reported_and_the_sweep_goes_on():
+    """Llama 3 70B does not fit on 8 H100s in any layout; on 64 it does."""
+    from planner import api
+
+    fields = {"model": "llama3-70b", "seq_len": 8192, "global_batch_tokens": 2**20}
+    result = api.sweep(fields, "dgx-h100", "gpus", [8, 64])
+    small, large = result.points
+    assert small.feasible == 0 and small.layout is None and small.step_time_s is None
+    assert large.feasible > 0 and large.step_time_s > 0

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from commands import errors, interrupt
     from hwspecs.errors import PlanError
 
+    from_command_line = argv is None  # a process of its own (tests pass argv in-process)
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(argv)
     command = typer.main.get_command(app)
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     except interrupt.Interrupted as stop:
         interrupt.kill_descendants()
         sys.stderr.write(f"error: interrupted by {stop.name}; stopped\n")
+        if from_command_line:  # no exit handlers: multiprocessing's would relaunch and print
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(stop.exit_code)
         return stop.exit_code
     except typer.Exit as done:
         return done.exit_code

@@ -78,18 +78,19 @@ def descendants(pid: int | None = None) -> list[int]:
 
 
 def kill_descendants(grace_s: float = 0.5) -> None:
-    """SIGTERM every descendant, SIGKILL those still alive after ``grace_s``, reap them."""
+    """Freeze every descendant (SIGSTOP), then SIGKILL them all and reap them within
+    ``grace_s``. Frozen first, none of them reacts to the others' end: multiprocessing's
+    resource tracker, for one, would relaunch itself and print a traceback when the workers
+    it tracks vanish."""
     pids = descendants()
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while pids and time.monotonic() < deadline:
-            pids = [pid for pid in pids if _alive(pid)]
-            time.sleep(0.02)
-        if not pids:
-            return
+    deadline = time.monotonic() + grace_s
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        time.sleep(0.02)
 
 
 def _alive(pid: int) -> bool:

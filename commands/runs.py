@@ -16,8 +16,8 @@ RunsFlag = Annotated[
     list[str] | None,
     typer.Option(
         "--runs",
-        help="runs file (JSON list or flat CSV in the runs schema) or a shipped catalog "
-        "(train, targets); repeatable (default: train and targets)",
+        help="runs file (JSON list or flat CSV in the runs schema, e.g. the shared "
+        "reference's targets.json) or the shipped catalog train; repeatable (default: train)",
     ),
 ]
 ProfileFlag = Annotated[
@@ -67,6 +67,13 @@ def runs_check(
     accelerator: Annotated[str | None, typer.Option(help="rows on this accelerator")] = None,
     profile: ProfileFlag = None,
     limit: Annotated[int | None, typer.Option(min=1, help="the first N rows only")] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="catalog cluster the rows that name none ran on (default: each "
+            "accelerator's reference cluster)"
+        ),
+    ] = None,
     rows: Annotated[bool, typer.Option("--rows", help="also print every row")] = False,
     csv: Annotated[Path | None, typer.Option("--csv", help="write every row to this CSV")] = None,
     as_json: JsonFlag = False,
@@ -75,7 +82,7 @@ def runs_check(
     the throughput error per source, accelerator and precision, with coverage."""
     from planner import api
 
-    result = api.runs_check(runs, source, accelerator, profile, limit)
+    result = api.runs_check(runs, source, accelerator, profile, limit, cluster)
     if csv is not None:
         _write_csv(result, csv)
     if as_json:
@@ -120,6 +127,13 @@ def fit(
         str | None,
         typer.Option(help="only runs of this software stack (megatron, pytorch-fsdp, jax, ...)"),
     ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="runs files whose rows are never fitted on (e.g. the shared "
+            "reference's targets.json); repeatable"
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="write the profile TOML here")] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -131,7 +145,7 @@ def fit(
     from planner import api
 
     command = "llmplan " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    report = api.fit(runs, accelerator, stack, command)
+    report = api.fit(runs, accelerator, stack, command, exclude)
     if out is not None:
         out.write_text(report.profile_toml)
     if as_json:
@@ -163,7 +177,7 @@ def fit(
     for name, value in f["in_sample_mape_by_source"].items():
         table.add_row(name, pct(value), pct(f["loso_mape_by_source"].get(name)))
     console.print(table)
-    if report.excluded_targets:
-        console.print(f"{report.excluded_targets} target rows left out (never fitted on)")
+    if report.excluded_rows:
+        console.print(f"{report.excluded_rows} rows left out (listed by --exclude)")
     if out is not None:
         console.print(f"wrote {out}")

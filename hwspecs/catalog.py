@@ -138,9 +138,9 @@ def load_cluster(name: str) -> Cluster:
     return cluster
 
 
-#: The shipped runs catalogs: ``train`` (a profile may be fitted on it) and ``targets``
-#: (test targets, never fitted on).
-RUN_CATALOGS = ("train", "targets")
+#: The shipped runs catalog: ``train`` (profiles are fitted on it). The test targets (Llama 3
+#: Table 4, DeepSeek-V3) are not shipped: they are checked from the reference file itself.
+RUN_CATALOGS = ("train",)
 
 
 def _run_rows_from_csv(path: Path) -> list[dict]:
@@ -172,11 +172,13 @@ def _run_rows_from_csv(path: Path) -> list[dict]:
 
 @functools.cache
 def load_runs(name: str = "train") -> tuple:
-    """Published runs: a shipped catalog (``train``, ``targets``) or a user's JSON list / flat
-    CSV file in the schema of :class:`hwspecs.runs.RunRow`. Returns a tuple of RunRows."""
+    """Published runs: the shipped catalog (``train``) or a user's JSON list / flat CSV file
+    in the schema of :class:`hwspecs.runs.RunRow`; rows without ``model.mla`` (the shared
+    reference format) take the MLA ranks their architecture note states. Returns a tuple of
+    RunRows."""
     import json
 
-    from hwspecs.runs import RunRow
+    from hwspecs.runs import RunRow, mla_ranks
 
     if name in RUN_CATALOGS:
         path, label = DATA_DIR / "runs" / f"{name}.json", f"runs catalog {name}"
@@ -196,6 +198,9 @@ def load_runs(name: str = "train") -> tuple:
     rows = []
     for index, entry in enumerate(data):
         where = entry.get("id", index) if isinstance(entry, dict) else index
+        model = entry.get("model") if isinstance(entry, dict) else None
+        if isinstance(model, dict) and "mla" not in model:
+            entry = {**entry, "model": {**model, "mla": mla_ranks(model.get("arch_notes"))}}
         rows.append(parse_spec(entry, RunRow, f"{label} row {where}"))
     return tuple(rows)
 

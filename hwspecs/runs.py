@@ -13,6 +13,7 @@ this module computes nothing.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -168,3 +169,24 @@ class RunCatalog(RunSpecModel):
     """A list of runs (the JSON file is the bare list; this wraps it for validation)."""
 
     rows: list[RunRow]
+
+
+#: The MLA ranks as the reference rows' architecture notes state them.
+MLA_PATTERN = re.compile(
+    r"q_lora_rank (\d+), kv_lora_rank (\d+), qk_nope (\d+), qk_rope (\d+), v_head (\d+)"
+)
+#: "MLA as DeepSeek-V3": the ranks of DeepSeek-V3's MLA (arXiv 2412.19437 §4.2).
+DEEPSEEK_V3_MLA = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                   "qk_rope_head_dim": 64, "v_head_dim": 128}  # fmt: skip
+
+
+def mla_ranks(arch_notes: str | None) -> dict | None:
+    """The MLA ranks an architecture note states, or None for other attention."""
+    if not arch_notes or "MLA" not in arch_notes:
+        return None
+    found = MLA_PATTERN.search(arch_notes)
+    if found is None:
+        return dict(DEEPSEEK_V3_MLA) if "as DeepSeek-V3" in arch_notes else None
+    q, kv, nope, rope, v = (int(x) for x in found.groups())
+    return {"q_lora_rank": q, "kv_lora_rank": kv, "qk_nope_head_dim": nope,
+            "qk_rope_head_dim": rope, "v_head_dim": v}  # fmt: skip

@@ -1,11 +1,11 @@
 """Build the project's runs catalog (hwspecs/data/runs/) from the shared reference rows.
 
-Reads ``shared/reference/runs/train.json`` and ``targets.json`` (published runs with their
-sources) and writes ``hwspecs/data/runs/train.json`` and ``targets.json`` in the schema of
-:mod:`hwspecs.runs`: the facts and their ``source_ref`` as transcribed, the reference's
-reading notes replaced by a short note of our own saying which values were derived or
-assumed, MLA ranks moved from the free-text architecture note into ``model.mla``, and the
-catalog cluster named where a row's machine is one (the targets' clusters).
+Reads ``shared/reference/runs/train.json`` (published runs with their sources) and writes
+``hwspecs/data/runs/train.json`` in the schema of :mod:`hwspecs.runs`: the facts and their
+``source_ref`` as transcribed, the reference's reading notes replaced by a short note of
+our own saying which values were derived or assumed, MLA ranks moved from the free-text
+architecture note into ``model.mla``. The test targets (``targets.json``) are not copied:
+the project ships no target row, and the build refuses a train row that is a target.
 
 Run from the repository root::
 
@@ -16,34 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
-from hwspecs.runs import RunRow
+from hwspecs.runs import RunRow, mla_ranks
 
 OUT_DIR = Path(__file__).resolve().parents[1] / "hwspecs" / "data" / "runs"
-
-#: Catalog clusters of the targets' machines (hardware.scale_out of each row says which).
-TARGET_CLUSTERS = {"h100-sxm": "llama3-h100-24k", "h800-sxm": "dgx-h800"}
-
-MLA_PATTERN = re.compile(
-    r"q_lora_rank (\d+), kv_lora_rank (\d+), qk_nope (\d+), qk_rope (\d+), v_head (\d+)"
-)
-#: "MLA as DeepSeek-V3": the ranks of DeepSeek-V3's MLA (arXiv 2412.19437 §4.2).
-DEEPSEEK_V3_MLA = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-                   "qk_rope_head_dim": 64, "v_head_dim": 128}  # fmt: skip
-
-
-def mla_ranks(arch_notes: str | None) -> dict | None:
-    """The MLA ranks an architecture note states, or None for other attention."""
-    if not arch_notes or "MLA" not in arch_notes:
-        return None
-    found = MLA_PATTERN.search(arch_notes)
-    if found is None:
-        return dict(DEEPSEEK_V3_MLA) if "as DeepSeek-V3" in arch_notes else None
-    q, kv, nope, rope, v = (int(x) for x in found.groups())
-    return {"q_lora_rank": q, "kv_lora_rank": kv, "qk_nope_head_dim": nope,
-            "qk_rope_head_dim": rope, "v_head_dim": v}  # fmt: skip
 
 
 def our_note(row: dict) -> str:
@@ -77,12 +54,14 @@ def main() -> None:
     parser.add_argument("--reference", type=Path, default=default)
     args = parser.parse_args()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    for name in ("train", "targets"):
-        rows = json.loads((args.reference / f"{name}.json").read_text())
-        clusters = TARGET_CLUSTERS if name == "targets" else {}
-        out = [converted(r, clusters.get(r["hardware"]["accelerator"])) for r in rows]
-        (OUT_DIR / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
-        print(f"{name}: {len(out)} rows")
+    targets = {row["id"] for row in json.loads((args.reference / "targets.json").read_text())}
+    rows = json.loads((args.reference / "train.json").read_text())
+    overlap = targets & {row["id"] for row in rows}
+    if overlap:
+        raise SystemExit(f"train rows that are test targets: {sorted(overlap)}")
+    out = [converted(row, None) for row in rows]
+    (OUT_DIR / "train.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"train: {len(out)} rows")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""Published runs: ``runs check`` (predicted vs measured) and ``fit`` (a profile from them)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from hwspecs.errors import PlanError
+
+
+def runs_check(
+    runs: list[str] | None = None,
+    source: str | None = None,
+    accelerator: str | None = None,
+    profile: str | None = None,
+    limit: int | None = None,
+    cluster: str | None = None,
+):
+    """Predict published runs with their layouts pinned; the error per source, accelerator
+    and precision (see :mod:`planner.runs.check`).
+
+    ``runs``: files or the shipped catalog (default: ``train``); ``source`` / ``accelerator``:
+    keep rows whose source contains / accelerator is it; ``profile``: ``none`` (the ideal
+    model), a profile TOML path, or None for each accelerator's shipped profile; ``limit``:
+    the first rows only (a quick sample); ``cluster``: the catalog cluster the rows that name
+    none ran on (else each accelerator's reference cluster).
+    """
+    from hwspecs.catalog import load_runs
+    from planner.runs.check import predict_row, summarize
+    from planner.runs.profiles import profile_for
+    from planner.runs.rows import stack_label
+
+    names = runs or ["train"]
+    rows = [row for name in names for row in load_runs(name)]
+    if source:
+        rows = [row for row in rows if source.lower() in row.source.lower()]
+    if accelerator:
+        rows = [row for row in rows if row.hardware.accelerator == accelerator]
+    if limit:
+        rows = rows[:limit]
+    if not rows:
+        raise PlanError("no runs match --source / --accelerator")
+    if cluster:
+        rows = [
+            row if row.hardware.cluster else
+            row.model_copy(update={"hardware": row.hardware.model_copy(update={"cluster": cluster})})
+            for row in rows
+        ]  # fmt: skip
+    predictions = [
+        predict_row(row, profile_for(row.hardware.accelerator, profile, stack_label(row)))
+        for row in rows
+    ]
+    return summarize(predictions, ", ".join(names), profile or "shipped")
+
+
+class FitReport(BaseModel):
+    """``llmplan fit``: the fitted profile, its errors and the profile file's text."""
+
+    fit: dict
+    #: Rows left out because an ``exclude`` file lists them (test targets are never fitted on).
+    excluded_rows: int
+    uncovered: dict[str, int]
+    profile_toml: str
+
+
+def fit(
+    runs: list[str] | None,
+    accelerator: str,
+    stack: str | None = None,
+    command: str = "llmplan fit",
+    exclude: list[str] | None = None,
+) -> FitReport:
+    """Fit ``accelerator``'s efficiency profile on runs (default: the shipped ``train``
+    catalog). Rows listed in the ``exclude`` files (e.g. the test targets) are dropped and
+    counted; the shipped catalog holds no target row."""
+    import datetime
+
+    from hwspecs.catalog import load_runs
+    from planner.runs.check import predict_row
+    from planner.runs.fit import fit_profile, profile_toml
+    from planner.runs.rows import stack_label
+
+    left_out = {row.id for name in (exclude or []) for row in load_runs(name)}
+    rows = [row for name in (runs or ["train"]) for row in load_runs(name)]
+    rows = [row for row in rows if row.hardware.accelerator == accelerator]
+    if stack:
+        rows = [row for row in rows if stack_label(row) == stack]
+    excluded = sum(row.id in left_out for row in rows)
+    rows = [row for row in rows if row.id not in left_out]
+    predictions = [predict_row(row) for row in rows]
+    covered = [p for p in predictions if p.covered]
+    uncovered: dict[str, int] = {}
+    for p in predictions:
+        if not p.covered:
+            uncovered[p.reason] = uncovered.get(p.reason, 0) + 1
+    if len(covered) < 8:
+        raise PlanError(
+            f"--accelerator {accelerator}: {len(covered)} runs the model covers; a fit needs ≥ 8"
+        )
+    result = fit_profile(covered, accelerator, stack)
+    date = datetime.date.today().isoformat()
+    return FitReport(
+        fit=result.model_dump(),
+        excluded_rows=excluded,
+        uncovered=uncovered,
+        profile_toml=profile_toml(result, command, date),
+    )

@@ -1,0 +1,265 @@
+"""The search: the ranked plan with the winners' estimates, a sweep over GPU counts or
+sequence lengths, the page sample and the hand-off to a trainer."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from hwspecs.errors import PlanError, unknown_name_error
+from planner.api.inputs import (
+    _checked_headroom,
+    build_job,
+    build_search_space,  # noqa: F401
+    with_profile,
+)
+from planner.api.layout import _with_time_to_train
+from planner.explain import explain_plan
+
+
+class PlanResult(BaseModel):
+    """The ranked plan: the query, what was screened, rejections and the top results."""
+
+    query: dict
+    candidates_evaluated: int
+    feasible: int
+    rejected: dict[str, int]
+    results: list[dict]
+    explanation: list[str] = []
+
+
+def _time_to_train_ranking(objective: str, results: list[dict]) -> list[str]:
+    """Under objective time_to_train: the winner's and runner-up's expected wall times."""
+    if objective != "time_to_train" or len(results) < 2:
+        return []
+    first, second = (entry["time_to_train"] for entry in results[:2])
+    return [
+        f"ranked by expected wall time of {first['train_tokens']:.4g} tokens, failures included: "
+        f"{first['wall_time_days']:.2f} days (goodput {100 * first['goodput']:.1f}%) vs "
+        f"{second['wall_time_days']:.2f} days (goodput {100 * second['goodput']:.1f}%) for the "
+        f"runner-up"
+    ]
+
+
+def plan(
+    job,
+    cluster: str,
+    gpus: int | None,
+    space,
+    objective: str = "step_time",
+    mem_headroom: float | None = None,
+    top: int = 5,
+    mfu_dtype: str = "bf16",
+    order: str | None = None,
+    progress=None,
+    refine_top: int | None = None,
+    profile: str | None = None,
+    training=None,
+):
+    """Search every layout and return the top ones with their full estimates; also the table.
+    ``refine_top``: rows re-timed by the event simulator (default
+    :data:`planner.refine.DEFAULT_REFINE_TOP`); ``profile``: see :func:`with_profile`;
+    ``training`` (:func:`build_training`) adds each result's time to train and the
+    ``expected_wall_time_s`` column; objective ``time_to_train`` ranks by it."""
+    from hwspecs.catalog import load_accelerator, load_cluster
+    from planner.comm.topology import resolve_order
+    from planner.estimate import estimate as estimate_layout
+    from planner.search import OBJECTIVES, layout_of_row, search
+
+    objective = objective.replace("-", "_")
+    if objective not in OBJECTIVES:
+        raise PlanError(f"unknown objective '{objective}'; choose one of: {', '.join(OBJECTIVES)}")
+    if objective == "time_to_train" and training is None:
+        raise PlanError("--objective time-to-train needs --train-tokens (e.g. 15T or 2e12)")
+    mem_headroom = _checked_headroom(mem_headroom)
+    spec = load_cluster(cluster)
+    gpus = gpus or spec.num_gpus
+    if gpus > spec.num_gpus:
+        raise PlanError(f"--gpus {gpus} exceeds cluster {spec.id}'s {spec.num_gpus} GPUs")
+    accelerator = load_accelerator(spec.accelerator)
+    job = with_profile(job, spec.accelerator, profile)
+    mesh = resolve_order(order) if order else None
+    from planner.refine import DEFAULT_REFINE_TOP
+
+    if refine_top is not None and refine_top < 0:
+        raise PlanError(f"--refine-top must be ≥ 0, got {refine_top}")
+    found = search(
+        job, spec, accelerator, gpus, space, objective, mem_headroom, mesh, mfu_dtype, progress,
+        DEFAULT_REFINE_TOP if refine_top is None else refine_top,
+        training=training,
+    )  # fmt: skip
+    results = []
+    for rank, row in enumerate(found.table.head(top).to_dict("records"), start=1):
+        layout = layout_of_row(row, job.model.is_moe)
+        detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
+        if training is not None:
+            detail = _with_time_to_train(detail, job, training)
+        entry = detail.model_dump(mode="json")
+        entry["layout"]["num_microbatches"] = layout.num_microbatches
+        simulated = row["step_time_simulated_s"] == row["step_time_simulated_s"]  # not NaN
+        entry["simulated"] = (  # the event simulator's pipeline, stage by stage
+            {
+                "pipeline_time_closed_form_s": float(row["pipeline_time_s"]),
+                "pipeline_time_simulated_s": float(row["pipeline_time_simulated_s"]),
+                "step_time_simulated_s": float(row["step_time_simulated_s"]),
+            }
+            if simulated
+            else None
+        )
+        results.append({"rank": rank, **entry})
+    query = {
+        "model": job.model.name,
+        "cluster": spec.id,
+        "gpus": gpus,
+        "seq_len": job.seq_len,
+        "global_batch_tokens": job.global_batch_tokens,
+        "objective": objective,
+        "mem_headroom": mem_headroom,
+        "precision": job.precision.recipe,
+        "optimizer": job.precision.optimizer,
+        "recipe": job.finetune.recipe if job.finetune is not None else "full",
+        "finetune": job.finetune.model_dump() if job.finetune is not None else None,
+        "space": space.model_dump() if space else None,
+    }
+    if training is not None:
+        query["training"] = training.model_dump()
+    if job.model.is_moe:  # the routing load the plan assumed
+        query["moe_imbalance"] = job.model.moe_imbalance
+        query["moe_capacity_factor"] = job.model.moe_capacity_factor
+    if not results:
+        from planner.explain import infeasible_reasons
+
+        headline, reasons = infeasible_reasons(
+            found, accelerator, mem_headroom, gpus, spec.num_gpus
+        )
+        error = PlanError(headline, field="gpus" if found.smallest_memory else None)
+        error.reasons = reasons
+        raise error
+    result = PlanResult(
+        query=query,
+        candidates_evaluated=found.candidates_evaluated,
+        feasible=found.feasible,
+        rejected=found.rejected,
+        results=results,
+        explanation=_time_to_train_ranking(objective, results)
+        + explain_plan(found, results, accelerator, mem_headroom),
+    )
+    return result, found.table
+
+
+SWEEP_QUANTITIES = ("gpus", "seq_len")
+
+
+class SweepPoint(BaseModel):
+    """The best layout at one value of the swept quantity (None figures: nothing fits)."""
+
+    value: int
+    gpus: int
+    seq_len: int
+    feasible: int
+    layout: dict | None = None
+    step_time_s: float | None = None
+    mfu: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    cluster_tokens_per_s: float | None = None
+    time_to_train: dict | None = None
+
+
+class SweepResult(BaseModel):
+    """The plan's winner at each point of a sweep of ``quantity``."""
+
+    quantity: str
+    query: dict
+    points: list[SweepPoint]
+
+
+def sweep(
+    job_fields: dict,
+    cluster: str,
+    quantity: str,
+    values: list[int],
+    gpus: int | None = None,
+    space=None,
+    objective: str = "step_time",
+    mem_headroom: float = 0.05,
+    training=None,
+) -> SweepResult:
+    """Run :func:`plan` at each value of ``quantity`` (``gpus`` or ``seq_len``) and keep
+    the winner: where scaling stops paying shows in step time, MFU, days and goodput.
+
+    ``job_fields``: :func:`build_job`'s arguments (``seq_len`` is replaced when swept)."""
+    from hwspecs.catalog import load_cluster
+    from planner.search import SearchSpace
+
+    if quantity not in SWEEP_QUANTITIES:
+        raise unknown_name_error("sweep quantity", quantity, SWEEP_QUANTITIES)
+    if not values:
+        raise PlanError(f"--{quantity.replace('_', '-')}: give at least one value to sweep")
+    space = space or SearchSpace()
+    points = []
+    for value in values:
+        fields = {**job_fields, "seq_len": value} if quantity == "seq_len" else job_fields
+        job = build_job(**fields)
+        point_gpus = value if quantity == "gpus" else gpus
+        try:
+            result, _ = plan(
+                job, cluster, point_gpus, space, objective, mem_headroom, top=1, training=training
+            )
+        except PlanError as error:  # nothing fits at this point: the sweep goes on
+            if getattr(error, "reasons", None) is None:
+                raise
+            gpus_here = point_gpus or load_cluster(cluster).num_gpus
+            points.append(SweepPoint(value=value, gpus=gpus_here, seq_len=job.seq_len, feasible=0))
+            continue
+        point = {
+            "value": value,
+            "gpus": result.query["gpus"],
+            "seq_len": job.seq_len,
+            "feasible": result.feasible,
+        }
+        if result.results:
+            best = result.results[0]
+            point |= {
+                "layout": best["layout"],
+                "step_time_s": best["step_time_s"],
+                "mfu": best["mfu"],
+                "tokens_per_s_per_gpu": best["tokens_per_s_per_gpu"],
+                "cluster_tokens_per_s": best["tokens_per_s_per_gpu"] * best["num_gpus"],
+                "time_to_train": best.get("time_to_train"),
+            }
+        points.append(SweepPoint(**point))
+    query = {
+        "model": job_fields["model"],
+        "cluster": cluster,
+        "objective": objective,
+        "values": values,
+        "training": training.model_dump() if training is not None else None,
+    }
+    return SweepResult(quantity=quantity, query=query, points=points)
+
+
+def plan_page_sample(table):
+    """The rows a plan page draws: the Pareto front and a grid sample of the feasible cloud.
+
+    ``table`` is :func:`plan`'s table (ranked, feasible rows); see :mod:`planner.results`.
+    """
+    from planner.results import page_sample
+
+    return page_sample(table["step_time_s"].to_numpy(), table["memory_per_gpu_bytes"].to_numpy())
+
+
+def emit_settings(entry: dict, trainer: str, job):
+    """A plan result's layout as ``trainer``'s settings (see :mod:`planner.handoff`)."""
+    from planner.handoff import emit_settings as emit
+    from planner.spec.layout import layers_per_virtual_stage
+
+    lay = entry["layout"]
+    split = lay.get("pipeline_layer_split", "auto")
+    layers = layers_per_virtual_stage(job.model.num_layers, lay["pp"], lay["vpp"], split)
+    return emit(entry, trainer, job, [int(count) for count in layers])
+
+
+def trainer_schedules(trainer: str, pinned: list[str] | None) -> list[str]:
+    """The schedules a search for ``trainer`` may use (see :mod:`planner.handoff`)."""
+    from planner.handoff import trainer_schedules as schedules
+
+    return schedules(trainer, pinned)

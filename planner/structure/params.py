@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.columns.codes import unique_rows
 from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
 from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.spec.model import ModelSpec
@@ -108,12 +109,8 @@ def busiest_rank_params(model: ModelSpec, tp, pp, ep, etp, chunks, v_shape, mirr
     etp = tp if etp is None else np.asarray(etp)
     columns = np.broadcast_arrays(tp, pp, ep, etp, chunks, v_shape, mirrored)
     shape = columns[0].shape
-    flat = np.stack([np.asarray(c, dtype=np.int64).reshape(-1) for c in columns], axis=1)
-    splits = np.broadcast_to(np.asarray(split, dtype=object), shape).reshape(-1)
-    keys = {}
-    inverse = np.empty(len(flat), dtype=np.int64)
-    for row, (*combo, spl) in enumerate(zip(*flat.T.tolist(), splits.tolist(), strict=True)):
-        inverse[row] = keys.setdefault((*combo, spl), len(keys))
+    splits = np.broadcast_to(np.asarray(split, dtype=object), shape)
+    keys, inverse = unique_rows(*(np.asarray(c, dtype=np.int64) for c in columns), splits)
     values = np.zeros((len(keys), 3))
     for index, (t, p, x, et, c, v, mirror, spl) in enumerate(keys):
         schedule = "zbv" if v else ("dualpipe" if mirror else "interleaved-1f1b")

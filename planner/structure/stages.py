@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from planner.columns.codes import unique_rows
 from planner.spec.layout import dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.spec.model import ModelSpec
 
@@ -52,13 +53,8 @@ def busiest_rank_layers(model: ModelSpec, pp, chunks, v_shape, mirrored, split="
     Worked out once per distinct (pp, chunks, v_shape, mirrored, split)."""
     columns = np.broadcast_arrays(*(np.asarray(c) for c in (pp, chunks, v_shape, mirrored)))
     shape = columns[0].shape
-    flat = [c.reshape(-1).tolist() for c in columns]
-    splits = np.broadcast_to(np.asarray(split, dtype=object), shape).reshape(-1).tolist()
-    keys: dict[tuple, int] = {}
-    inverse = np.array(
-        [keys.setdefault(key, len(keys)) for key in zip(*flat, splits, strict=True)],
-        dtype=np.int64,
-    )
+    splits = np.broadcast_to(np.asarray(split, dtype=object), shape)
+    keys, inverse = unique_rows(*(np.asarray(c, dtype=np.int64) for c in columns), splits)
     width = max((int(p) for p, *_ in keys), default=1)
     names = ("layers", "moe_layers", "embedding", "head", "held_layers", "held_head")
     table = {name: np.zeros((len(keys), width)) for name in names}

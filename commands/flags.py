@@ -491,6 +491,20 @@ MEM_HEADROOM = _flag("mem_headroom", Number(0, 1, high_open=True),
                      "fraction of HBM kept free: a layout fits in HBM × (1 − headroom)",
                      0.05)  # fmt: skip
 
+
+
+class RankMode(str, Enum):  # planner.rank.RANK_MODES
+    robust = "robust"
+    time = "time"
+
+
+#: How plan orders its rows (planner/rank.py): robust treats layouts within the model's
+#: measured ratio error of the fastest as ties, ordered by the preference rules.
+RANK = _flag("rank", Choice(RankMode),
+             "robust: layouts within the model's measured ratio error of the fastest are "
+             "ties, ordered by the preference rules (planner/rank.py); time: by predicted "
+             "step time alone", RankMode.robust)  # fmt: skip
+
 # ----- from flags to the library's models ------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from commands.flags import (
     MEM_HEADROOM,
     MFU_DTYPE,
     PINS,
+    RANK,
     Count,
     Name,
     Values,
@@ -63,6 +64,7 @@ def plan(
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     mfu_dtype: MFU_DTYPE.annotation = MFU_DTYPE.default,
     profile: ProfileFlag = "none",
+    rank: RANK.annotation = RANK.default,
     explain: ExplainFlag = False,
     emit: Annotated[
         str | None,
@@ -109,6 +111,7 @@ def plan(
             progress=advance,
             profile=profile,
             training=training,
+            rank=enum_value(rank),
         )
     if csv:
         from commands.outputs import atomic_path
@@ -217,6 +220,7 @@ def _print_plan(result, explain: bool, console=None) -> None:
     degrees_header = "tp/cp/pp/dp" + ("/ep" if ep else "") + ("/etp" if etp else "")
     columns = (
         "#",
+        "t#",
         degrees_header,
         "sp",
         "schedule",
@@ -246,7 +250,8 @@ def _print_plan(result, explain: bool, console=None) -> None:
         vpp = f" v{lay['vpp']}" if lay["schedule"] == "interleaved-1f1b" else ""
         degrees = [str(lay[a]) for a in axes] + ([str(lay["etp"] or lay["tp"])] if etp else [])
         table.add_row(
-            str(entry["rank"]),
+            f"{entry['rank']}{TIE_MARK if entry['equivalent_to_best'] else ''}",
+            str(entry["rank_by_time"]),
             "/".join(degrees),
             "y" if lay["sequence_parallel"] and lay["tp"] > 1 else "n",
             short.get(lay["schedule"], lay["schedule"]) + vpp,
@@ -260,6 +265,7 @@ def _print_plan(result, explain: bool, console=None) -> None:
             *_time_to_train_cells(entry.get("time_to_train")),
         )
     console.print(table)
+    console.print(_rank_legend(result), markup=False, highlight=False)
     if timed:
         console.print("#1 " + time_to_train_line(result.results[0]["time_to_train"]))
     if explain:
@@ -272,6 +278,20 @@ def _print_plan(result, explain: bool, console=None) -> None:
             section = TimeToTrain(**result.results[0]["time_to_train"])
             for line in api.explain_time_to_train(section):
                 console.print(line)
+
+
+#: Marks a row within the model's ratio error of the fastest (a tie) in the plan table.
+TIE_MARK = "="
+
+
+def _rank_legend(result) -> str:
+    """What ``#``, ``=`` and ``t#`` mean for this plan (its ranking mode and band)."""
+    q = result.query
+    band = q.get("ratio_error_band")
+    tie = (f"{TIE_MARK}: within the model's {band:.1%} ratio error of the fastest"
+           if band is not None else "no measured ratio error: no ties")  # fmt: skip
+    order = "ties first, by the preference rules" if q.get("rank") == "robust" else "by time"
+    return f"#: rank ({order}); {tie}; t#: rank by predicted step time"
 
 
 def _time_to_train_cells(section: dict | None) -> tuple[str, ...]:

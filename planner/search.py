@@ -20,7 +20,8 @@ from planner.columns.codes import Labels
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
 from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
-from planner.refine import DEFAULT_REFINE_TOP, refine_table
+from planner.rank import RankSettings, rank_columns
+from planner.refine import DEFAULT_REFINE_TOP
 from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.rules import RULES, schedule_rules
@@ -247,9 +248,11 @@ def search(
     progress=None,
     refine_top: int = DEFAULT_REFINE_TOP,
     training=None,
+    rank_settings: RankSettings | None = None,
 ) -> SearchResult:
     """Screen, evaluate and rank every layout of ``job`` on the first ``gpus`` of ``cluster``;
-    the first ``refine_top`` rows are re-timed by the event simulator (:mod:`planner.refine`).
+    the first ``refine_top`` rows are re-timed by the event simulator (:mod:`planner.refine`)
+    and ``rank_settings`` (:class:`planner.rank.RankSettings`; None: by time) orders the rows.
 
     With ``training`` (a :class:`planner.cost.goodput.TrainingRun`) every row gains
     ``expected_wall_time_s`` and ``goodput`` (:func:`planner.cost.goodput.
@@ -331,7 +334,10 @@ def search(
                 source.pop(key, None)
         columns.update({key: value[ranking] for key, value in extra.items()})
         del memory_out, merged, cols
-        columns = _refined(job, accelerator, columns, refine_top, objective)
+        columns = rank_columns(
+            job, accelerator, columns, refine_top, objective, rank_settings,
+            cluster.scale_up_domain_size, usable, lambda row: layout_of_row(row, job.model.is_moe),
+        )  # fmt: skip
         table = pd.DataFrame(columns, copy=False)  # one block per column: no stacking copy
     return SearchResult(
         candidates_evaluated=total,
@@ -340,27 +346,6 @@ def search(
         table=table,
         smallest_memory=smallest,
     )
-
-
-def _refined(job: Job, accelerator, columns: dict, top: int, objective: str) -> dict:
-    """The ranked columns with their first ``top`` rows re-timed by the event simulator
-    (:func:`planner.refine.refine_table` on those rows only; the rows below keep their
-    order and NaN simulated times)."""
-    count = min(top, len(columns["tp"]))
-    head = pd.DataFrame({key: value[:count] for key, value in columns.items()})
-    head["position"] = np.arange(count)
-    head = refine_table(
-        job, accelerator, head, top, objective,
-        lambda row: layout_of_row(row, job.model.is_moe),
-    )  # fmt: skip
-    order = head["position"].to_numpy()
-    for value in columns.values():
-        value[:count] = value[:count][order]
-    for key in ("pipeline_time_simulated_s", "step_time_simulated_s"):
-        simulated = np.full(len(columns["tp"]), np.nan)
-        simulated[:count] = head[key].to_numpy()
-        columns[key] = simulated
-    return columns
 
 
 def layout_of_row(row: dict, is_moe: bool) -> Layout:

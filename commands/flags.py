@@ -492,7 +492,6 @@ MEM_HEADROOM = _flag("mem_headroom", Number(0, 1, high_open=True),
                      0.05)  # fmt: skip
 
 
-
 class RankMode(str, Enum):  # planner.rank.RANK_MODES
     robust = "robust"
     time = "time"

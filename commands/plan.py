@@ -250,8 +250,8 @@ def _print_plan(result, explain: bool, console=None) -> None:
         vpp = f" v{lay['vpp']}" if lay["schedule"] == "interleaved-1f1b" else ""
         degrees = [str(lay[a]) for a in axes] + ([str(lay["etp"] or lay["tp"])] if etp else [])
         table.add_row(
-            f"{entry['rank']}{TIE_MARK if entry['equivalent_to_best'] else ''}",
-            str(entry["rank_by_time"]),
+            str(entry["rank"]),
+            (TIE_MARK if entry["equivalent_to_best"] else "") + str(entry["rank_by_time"]),
             "/".join(degrees),
             "y" if lay["sequence_parallel"] and lay["tp"] > 1 else "n",
             short.get(lay["schedule"], lay["schedule"]) + vpp,
@@ -288,10 +288,10 @@ def _rank_legend(result) -> str:
     """What ``#``, ``=`` and ``t#`` mean for this plan (its ranking mode and band)."""
     q = result.query
     band = q.get("ratio_error_band")
-    tie = (f"{TIE_MARK}: within the model's {band:.1%} ratio error of the fastest"
+    tie = (f"{TIE_MARK}: within the model's {band:.1%} ratio error of the fastest (a tie)"
            if band is not None else "no measured ratio error: no ties")  # fmt: skip
     order = "ties first, by the preference rules" if q.get("rank") == "robust" else "by time"
-    return f"#: rank ({order}); {tie}; t#: rank by predicted step time"
+    return f"ranked {order}; t#: rank by predicted step time, {tie}"
 
 
 def _time_to_train_cells(section: dict | None) -> tuple[str, ...]:

@@ -23,7 +23,8 @@ _HOVER = (
     "<b>%{customdata[0]}</b> (tp/cp/pp/dp/ep)<br>%{customdata[1]}, mbs %{customdata[2]}, "
     "ZeRO %{customdata[3]}, recompute %{customdata[4]}, SP %{customdata[5]}<br>"
     "step %{y:.3f} s, MFU %{customdata[6]:.1f}%, %{customdata[7]:,.0f} tokens/s/GPU<br>"
-    "memory %{x:.1f} GiB, bubble %{customdata[8]:.1f}%<extra>%{fullData.name}</extra>"
+    "memory %{x:.1f} GiB, bubble %{customdata[8]:.1f}%<br>"
+    "rank %{customdata[9]} (by time %{customdata[10]})<extra>%{fullData.name}</extra>"
 )
 
 
@@ -53,8 +54,15 @@ def _hover_data(rows) -> np.ndarray:
             (100 * rows["mfu"]).round(1),
             rows["tokens_per_s_per_gpu"].round(0),
             (100 * rows["bubble_fraction"]).round(1),
+            _column(rows, "rank"),
+            _column(rows, "rank_by_time"),
         ]
     ).astype(object)
+
+
+def _column(rows, name: str):
+    """A column of the rows, or "-" where the table has none (a table ranked elsewhere)."""
+    return rows[name] if name in rows else np.full(len(rows), "-", dtype=object)
 
 
 def plan_figure(table, result, sample):

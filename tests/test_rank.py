@@ -208,7 +208,7 @@ def test_every_shipped_profile_carries_its_measured_ratio_error():
     for name in profile_names():
         found = load_profile(name).fit.ratio_error
         assert found is not None and found.num_pairs >= 1, name
-        assert 0 <= found.band and found.ideal_band is not None, name
+        assert found.band >= 0 and found.ideal_band is not None, name
 
 
 # ----- the plan's JSON and the --rank flag ------------------------------------------------

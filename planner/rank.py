@@ -194,7 +194,7 @@ def rank_columns(
     if not robust or not count:
         columns["equivalent_to_best"] = equivalent_to_best(effective_step_time(columns), band)
         columns["preference"] = pd.Categorical([TIME_RANK] * count, categories=PREFERENCES)
-        return {"rank": columns["rank_by_time"].copy(), **columns}
+        return {**columns, "rank": columns["rank_by_time"].copy()}
     keys = preference_keys(columns, scale_up_domain, usable_bytes)
     rank = columns["rank_by_time"]
     order = robust_order(effective_step_time(columns), keys, band, rank)
@@ -207,7 +207,7 @@ def rank_columns(
     codes = placing_rules(keys[order], equivalent, fastest)
     columns["equivalent_to_best"] = equivalent
     columns["preference"] = pd.Categorical.from_codes(codes, categories=PREFERENCES)
-    return {"rank": np.arange(1, count + 1), **columns}
+    return {**columns, "rank": np.arange(1, count + 1)}
 
 
 def _plain(value):

@@ -49,7 +49,7 @@ class LayoutColumns:
     recompute: Labels
     pipeline_layer_split: Labels
     zero_group_size: np.ndarray  # dp·cp: the ranks that shard ZeRO states and reduce gradients
-    expert_dp: np.ndarray  # the routed experts' data-parallel group
+    expert_data_parallel_size: np.ndarray  # the routed experts' data-parallel group
     # Each row's index into the evaluation's tables (set by it):
     shape: Labels | None = None  # per-layer times and activation bytes
     structure: Labels | None = None  # what each pipeline rank holds
@@ -74,7 +74,7 @@ class LayoutColumns:
             sequence_parallel=np.asarray(columns["sequence_parallel"]).astype(bool) & (tp > 1),
             **{k: Labels.of(columns[k]) for k in LABEL_FIELDS},
             zero_group_size=dp * cp,
-            expert_dp=expert_data_parallel_size(dp, cp, tp, ep, etp),
+            expert_data_parallel_size=expert_data_parallel_size(dp, cp, tp, ep, etp),
         )
 
     def __len__(self) -> int:

@@ -61,7 +61,7 @@ def memory_columns(
         job,
         c.zero_stage[state_rows],
         zero_group[state_rows],
-        c.expert_dp[state_rows],
+        c.expert_data_parallel_size[state_rows],
         gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)),
         tuned,
     )
@@ -98,7 +98,7 @@ def memory_columns(
         structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)
     )
     out["checkpoint_bytes_per_rank"] = checkpoint_bytes_columns(
-        job, zero_group[state_rows], c.expert_dp[state_rows], state_R, tuned, copies
+        job, zero_group[state_rows], c.expert_data_parallel_size[state_rows], state_R, tuned, copies
     )[state_inv]
     out["memory_runtime_overhead_bytes"] = np.full(n, runtime)
     if per_rank:

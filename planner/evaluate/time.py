@@ -163,7 +163,7 @@ def time_columns(
         for column in optimizer_columns(
             R, zero[step_rows], zero_group[step_rows], rates.hbm_bytes_per_s,
             accelerator.achievable_matmul_flops_per_s("bf16"), dp_rate[step_rows],
-            dispatch_s=dispatch_s, expert_group=c.expert_dp[step_rows],
+            dispatch_s=dispatch_s, expert_group=c.expert_data_parallel_size[step_rows],
         )
     )  # fmt: skip
 

@@ -77,7 +77,7 @@ def plan(
     ``robust`` (layouts within the measured ratio error of the fastest are ties, ordered by
     :mod:`planner.rank`'s rules) or ``time`` (by predicted step time alone)."""
     from hwspecs.catalog import load_accelerator, load_cluster
-    from planner.comm.topology import resolve_order
+    from planner.comm.mesh import resolve_order
     from planner.estimate import estimate as estimate_layout
     from planner.search import OBJECTIVES, layout_of_row, search
 

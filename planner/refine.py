@@ -120,27 +120,3 @@ def refine(
             }
         )
     return out
-
-
-def refine_table(
-    job: Job, accelerator: Accelerator, table, top: int, objective: str, layout_of_row
-):
-    """The ranked search table with its first ``top`` rows simulated: columns
-    ``pipeline_time_simulated_s`` and ``step_time_simulated_s`` (NaN below them); under the
-    step-time objective those rows are re-ranked by their simulated step time."""
-    table = table.copy()
-    table["pipeline_time_simulated_s"] = np.nan
-    table["step_time_simulated_s"] = np.nan
-    count = min(top, len(table))
-    if not count:
-        return table
-    head = table.iloc[:count]
-    rows = head.to_dict("records")
-    refined = refine(job, accelerator, [layout_of_row(row) for row in rows], rows)
-    for key in ("pipeline_time_simulated_s", "step_time_simulated_s"):
-        table.loc[table.index[:count], key] = [r[key] for r in refined]
-    if objective == "step_time":
-        order = np.argsort(table["step_time_simulated_s"].to_numpy()[:count], kind="stable")
-        table = table.take(np.concatenate([order, np.arange(count, len(table))]))
-        table = table.reset_index(drop=True)
-    return table

@@ -10,13 +10,18 @@ import typer
 from commands.common import GIB, JsonFlag, app, emit_json, fits_line, make_console
 from commands.flags import (
     CLUSTER,
+    DEFAULT_LAYOUT,
     JOB,
-    LAYOUT,
     MEM_HEADROOM,
     MFU_DTYPE,
+    OBJECTIVE_HELP,
     PINS,
+    Choice,
     Count,
     Name,
+    Objective,
+    ObjectiveName,
+    Trainer,
     Values,
     build_job,
     build_layout,
@@ -53,21 +58,17 @@ def plan(
     cluster: Values,
     pins: Values,
     top: Annotated[int, option(Count(1), "results to show")] = 5,
-    objective: Annotated[
-        str,
-        option(
-            Name("step_time, memory, mfu or time-to-train"),
-            "step_time, memory, mfu or time-to-train (needs --train-tokens)",
-        ),
-    ] = "step_time",
+    objective: Annotated[Objective, option(ObjectiveName(), OBJECTIVE_HELP)] = (
+        Objective.step_time
+    ),
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     mfu_dtype: MFU_DTYPE.annotation = MFU_DTYPE.default,
     profile: ProfileFlag = "none",
     explain: ExplainFlag = False,
     emit: Annotated[
-        str | None,
+        Trainer | None,
         option(
-            Name("torchtitan or megatron"),
+            Choice(Trainer),
             "the winner's settings for a trainer: megatron (arguments) or torchtitan (config "
             "overrides); the search keeps to what that trainer runs; printed alone on stdout "
             "(the table goes to stderr) unless --emit-out is given; also in --json",
@@ -91,6 +92,7 @@ def plan(
         gpus = api.DEFAULT_PLAN["gpus"]
     query = build_job(job)
     space_fields = pinned(pins)
+    emit = enum_value(emit)
     if emit:
         space_fields["schedule"] = _trainer_space(emit, query, space_fields, as_json)
     space = api.build_search_space(**space_fields)
@@ -101,7 +103,7 @@ def plan(
             cluster.cluster,
             gpus,
             space,
-            objective.replace("-", "_"),
+            enum_value(objective),
             mem_headroom,
             top,
             enum_value(mfu_dtype),
@@ -203,7 +205,7 @@ def _print_plan(result, explain: bool, console=None) -> None:
     console = console or make_console()
     q = result.query
     console.print(
-        f"{q['model']} on {q['gpus']:,} GPUs of {q['cluster']}, seq {q['seq_len']:,}, "
+        f"{q['model']} on {q['num_gpus']:,} GPUs of {q['cluster']}, seq {q['seq_len']:,}, "
         f"{q['global_batch_tokens']:,} tokens per step: {result.candidates_evaluated:,} layouts "
         f"screened, {result.feasible:,} feasible"
     )
@@ -281,7 +283,7 @@ def _time_to_train_cells(section: dict | None) -> tuple[str, ...]:
 
 
 @app.command()
-@uses(job=JOB, cluster=CLUSTER, layout=LAYOUT.defaults(tp=8, pp=16, dp=128))
+@uses(job=JOB, cluster=CLUSTER, layout=DEFAULT_LAYOUT)
 def estimate(
     job: Values,
     cluster: Values,

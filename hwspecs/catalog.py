@@ -129,8 +129,50 @@ def load_link(name: str) -> LinkTier:
     return _load("link", name, LinkTier)
 
 
+#: ``node:ACCELERATOR`` names one node of an accelerator (``--accelerator h100-sxm``).
+ONE_NODE_PREFIX = "node:"
+
+
+def one_node_name(accelerator: str) -> str:
+    """The cluster name of one node (one scale-up domain) of ``accelerator``."""
+    return f"{ONE_NODE_PREFIX}{accelerator}"
+
+
+@functools.cache
+def one_node_cluster(accelerator: str) -> Cluster:
+    """One scale-up domain of ``accelerator`` as a cluster: its ``scale_up_domain_size``
+    devices on its ``scale_up_link`` (8 H100 on NVLink 4), each figure cited from the
+    accelerator's own sources."""
+    spec = load_accelerator(accelerator)
+    if spec.scale_up_link is None:
+        raise PlanError(
+            f"--accelerator {accelerator}: its file names no scale_up_link, so one node of it "
+            "is not defined; give a cluster TOML (--cluster)",
+            field="accelerator",
+        )
+    size = spec.scale_up_domain_size
+    cited = spec.source_of("scale_up_domain_size") or f"accelerator {spec.id}"
+    return Cluster(
+        id=one_node_name(spec.id),
+        name=f"one node of {spec.name} ({size} on {spec.scale_up_link})",
+        accelerator=spec.id,
+        num_gpus=size,
+        gpus_per_node=size,
+        scale_up_domain_size=size,
+        tiers=[{"name": "scale-up", "link": spec.scale_up_link, "group_size": size}],
+        notes=f"one scale-up domain of {spec.id} (--accelerator {spec.id})",
+        sources={key: cited for key in ("num_gpus", "gpus_per_node", "scale_up_domain_size",
+                                        "tiers.0")},
+    )  # fmt: skip
+
+
 def load_cluster(name: str) -> Cluster:
-    """A cluster by catalog slug (``dgx-h100``) or TOML path; its accelerator and links must exist."""
+    """A cluster by catalog slug (``dgx-h100``), TOML path or ``node:ACCELERATOR`` (one
+    scale-up domain, :func:`one_node_cluster`); its accelerator and links must exist."""
+    if name.startswith(ONE_NODE_PREFIX):
+        cluster = one_node_cluster(name[len(ONE_NODE_PREFIX) :])
+        load_link(cluster.tiers[0].link)
+        return cluster
     cluster = _load("cluster", name, Cluster)
     load_accelerator(cluster.accelerator)
     for tier in cluster.tiers:

@@ -109,7 +109,7 @@ def plan_figure(table, result, sample):
     q = result.query
     fig.update_layout(
         title={
-            "text": f"llmplan plan: {q['model']} on {q['gpus']:,} GPUs of {q['cluster']}"
+            "text": f"llmplan plan: {q['model']} on {q['num_gpus']:,} GPUs of {q['cluster']}"
             f"<br><sub>drawn: {sample.description}</sub>"
         },
         height=680,

@@ -10,11 +10,20 @@ from planner.api.inputs import (
 )
 
 
-def memory(job, layout, accelerator: str | None = None, mem_headroom: float | None = None):
-    """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.memory_report.memory_report`)."""
-    from hwspecs.catalog import load_accelerator
+def memory(
+    job,
+    layout,
+    accelerator: str | None = None,
+    mem_headroom: float | None = None,
+    cluster: str | None = None,
+):
+    """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.memory_report.memory_report`),
+    checked against ``accelerator``'s HBM, or that of ``cluster``'s accelerator."""
+    from hwspecs.catalog import load_accelerator, load_cluster
     from planner.memory_report import memory_report
 
+    if accelerator is None and cluster is not None:
+        accelerator = load_cluster(cluster).accelerator
     spec = load_accelerator(accelerator) if accelerator else None
     return memory_report(job, layout, spec, _checked_headroom(mem_headroom))
 

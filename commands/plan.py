@@ -150,21 +150,51 @@ def plan(
 
 
 class _progress:
-    """A rich progress bar on a terminal while the search screens (silent otherwise)."""
+    """A rich bar per phase of the search on a terminal (silent otherwise): each phase
+    (:data:`planner.progress.PHASES`) advances per chunk of rows it evaluated, and its time
+    left is estimated from that phase's own rate."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled and sys.stderr.isatty()
         self.bar = None
+        self.tasks: dict[str, int] = {}
 
     def __enter__(self):
         if not self.enabled:
             return None
-        from rich.progress import Progress
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        self.bar = Progress(transient=True)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[unit]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self.bar.start()
-        task = self.bar.add_task("screening layouts", total=1.0)
-        return lambda fraction: self.bar.update(task, completed=fraction)
+        return self.advance
+
+    def advance(self, phase: str, done: int, total: int) -> None:
+        from planner.api import PROGRESS_PHASES
+
+        if phase not in self.tasks:
+            for task in self.tasks.values():  # the earlier phases are over
+                self.bar.update(task, completed=self.bar.tasks[task].total)
+            self.tasks[phase] = self.bar.add_task(
+                phase, total=max(total, 1), unit=PROGRESS_PHASES.get(phase, "")
+            )
+        self.bar.update(self.tasks[phase], completed=done, total=max(total, 1))
 
     def __exit__(self, *exc):
         if self.bar is not None:

@@ -29,6 +29,49 @@ def assert_fits(out: str, width: int) -> None:
     assert "…" not in out, next(line for line in lines if "…" in line)
 
 
+#: Every command's table, at its widest: the worst case of each (four-digit GiB, a long
+#: catalog name, DeepSeek-V3's five degrees are covered by the plan test above).
+COMMAND_TABLES = {
+    "memory": ("memory",),
+    "memory-one-gpu": ("memory", "--tp", "1", "--pp", "1", "--dp", "1", "--explain"),
+    "memory-qlora": ("memory", "--model", "llama3-70b", "--recipe", "qlora", "--tp", "1",
+                     "--pp", "1", "--dp", "8", "--seq-len", "4096"),
+    "bytes-per-param": ("bytes-per-param", "--recipe", "qlora", "--model", "llama3-8b"),
+    "comm": ("comm",),
+    "comm-moe": ("comm", "--model", "deepseek-v3", "--cluster", "dgx-h800", "--gpus", "2048",
+                 "--tp", "1", "--pp", "16", "--dp", "128", "--ep", "64", "--seq-len", "4096",
+                 "--global-batch-size", "15360"),
+    "topology": ("topology",),
+    "collective": ("collective", "--op", "all-reduce", "--bytes", "1GiB", "--ranks", "4096"),
+    "schedule-compare": ("schedule", "--compare", "1f1b,interleaved-1f1b,zb-h1,zb-h2,zbv,"
+                         "dualpipe,dualpipev", "--pp", "8", "--num-microbatches", "16"),
+    "sweep": ("sweep", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8,16",
+              "--seq-len", "4096"),
+    "catalog-list": ("catalog", "list"),
+    "catalog-cluster": ("catalog", "show", "dgx-h100"),
+    "catalog-model": ("catalog", "show", "deepseek-v3"),
+    "catalog-link": ("catalog", "show", "nvlink4"),
+    "catalog-accelerator": ("catalog", "show", "h100-sxm"),
+    "runs": ("runs", "check", "--limit", "3"),
+}  # fmt: skip
+
+
+def assert_numbers_whole(out: str, width: int) -> None:
+    """Lines fit ``width`` and no number is cut (a digit, point or % right before …)."""
+    for line in out.splitlines():
+        assert len(line) <= width, line
+        assert re.search(r"[\d.,%]…", line) is None, line
+
+
+@pytest.mark.parametrize("argv", COMMAND_TABLES.values(), ids=COMMAND_TABLES.keys())
+def test_every_command_table_fits_80_columns_with_every_number_whole(capsys, monkeypatch, argv):
+    out = render(capsys, monkeypatch, 80, *argv)
+    assert_numbers_whole(out, 80)
+    wide = render(capsys, monkeypatch, 200, *argv)  # the same numbers at any width
+    numbers = re.compile(r"-?\d[\d,]*\.\d+")
+    assert sorted(numbers.findall(out)) == sorted(numbers.findall(wide))
+
+
 @pytest.mark.parametrize(
     "argv",
     [

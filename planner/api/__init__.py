@@ -76,6 +76,7 @@ _EXPORTS = {
     "TimeToTrain": "planner.cost.goodput",
     "TRAINER_ETP": "planner.handoff",
     "TRAINER_NAMES": "planner.handoff",
+    "PROGRESS_PHASES": "planner.progress",
     "COUNT_EXAMPLES": "planner.spec.units",
     "parse_count": "planner.spec.units",
     "parse_bytes": "planner.spec.units",
@@ -89,5 +90,5 @@ def __getattr__(name: str):
     import importlib
 
     module = importlib.import_module(_EXPORTS[name])
-    attribute = "estimate" if name == "estimate_layout" else name
+    attribute = {"estimate_layout": "estimate", "PROGRESS_PHASES": "PHASES"}.get(name, name)
     return getattr(module, attribute)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import typer
 
@@ -44,6 +45,20 @@ def _subcommand(command, argv: list[str]):
     return command
 
 
+def _warning_line(shown):
+    """A user's-file warning (hwspecs.errors.UnsourcedFigures) as one ``warning:`` line on
+    stderr; other warnings as Python shows them."""
+    from hwspecs.errors import UnsourcedFigures
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, UnsourcedFigures):
+            sys.stderr.write(f"warning: {message}\n")
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (0, 2 for user errors, 128 + signal if stopped)."""
     from commands import errors, interrupt
@@ -54,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     as_json = _wants_json(argv)
     command = typer.main.get_command(app)
     interrupt.install()
+    shown = warnings.showwarning
+    warnings.showwarning = _warning_line(shown)
     try:
         result = command.main(args=argv, prog_name="llmplan", standalone_mode=False)
     except PlanError as error:
@@ -87,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         interrupt.restore()
+        warnings.showwarning = shown
     return result if isinstance(result, int) else 0
 
 

@@ -230,6 +230,50 @@ def test_misspelt_cluster_key_is_named_with_a_suggestion(tmp_path, capsys):
     assert "more)" not in err
 
 
+def _template() -> str:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    return readme.split("### Your own cluster", 1)[1].split("```toml\n", 1)[1].split("```")[0]
+
+
+def test_own_cluster_without_sources_plans_with_a_warning_naming_them(tmp_path, capsys):
+    path = tmp_path / "unsourced.toml"
+    path.write_text(_template().split("[sources]")[0])
+    code = cli.main(["plan", "--cluster", str(path), "--model", "llama3-8b", "--top", "1",
+                     "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out)["query"]["cluster"] == "my-h100-cluster"
+    (line,) = [line for line in err.splitlines() if line.startswith("warning:")]
+    for field in ("num_gpus", "gpus_per_node", "scale_up_domain_size", "tiers.1.group_size"):
+        assert field in line
+
+
+def test_catalog_files_must_still_cite_every_number():
+    from hwspecs.catalog import DATA_DIR, parse_spec, read_toml
+    from hwspecs.errors import PlanError
+    from hwspecs.schema import Cluster
+
+    data = read_toml(DATA_DIR / "clusters" / "dgx-h100.toml")
+    del data["sources"]["num_gpus"]
+    with pytest.raises(PlanError, match="numbers without a source in \\[sources\\]: num_gpus"):
+        parse_spec(data, Cluster, "dgx-h100")
+
+
+def test_every_unknown_key_is_named_with_a_suggestion_nested_ones_too(tmp_path, capsys):
+    path = tmp_path / "typos.toml"
+    text = _template().replace("group_size = 64", "group_sise = 64")
+    path.write_text(text.replace("gpus_per_node = 8", "gpus_per_nod = 8"))
+    assert cli.main(["plan", "--cluster", str(path), "--model", "llama3-8b"]) == 2
+    err = capsys.readouterr().err
+    assert "'gpus_per_nod': unknown key (did you mean 'gpus_per_node'?)" in err
+    assert "'tiers.1.group_sise': unknown key (did you mean 'group_size'?)" in err
+    path.write_text(_template().replace('link = "nvlink4"', 'link = "nvlink4"\nspeed = 1'))
+    assert cli.main(["plan", "--cluster", str(path), "--model", "llama3-8b"]) == 2
+    err = capsys.readouterr().err
+    assert "'tiers.0.speed': unknown key (allowed: name, link, group_size, oversubscription)" in err
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [

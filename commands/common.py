@@ -100,7 +100,7 @@ def gib(value: float | None) -> str:
 def wrote(path: str | None) -> None:
     """Tell the user a file was written (nothing when no path was asked for)."""
     if path:
-        make_console().print(f"wrote {path}", markup=False, highlight=False)
+        make_console().print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 def fits_line(total_bytes: float, report) -> str:

@@ -184,6 +184,22 @@ class OutputPath(Parser):
         return text
 
 
+class PngPath(OutputPath):
+    """A PNG file to write: a writable path ending in .png (plotly picks the format by it)."""
+
+    allowed = "a file path ending in .png in an existing, writable directory"
+
+    def parse(self, text: str) -> str:
+        if not text.lower().endswith(".png"):
+            self.fail(text)
+        return super().parse(text)
+
+
+def png_output(help: str = "write the page as PNG (needs kaleido and a Chrome/Chromium)"):
+    """A PNG output option: checked writable and ending in .png while the flags are parsed."""
+    return Annotated[str | None, option(PngPath(), help)]
+
+
 def output(help: str):
     """An output-file option, checked writable while the flags are parsed."""
     return Annotated[str | None, option(OutputPath(), help)]
@@ -208,7 +224,8 @@ def _metavar(parser: Parser) -> str:
         return "[" + "|".join(parser.choices) + "]"
     if isinstance(parser, ListOf):
         return _metavar(parser.item).strip("[]") + ",..."
-    return {Count: "N", IntIn: "N", Number: "X", OutputPath: "PATH"}.get(type(parser), "TEXT")
+    kinds = {Count: "N", IntIn: "N", Number: "X", OutputPath: "PATH", PngPath: "PATH"}
+    return kinds.get(type(parser), "TEXT")
 
 
 # ----- shared enums ---------------------------------------------------------------------

@@ -19,6 +19,7 @@ from commands.flags import (
     build_layout,
     option,
     output,
+    png_output,
     uses,
     value,
 )
@@ -141,7 +142,8 @@ def comm(
 def topology(
     cluster: Values,
     mesh: Values,
-    html: output("write the hierarchy as plotly HTML") = None,
+    html: output("write the hierarchy as a plotly page (opens offline)") = None,
+    png: png_output("write the hierarchy as PNG (needs kaleido and a Chrome/Chromium)") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Rank placement: which ranks form each axis's groups and which links they cross.
@@ -153,12 +155,11 @@ def topology(
 
     sizes = {axis: size for axis, size in mesh.items() if size is not None}
     report = api.topology(cluster.cluster, sizes, order=cluster.order, gpus=cluster.gpus)
-    if html:
-        from commands.outputs import atomic_path
-        from plots.topology import write_topology_html
+    if html or png:
+        from commands.outputs import write_pages
+        from plots.topology import topology_figure
 
-        with atomic_path(html) as temporary:
-            write_topology_html(report, temporary)
+        write_pages(topology_figure(report), html, png)
     if as_json:
         emit_json(report)
         return
@@ -192,3 +193,4 @@ def topology(
     for note in report.notes:
         console.print(f"note: {note}")
     wrote(html)
+    wrote(png)

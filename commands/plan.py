@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,6 +18,7 @@ from commands.flags import (
     PINS,
     Choice,
     Count,
+    ListOf,
     Name,
     Objective,
     ObjectiveName,
@@ -28,6 +29,7 @@ from commands.flags import (
     option,
     output,
     pinned,
+    png_output,
     uses,
 )
 from commands.flags import (
@@ -76,7 +78,24 @@ def plan(
     ] = None,
     emit_out: output("write the --emit settings to this file") = None,
     csv: output("write every feasible row as CSV") = None,
-    html: output("write step time vs memory of all feasible layouts as HTML") = None,
+    html: output("write step time vs memory of the feasible layouts as a page (offline)") = None,
+    png: png_output("write that page as PNG (needs kaleido and a Chrome/Chromium)") = None,
+    runs: Annotated[
+        Any,
+        option(
+            ListOf(Name("runs files (JSON or CSV in the runs schema) or the catalog train")),
+            "the page marks the published layouts of these runs that trained this model at "
+            "this GPU count and sequence length: runs files or the catalog train (default "
+            "train), comma-separated",
+        ),
+    ] = None,
+    mark: Annotated[
+        str | None,
+        option(
+            Name("axis=degree pairs, e.g. tp=8,pp=16,dp=128"),
+            "a layout the page marks too, by its degrees, e.g. tp=8,pp=16,dp=128",
+        ),
+    ] = None,
     train_tokens: TrainTokensFlag = None,  # time to train (issue 19)
     gpu_hour_cost: GpuHourCostFlag = None,
     as_json: JsonFlag = False,
@@ -91,6 +110,7 @@ def plan(
     if gpus is None and cluster.cluster == api.DEFAULT_PLAN["cluster"]:
         gpus = api.DEFAULT_PLAN["gpus"]
     query = build_job(job)
+    named = api.parse_mark(mark) if mark else None  # checked before the search runs
     space_fields = pinned(pins)
     emit = enum_value(emit)
     if emit:
@@ -117,13 +137,12 @@ def plan(
 
         with atomic_path(csv) as temporary:
             table.to_csv(temporary, index=False)
-    if html:
-        from commands.outputs import atomic_path
+    if html or png:
+        from commands.outputs import write_pages
         from plots.plan import plan_figure
 
-        figure = plan_figure(table, result, api.plan_page_sample(table))
-        with atomic_path(html) as temporary:
-            figure.write_html(temporary, include_plotlyjs=True, full_html=True)
+        marks = api.plan_page_marks(table, query, result, runs, named)
+        write_pages(plan_figure(table, result, api.plan_page_sample(table), marks), html, png)
     emitted = api.emit_settings(result.results[0], emit, query) if emit else None
     if emit_out and emitted is not None:
         from commands.outputs import atomic_path
@@ -144,9 +163,9 @@ def plan(
         console.print(f"note ({emit}): {note}", markup=False, highlight=False)
     if alone:
         sys.stdout.write(emitted.text + "\n")
-    for path in (csv, html, emit_out):
+    for path in (csv, html, png, emit_out):
         if path:
-            console.print(f"wrote {path}", markup=False, highlight=False)
+            console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 class _progress:
@@ -324,9 +343,12 @@ def estimate(
     explain: Annotated[bool, typer.Option("--explain", help="each term's formula")] = False,
     train_tokens: TrainTokensFlag = None,  # time to train (issue 19)
     gpu_hour_cost: GpuHourCostFlag = None,
+    html: output("write the layout's timeline and breakdowns as a page (offline)") = None,
+    png: png_output("write that page as PNG (needs kaleido and a Chrome/Chromium)") = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Predict one fully given layout: step time breakdown, MFU, memory per GPU."""
+    """Predict one fully given layout: step time breakdown, MFU, memory per GPU; --html
+    draws its pipeline timeline (each stage's F/B/W in ms) and its time and memory parts."""
     from planner import api
 
     query = build_job(job)
@@ -337,6 +359,12 @@ def estimate(
         order=cluster.order, profile=profile, training=training,
     )  # fmt: skip
     warnings = api.layout_warnings(chosen, cluster.cluster)
+    if html or png:
+        from commands.outputs import write_pages
+        from plots.estimate import estimate_figure
+
+        timeline = api.layout_timeline(query, chosen, cluster.cluster, result, profile)
+        write_pages(estimate_figure(result, timeline), html, png)
     if as_json:
         emit_json({**result.model_dump(mode="json"), "warnings": warnings})
         return
@@ -380,3 +408,6 @@ def estimate(
         if result.time_to_train is not None:
             for line in api.explain_time_to_train(result.time_to_train):
                 console.print(line)
+    for path in (html, png):
+        if path:
+            console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)

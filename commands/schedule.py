@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from commands.common import JsonFlag, app, compact_table, emit_json, make_console, wrote
-from commands.flags import Count, ListOf, Number, ScheduleName, option, output
+from commands.flags import Count, ListOf, Number, ScheduleName, option, output, png_output
 
 # ----- pipeline schedules --------------------------------------------------------------
 
@@ -48,20 +48,11 @@ def schedule(
         ),
     ] = None,
     html: output("write a plotly timeline as HTML") = None,
-    png: output("write the timeline as PNG (needs kaleido + Chromium)") = None,
+    png: png_output("write the timeline as PNG (needs kaleido and a Chrome/Chromium)") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Generate, simulate and draw a pipeline schedule (or compare several)."""
-    from hwspecs.errors import PlanError
     from planner import api
-
-    if png and not png.lower().endswith(".png"):
-        raise PlanError(
-            f"--png takes a file path ending in .png; got '{png}'",
-            field="--png",
-            allowed="a file path ending in .png",
-            got=png,
-        )
 
     names = compare or [name]
     reports = [
@@ -80,14 +71,10 @@ def schedule(
         for n in names
     ]
     if html or png:
-        from commands.outputs import atomic_path
-        from plots.schedule import schedule_figure, write_figure
+        from commands.outputs import write_pages
+        from plots.schedule import schedule_figure
 
-        figure = schedule_figure(reports)
-        for path, kind in ((html, "html_path"), (png, "png_path")):
-            if path:
-                with atomic_path(path) as temporary:
-                    write_figure(figure, **{kind: temporary})
+        write_pages(schedule_figure(reports), html, png)
     if as_json:
         emit_json(reports[0] if len(reports) == 1 else [r.model_dump(mode="json") for r in reports])
         return

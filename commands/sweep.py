@@ -17,6 +17,7 @@ from commands.flags import (
     Values,
     option,
     output,
+    png_output,
     uses,
     value,
 )
@@ -52,7 +53,7 @@ def sweep(
     train_tokens: TrainTokensFlag = None,
     gpu_hour_cost: GpuHourCostFlag = None,
     html: output("write the sweep's plots as HTML") = None,
-    png: output("write them as PNG (needs kaleido)") = None,
+    png: png_output("write them as PNG (needs kaleido and a Chrome/Chromium)") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Plan at each GPU count (--gpus 1024,…) or sequence length (--seq-len …): best step
@@ -82,17 +83,17 @@ def sweep(
         training,
     )  # fmt: skip
     if html or png:
-        from plots.schedule import write_figure
+        from commands.outputs import write_pages
         from plots.sweep import sweep_figure
 
-        write_figure(sweep_figure(result), html, png)
+        write_pages(sweep_figure(result), html, png)
     if as_json:
         emit_json(result)
         return
     _print_sweep(result)
     for path in (html, png):
         if path:
-            make_console().print(f"wrote {path}")
+            make_console().print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_sweep(result) -> None:

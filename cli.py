@@ -14,16 +14,30 @@ the planner) happen inside the commands so that ``llmplan --help`` starts fast.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import warnings
 
 import typer
 
-from commands.common import app
+
+def _stopped_while_starting(signum, frame) -> None:
+    """Ctrl-C or SIGTERM while the commands import: one line, no traceback (main() installs
+    the full handler, :mod:`commands.interrupt`, once they are in)."""
+    sys.stderr.write(f"error: interrupted by {signal.Signals(signum).name}; stopped\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":
+    for _signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_signal, _stopped_while_starting)
+
+from commands.common import app  # noqa: E402
 
 # Importing the command modules registers their commands on the app, in this order.
 # isort: off
-from commands import plan, memory, schedule, network, validation, catalog, runs, sweep  # noqa: F401
+from commands import plan, memory, schedule, network, validation, catalog, runs, sweep  # noqa: E402, F401
 # isort: on
 
 

@@ -12,7 +12,6 @@ estimate carries it).
 
 from __future__ import annotations
 
-import numpy as np
 from pydantic import BaseModel
 
 from hwspecs.errors import PlanError
@@ -96,6 +95,8 @@ def plan_page_marks(table, job, result, runs: list[str] | None = None, named=Non
 
     ``runs``: runs files or catalogs whose published layouts are marked (default: the
     shipped catalog, ``train``); ``named``: degrees the user asked to mark (``--mark``)."""
+    import numpy as np
+
     num_gpus = result.query["num_gpus"]
     marks = published_layouts(job, num_gpus, list(runs) if runs else ["train"])
     if named:

@@ -110,7 +110,7 @@ def estimate_figure(result, timeline):
         height=height,
         template="plotly_white",
         legend={"title": {"text": "action / part"}},
-        margin={"t": 130},
+        margin={"t": 160},
         uniformtext={"minsize": 9, "mode": "hide"},
     )
     fig.layout.meta = {

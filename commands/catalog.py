@@ -71,7 +71,8 @@ def catalog_show(
     console.print(f"{result.get('kind')} {bare}", markup=False, highlight=False)
     table = compact_table("field", "value", "source", left=("field",), wrap=("value", "source"))
     table.columns[0].min_width = max(len(key) for key, _ in rows)
-    table.columns[1].min_width = 20  # the longest figure with its unit: 79.65 GiB (85.5 GB)
+    # Figures never wrap: the longest, up to "79.65 GiB (85.5 GB)", sets the value column.
+    table.columns[1].min_width = min(20, max(len(_formatted(k, v)) for k, v in rows))
     # A source of a group ("tiers.0", a link's "busbw_efficiency") goes on its first row.
     for key in list(sources):
         group = re.sub(r"\.(\d+)", r"[\1]", key)

@@ -20,6 +20,7 @@ from planner.columns.codes import Labels
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
 from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
+from planner.progress import report
 from planner.rank import RankSettings, rank_columns
 from planner.refine import DEFAULT_REFINE_TOP
 from planner.spec.job import Job
@@ -258,6 +259,7 @@ def search(
     ``expected_wall_time_s`` and ``goodput`` (:func:`planner.cost.goodput.
     time_to_train_columns`), which objective ``time_to_train`` ranks by."""
     space = space or SearchSpace()
+    report(progress, "enumerating layouts", 0, 0)  # how many: not known before
     grid, cells, grid_shape = screening_grid(job, cluster, gpus, space)
     copies = len(space.zero_stage) * len(space.recompute)  # rows per screened grid row
     total = len(cells) * copies
@@ -271,20 +273,18 @@ def search(
     grid = {key: value[alive] for key, value in grid.items()}
     cols = expand_rows(grid, cells[alive], grid_shape, space)
     cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), ("auto",))
-    if progress:
-        progress(0.3)
+    report(progress, "enumerating layouts", total, total)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     screened = (  # rows that do not fit are not timed
-        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype, True)
+        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype, True, progress)
         if len(cols["tp"])
         else None
     )
-    if progress:
-        progress(0.9)
     smallest = None
     table = pd.DataFrame(columns=LAYOUT_COLUMNS)
     if screened:
         memory_out, placeable, rows, timed = screened
+        report(progress, "ranking", 0, len(rows))
         del screened
         placeable = placeable.copy()  # as evaluate_columns reports it: the timed rows' own
         placeable[rows] = timed["valid"]
@@ -334,10 +334,14 @@ def search(
                 source.pop(key, None)
         columns.update({key: value[ranking] for key, value in extra.items()})
         del memory_out, merged, cols
+        report(progress, "ranking", len(rows), len(rows))
+        count = min(refine_top, len(columns["tp"]))
+        report(progress, "simulating the top rows", 0, count)
         columns = rank_columns(
             job, accelerator, columns, refine_top, objective, rank_settings,
             cluster.scale_up_domain_size, usable, lambda row: layout_of_row(row, job.model.is_moe),
         )  # fmt: skip
+        report(progress, "simulating the top rows", count, count)
         table = pd.DataFrame(columns, copy=False)  # one block per column: no stacking copy
     return SearchResult(
         candidates_evaluated=total,

@@ -129,7 +129,7 @@ def plan(
     query = {
         "model": job.model.name,
         "cluster": spec.id,
-        "gpus": gpus,
+        "num_gpus": gpus,
         "seq_len": job.seq_len,
         "global_batch_tokens": job.global_batch_tokens,
         "objective": objective,
@@ -177,7 +177,7 @@ class SweepPoint(BaseModel):
     """The best layout at one value of the swept quantity (None figures: nothing fits)."""
 
     value: int
-    gpus: int
+    num_gpus: int
     seq_len: int
     feasible: int
     layout: dict | None = None
@@ -232,11 +232,13 @@ def sweep(
             if getattr(error, "reasons", None) is None:
                 raise
             gpus_here = point_gpus or load_cluster(cluster).num_gpus
-            points.append(SweepPoint(value=value, gpus=gpus_here, seq_len=job.seq_len, feasible=0))
+            points.append(
+                SweepPoint(value=value, num_gpus=gpus_here, seq_len=job.seq_len, feasible=0)
+            )
             continue
         point = {
             "value": value,
-            "gpus": result.query["gpus"],
+            "num_gpus": result.query["num_gpus"],
             "seq_len": job.seq_len,
             "feasible": result.feasible,
         }

@@ -22,7 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, n
 from hwspecs.catalog import load_profile, profile_names
 from planner import api
 
-TARGETS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "runs" / "targets.json"
+#: Beside the checkout, or in a folder above it.
+TARGETS = next(
+    (up / "shared" / "reference" / "runs" / "targets.json" for up in Path(__file__).resolve().parents[1:]
+     if (up / "shared" / "reference" / "runs" / "targets.json").exists()),
+    Path(__file__).resolve().parents[2] / "shared" / "reference" / "runs" / "targets.json",
+)  # fmt: skip
 #: The clusters the targets ran on: Llama 3 §3.3.1 (Meta's 24K-GPU RoCE cluster);
 #: DeepSeek-V3 §3.1 (H800 nodes of 8 GPUs on NVLink, InfiniBand between nodes).
 TARGET_CLUSTERS = {"h100-sxm": "llama3-h100-24k", "h800-sxm": "dgx-h800"}

@@ -39,9 +39,19 @@ ExplainFlag = Annotated[
 ProfileFlag = Annotated[
     str,
     option(
-        Name("none, shipped or a profile TOML path"),
-        "efficiency profile: none (the ideal model), shipped (the accelerator's fitted "
-        "profile, or its generation's) or a profile TOML path",
+        Name("auto, none or a profile name or TOML path"),
+        "efficiency profile: auto (the accelerator's fitted profile for --stack, else its "
+        "all-stack one, else its generation's; the ideal model where none), none (the ideal "
+        "model), a shipped profile's name or a profile TOML path",
+    ),
+]
+StackFlag = Annotated[
+    str | None,
+    option(
+        Name("megatron, pytorch-fsdp, jax or deepspeed"),
+        "the job's software stack (megatron: Megatron-Core/NeMo; pytorch-fsdp: FSDP2, "
+        "torchtitan, Composer; jax: MaxText/Pax; deepspeed): --profile auto takes the "
+        "profile fitted on that stack's runs where one ships",
     ),
 ]
 
@@ -62,7 +72,8 @@ def plan(
     ] = "step_time",
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     mfu_dtype: MFU_DTYPE.annotation = MFU_DTYPE.default,
-    profile: ProfileFlag = "none",
+    profile: ProfileFlag = "auto",
+    stack: StackFlag = None,
     explain: ExplainFlag = False,
     emit: Annotated[
         str | None,
@@ -109,6 +120,7 @@ def plan(
             progress=advance,
             profile=profile,
             training=training,
+            stack=stack,
         )
     if csv:
         from commands.outputs import atomic_path
@@ -260,6 +272,7 @@ def _print_plan(result, explain: bool, console=None) -> None:
             *_time_to_train_cells(entry.get("time_to_train")),
         )
     console.print(table)
+    console.print(profile_line(result.results[0], "#1 "), markup=False, highlight=False)
     if timed:
         console.print("#1 " + time_to_train_line(result.results[0]["time_to_train"]))
     if explain:
@@ -272,6 +285,17 @@ def _print_plan(result, explain: bool, console=None) -> None:
             section = TimeToTrain(**result.results[0]["time_to_train"])
             for line in api.explain_time_to_train(section):
                 console.print(line)
+
+
+def profile_line(entry: dict, prefix: str = "") -> str:
+    """The profile an estimate used and, with one, its cross-validated band."""
+    if entry.get("step_time_interval_s") is None:
+        return f"profile: {entry.get('profile') or 'none (the ideal model)'}"
+    (low, high), (mfu_low, mfu_high) = entry["step_time_interval_s"], entry["mfu_interval"]
+    return (
+        f"profile: {entry['profile']}; {prefix}step {low:.3f}–{high:.3f} s, MFU "
+        f"{100 * mfu_low:.1f}–{100 * mfu_high:.1f}% (cross-validated 10th–90th percentile)"
+    )
 
 
 def _time_to_train_cells(section: dict | None) -> tuple[str, ...]:
@@ -288,7 +312,8 @@ def estimate(
     layout: Values,
     mfu_dtype: MFU_DTYPE.annotation = MFU_DTYPE.default,
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
-    profile: ProfileFlag = "none",
+    profile: ProfileFlag = "auto",
+    stack: StackFlag = None,
     explain: Annotated[bool, typer.Option("--explain", help="each term's formula")] = False,
     train_tokens: TrainTokensFlag = None,  # time to train (issue 19)
     gpu_hour_cost: GpuHourCostFlag = None,
@@ -302,7 +327,7 @@ def estimate(
     training = build_training(cluster.cluster, train_tokens, gpu_hour_cost)
     result = api.estimate(
         query, chosen, cluster.cluster, cluster.gpus, enum_value(mfu_dtype), mem_headroom,
-        order=cluster.order, profile=profile, training=training,
+        order=cluster.order, profile=profile, training=training, stack=stack,
     )  # fmt: skip
     warnings = api.layout_warnings(chosen, cluster.cluster)
     if as_json:
@@ -333,12 +358,7 @@ def estimate(
         if value:
             table.add_row(key, f"{value:.4f}", f"{100 * value / result.step_time_s:.1f}%")
     console.print(table)
-    if result.step_time_interval_s is not None:
-        (low, high), (mfu_low, mfu_high) = result.step_time_interval_s, result.mfu_interval
-        console.print(
-            f"profile {result.profile}: step {low:.3f}–{high:.3f} s, MFU "
-            f"{100 * mfu_low:.1f}–{100 * mfu_high:.1f}% (cross-validated 10th–90th percentile)"
-        )
+    console.print(profile_line(result.model_dump()), markup=False, highlight=False)
     console.print("memory per GPU " + fits_line(result.memory_per_gpu_bytes, result))
     if result.time_to_train is not None:
         console.print(time_to_train_line(result.time_to_train.model_dump()))

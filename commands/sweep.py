@@ -8,6 +8,7 @@ import typer
 
 from commands.common import JsonFlag, app, emit_json, make_console
 from commands.flags import MEM_HEADROOM, POSITIVE, ListOf, option, output
+from commands.plan import ProfileFlag, StackFlag
 from commands.time_to_train import GpuHourCostFlag, TrainTokensFlag, build_training
 
 
@@ -34,6 +35,8 @@ def sweep(
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     train_tokens: TrainTokensFlag = None,
     gpu_hour_cost: GpuHourCostFlag = None,
+    profile: ProfileFlag = "auto",
+    stack: StackFlag = None,
     html: output("write the sweep's plots as HTML") = None,
     png: output("write them as PNG (needs kaleido)") = None,
     as_json: JsonFlag = False,
@@ -64,7 +67,7 @@ def sweep(
         training = build_training(cluster, train_tokens, gpu_hour_cost)
         result = api.sweep(
             job_fields, cluster, quantity, values, fixed_gpus, None, objective, mem_headroom,
-            training,
+            training, profile, stack,
         )  # fmt: skip
         if html or png:
             from plots.schedule import write_figure
@@ -110,3 +113,6 @@ def _print_sweep(result) -> None:
             f"{100 * section['goodput']:.1f}" if section else "",
         )
     make_console().print(table)
+    profiles = {point.profile for point in result.points if point.profile}
+    if profiles:
+        make_console().print(f"profile: {', '.join(sorted(profiles))}", markup=False)

@@ -31,9 +31,10 @@ class ProfileTerm(BaseModel):
 
 
 class ProfileFit(BaseModel):
-    """How a profile was fitted and how well it predicts rows it was not fitted on."""
+    """How a profile was fitted and how well it predicts rows it was not fitted on (fields a
+    later ``llmplan fit`` adds are kept, so an older checkout still reads a newer profile)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     command: str
     date: str
@@ -51,9 +52,10 @@ class ProfileFit(BaseModel):
 
 
 class EfficiencyProfile(BaseModel):
-    """The fitted terms of one accelerator (and stack) with their provenance."""
+    """The fitted terms of one accelerator (and stack) with their provenance (extra fields a
+    later ``llmplan fit`` writes are kept)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     accelerator: str
     stack: str | None = None

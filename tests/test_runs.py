@@ -20,9 +20,13 @@ from planner.cost.profile import TERMS, ideal_values, profile_parts, profiled_st
 from planner.runs.check import RowPrediction, predict_row
 from planner.runs.fit import fit_profile, fit_values, predicted_tokens
 
-#: The shared reference rows beside the checkout (CI lays them there): the test targets are
-#: read from there, never shipped.
-REFERENCE = DATA_DIR.parents[1].parent / "shared" / "reference" / "runs"
+#: The shared reference rows beside the checkout or a folder above it (CI lays them beside
+#: it): the test targets are read from there, never shipped.
+REFERENCE = next(
+    (up / "shared" / "reference" / "runs" for up in DATA_DIR.parents[1].parents
+     if (up / "shared" / "reference" / "runs").is_dir()),
+    DATA_DIR.parents[1].parent / "shared" / "reference" / "runs",
+)  # fmt: skip
 
 
 def _targets():
@@ -241,3 +245,66 @@ def test_fit_refuses_too_few_rows():
 
     with pytest.raises(PlanError, match="needs"):
         api.fit(["train"], "h100-sxm", stack="no-such-stack")
+
+
+def _estimate_json(capsys, *flags):
+    code = cli.main(["estimate", *flags, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_estimate_defaults_to_the_accelerators_profile_and_says_so(capsys):
+    default = _estimate_json(capsys)
+    assert default["profile"] == "h100-sxm"
+    assert default["step_time_interval_s"] is not None
+    ideal = _estimate_json(capsys, "--profile", "none")
+    assert ideal["profile"] is None and ideal["step_time_interval_s"] is None
+    assert default["step_time_s"] > ideal["step_time_s"]  # the profile only adds time
+
+
+def test_stack_chooses_the_stacks_profile(capsys):
+    megatron = _estimate_json(capsys, "--stack", "megatron")
+    assert megatron["profile"] == "h100-sxm (megatron)"
+    # An accelerator with no profile of that stack takes its all-stack one.
+    deepspeed = _estimate_json(capsys, "--stack", "deepspeed")
+    assert deepspeed["profile"] == "h100-sxm"
+
+
+def test_unknown_stack_is_one_line_error(capsys):
+    code = cli.main(["estimate", "--stack", "tensorflow"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "megatron" in err
+
+
+def test_plan_prints_the_profile_it_used(capsys):
+    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--top", "1"]
+    assert cli.main(argv) == 0
+    out, _ = capsys.readouterr()
+    assert "profile: h100-sxm;" in out
+    assert cli.main([*argv, "--profile", "none"]) == 0
+    out, _ = capsys.readouterr()
+    assert "profile: none (the ideal model)" in out
+
+
+def test_profile_loader_keeps_fields_a_later_fit_adds(tmp_path):
+    text = (DATA_DIR / "profiles" / "b200.toml").read_text()
+    text = text.replace("[fit]\n", "[fit]\nratio_error_p90 = 0.05\n")
+    path = tmp_path / "newer.toml"
+    path.write_text(text)
+    assert load_profile(str(path)).fit.ratio_error_p90 == 0.05
+
+
+def test_a_run_that_fills_no_whole_nvl72_rack_is_spread_evenly():
+    """256 GPUs on NVL72 racks: 4 racks of 64 (16 of 18 trays each), so a 64-rank expert
+    group stays inside one NVLink domain; 576 GPUs fill 8 racks and stay as they are."""
+    from hwspecs.catalog import load_cluster
+    from planner.runs.rows import spread_over_domains
+
+    cluster = load_cluster("gb200-nvl72")
+    spread = spread_over_domains(cluster, 256)
+    assert [t.group_size for t in spread.tiers] == [64, 512]
+    assert spread.scale_up_domain_size == 64
+    assert spread_over_domains(cluster, 576) == cluster
+    assert spread_over_domains(cluster, 64) == cluster  # inside one rack already
+    assert spread_over_domains(load_cluster("dgx-h100"), 256) == load_cluster("dgx-h100")

@@ -3,7 +3,8 @@
 An accelerator with a shipped profile (``hwspecs/data/profiles/<accelerator>.toml``, or
 ``<accelerator>.<stack>.toml`` fitted on one software stack's runs) takes its own; one
 without runs takes the nearest generation's and says so (``EfficiencyProfile.
-borrowed_from``); ``none`` is the ideal model and a path a user's own.
+borrowed_from``); ``none`` is the ideal model and a path a user's own. ``auto`` (the
+command line's default) is the shipped one for the job's accelerator and stack.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ NEAREST_GENERATION = {
     "tpu-v4": "tpu-v5p",
     "tpu-v6e": "tpu-v5p",
 }
+
+
+#: Software stacks a job names (``--stack``): the families the shipped profiles are fitted
+#: per (:func:`planner.runs.rows.stack_label` puts each published run in one).
+STACKS = ("megatron", "pytorch-fsdp", "jax", "deepspeed")
+#: ``--profile`` values that are not a name or path: the shipped profile, the ideal model.
+PROFILE_CHOICES = ("auto", "none")
 
 
 def profile_for(accelerator: str, choice: str | None = None, stack: str | None = None):

@@ -119,7 +119,11 @@ def run_cluster(row: RunRow) -> Cluster:
         cluster = cluster.model_copy(update={"accelerator": accelerator})
     gpus = row.hardware.num_gpus
     if gpus <= cluster.num_gpus:
-        return cluster
+        return spread_over_domains(cluster, gpus)
+    return spread_over_domains(_grown(cluster, gpus), gpus)
+
+
+def _grown(cluster: Cluster, gpus: int) -> Cluster:
     if cluster.torus_shape is not None:
         raise Uncovered("run larger than the catalog's TPU pod")
     outer = cluster.tiers[-1]
@@ -133,6 +137,39 @@ def run_cluster(row: RunRow) -> Cluster:
         "non-blocking, joins copies of the reference cluster",
     }
     return Cluster.model_validate({**data, "num_gpus": size, "tiers": [*cluster.tiers, grown]})
+
+
+def spread_over_domains(cluster: Cluster, gpus: int) -> Cluster:
+    """``cluster`` as a run of ``gpus`` that fills no whole number of its scale-up domains
+    uses it: spread evenly over the fewest domains that hold it, whole nodes in each (a
+    256-GPU run on NVL72 racks takes 16 of the 18 compute trays of each of 4 racks, so its
+    64-rank groups stay inside one NVLink domain; block-topology scheduling places jobs so).
+    Unchanged where the run fills whole domains, fits in one, or cannot be spread evenly."""
+    domain, node = cluster.scale_up_domain_size, cluster.gpus_per_node
+    tier = cluster.tiers[0]
+    if domain is None or gpus <= domain or gpus % domain == 0 or tier.group_size != domain:
+        return cluster
+    fewest = -(-gpus // domain)
+    used_domains = next((k for k in range(fewest, gpus // node + 1)
+                         if gpus % k == 0 and (gpus // k) % node == 0), None)  # fmt: skip
+    if used_domains is None:
+        return cluster
+    per_domain = gpus // used_domains
+    tiers = [tier.model_copy(update={"group_size": per_domain})]
+    for outer in cluster.tiers[1:]:  # each outer tier holds as many domains as before
+        tiers.append(
+            outer.model_copy(update={"group_size": outer.group_size // domain * per_domain})
+        )
+    if tiers[-1].group_size < gpus:
+        return cluster
+    data = cluster.model_dump()
+    data["sources"] = {
+        **data["sources"],
+        "tiers.0": f"{data['sources'].get('tiers.0', '')}; runs check assumption: the run spread "
+        f"evenly over {used_domains} domains, {per_domain} GPUs in each",
+    }
+    return Cluster.model_validate({**data, "num_gpus": tiers[-1].group_size,
+                                   "scale_up_domain_size": per_domain, "tiers": tiers})  # fmt: skip
 
 
 def _schedule_pins(text: str | None, pp: int, vpp: int | None) -> dict:

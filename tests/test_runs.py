@@ -7,6 +7,7 @@ out); profiles are checked never to have been fitted on the test targets.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -308,3 +309,21 @@ def test_a_run_that_fills_no_whole_nvl72_rack_is_spread_evenly():
     assert spread_over_domains(cluster, 576) == cluster
     assert spread_over_domains(cluster, 64) == cluster  # inside one rack already
     assert spread_over_domains(load_cluster("dgx-h100"), 256) == load_cluster("dgx-h100")
+
+
+def test_runs_check_page_is_offline_and_names_every_row(tmp_path, capsys):
+    path = tmp_path / "runs.html"
+    argv = ["runs", "check", "--accelerator", "a100-sxm-80gb", "--limit", "4", "--html", str(path)]
+    assert cli.main(argv) == 0
+    assert f"wrote {path}" in capsys.readouterr().out
+    text = path.read_text()
+    assert re.search(r"<script[^>]+src=", text) is None  # plotly.js inlined, nothing fetched
+    ids = [r.id for r in load_runs("train") if r.hardware.accelerator == "a100-sxm-80gb"][:4]
+    assert all(row_id in text for row_id in ids)
+    assert "predicted = measured" in text and "MAPE per source" in text
+    from tests.test_pages import BROWSER, _render_offline
+
+    if BROWSER is None:
+        pytest.skip("no Chromium: .ci/run installs Debian's")
+    dom = _render_offline(path, tmp_path)
+    assert 'class="main-svg"' in dom and len(re.findall(r'class="trace ', dom)) >= 2

@@ -35,8 +35,10 @@ def runs_figure(result):
                 y=[r.predicted_tokens_per_s_per_gpu for r in rows],
                 mode="markers",
                 name=accelerator,
-                customdata=[[r.id, r.source_family, _layout_text(r.layout), 100 * r.error,
-                             r.num_gpus] for r in rows],  # fmt: skip
+                customdata=[
+                    [r.id, r.source_family, _layout_text(r.layout), 100 * r.error, r.num_gpus]
+                    for r in rows
+                ],
                 hovertemplate="%{customdata[0]}<br>%{customdata[1]}, %{customdata[4]} GPUs"
                 "<br>%{customdata[2]}<br>measured %{x:,.0f}, predicted %{y:,.0f} tokens/s/GPU"
                 "<br>error %{customdata[3]:+.1f}%<extra></extra>",
@@ -51,9 +53,15 @@ def runs_figure(result):
         for factor, name, dash in ((1.0, "predicted = measured", "solid"),
                                    (1.2, "±20%", "dot"), (0.8, "±20%", "dot")):  # fmt: skip
             fig.add_trace(
-                go.Scatter(x=[low, high], y=[low * factor, high * factor], mode="lines",
-                           name=name, line={"color": "grey", "dash": dash},
-                           showlegend=factor != 0.8, hoverinfo="skip"),  # fmt: skip
+                go.Scatter(
+                    x=[low, high],
+                    y=[low * factor, high * factor],
+                    mode="lines",
+                    name=name,
+                    line={"color": "grey", "dash": dash},
+                    showlegend=factor != 0.8,
+                    hoverinfo="skip",
+                ),
                 row=1,
                 col=1,
             )

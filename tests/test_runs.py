@@ -188,9 +188,11 @@ def test_predict_row_pins_the_published_layout():
 
 
 def test_uncovered_rows_say_why():
-    row = next(r for r in load_runs("train") if r.hardware.accelerator == "gb300")
+    row = next(r for r in load_runs("train") if r.hardware.accelerator == "tpu-v5e")
     prediction = predict_row(row)
-    assert not prediction.covered and "gb300" in prediction.reason
+    assert not prediction.covered and "tpu-v5e" in prediction.reason
+    row = next(r for r in load_runs("train") if "fp4" in r.training.precision.lower())
+    assert predict_row(row).reason == "FP4 training is not modelled"
 
 
 def test_runs_check_quick_sample_json(capsys):

@@ -13,7 +13,7 @@ from hwspecs.catalog import load_profile, profile_names
 
 #: The accelerator whose profile one without runs of its own takes: the same chip
 #: generation (H800 and H200 are H100 silicon with other NVLink / HBM; B200 and GB200 one
-#: Blackwell die pair; the two A100 memory sizes one chip).
+#: Blackwell die pair, B300 and GB300 one Blackwell Ultra; the two A100 memory sizes one chip).
 NEAREST_GENERATION = {
     "h800-sxm": "h100-sxm",
     "h200-sxm": "h100-sxm",
@@ -22,6 +22,8 @@ NEAREST_GENERATION = {
     "a100-sxm-80gb": "a100-sxm-40gb",
     "b200": "gb200",
     "gb200": "b200",
+    "b300": "gb300",
+    "gb300": "b300",
     "tpu-v5e": "tpu-v5p",
     "tpu-v4": "tpu-v5p",
     "tpu-v6e": "tpu-v5p",

@@ -33,6 +33,8 @@ REFERENCE_CLUSTERS = {
     "a100-sxm-40gb": "dgx-a100",
     "b200": "dgx-b200",
     "gb200": "gb200-nvl72",
+    "b300": "dgx-b300",
+    "gb300": "gb300-nvl72",
     "mi300x": "mi300x",
     "tpu-v4": "tpu-v4",
     "tpu-v5p": "tpu-v5p",

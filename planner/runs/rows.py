@@ -49,6 +49,8 @@ class Uncovered(Exception):
 def precision_recipe(text: str) -> str:
     """The planner's precision recipe for a row's precision text (FP4 is not modelled)."""
     lower = text.lower()
+    if lower.split(" ")[0] == "fp32":  # a local run (llmplan validate --out): FP32 throughout
+        return "fp32"
     if "fp4" in lower:
         raise Uncovered("FP4 training is not modelled")
     if "fp8" in lower:
@@ -108,16 +110,22 @@ def model_spec(row: RunRow) -> ModelSpec:
 
 
 def run_cluster(row: RunRow) -> Cluster:
-    """The cluster the row is predicted on: its named catalog cluster, else the
-    accelerator's reference cluster, grown to the row's GPU count where it is larger."""
+    """The cluster the row is predicted on: its named catalog cluster (or cluster TOML, such
+    as the calibrated machine a ``llmplan validate --out`` row names, whose accelerator is
+    then that file's), else the accelerator's reference cluster, grown to the row's GPU
+    count where it is larger."""
     accelerator = row.hardware.accelerator
-    if accelerator not in catalog_names("accelerator"):
+    in_catalog = accelerator in catalog_names("accelerator")
+    if not in_catalog and row.hardware.cluster is None:
         raise Uncovered(f"accelerator {accelerator} not in the catalog")
     name = row.hardware.cluster or REFERENCE_CLUSTERS.get(accelerator)
     if name is None:
         raise Uncovered(f"no reference cluster for {accelerator}")
-    cluster = load_cluster(name)
-    if cluster.accelerator != accelerator:
+    try:
+        cluster = load_cluster(name)
+    except PlanError as error:
+        raise Uncovered(f"cluster {name}: {error}") from None
+    if in_catalog and cluster.accelerator != accelerator:  # a row on a cluster's sibling part
         cluster = cluster.model_copy(update={"accelerator": accelerator})
     gpus = row.hardware.num_gpus
     if gpus <= cluster.num_gpus:
@@ -175,9 +183,13 @@ def spread_over_domains(cluster: Cluster, gpus: int) -> Cluster:
 
 
 def _schedule_pins(text: str | None, pp: int, vpp: int | None) -> dict:
+    from planner.pipeline.schedules import SCHEDULES
+
     if pp == 1:
         return {"schedule": ["1f1b"], "vpp": [1]}
     lower = (text or "").lower()
+    if lower in SCHEDULES:  # the planner's own name (a local run's)
+        return {"schedule": [lower], **({"vpp": [vpp]} if vpp else {})}
     if "dualpipe" in lower:
         return {"schedule": ["dualpipe"]}
     if "interleaved" in lower or (vpp or 1) > 1:

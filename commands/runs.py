@@ -171,7 +171,8 @@ def fit(
 
     console.print(
         f"{accelerator}: {f['num_rows']} rows in {f['num_groups']} groups; MAPE ideal "
-        f"{pct(f['ideal_mape'])} → in-sample {pct(f['in_sample_mape'])}, k-fold by source "
+        f"{pct(f['ideal_mape'])} → in-sample {pct(f['in_sample_mape'])}, k-fold by "
+        f"{'source' if f['loso_mape'] is not None else 'configuration group (one source)'} "
         f"{pct(f['kfold_mape'])}, leave-one-source-out {pct(f['loso_mape'])}"
     )
     table = Table(title="fitted terms")

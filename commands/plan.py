@@ -149,7 +149,7 @@ def plan(
     # With --emit and no file, stdout carries the settings alone (redirectable as they are).
     alone = emitted is not None and not emit_out
     console = _stderr_console() if alone else make_console()
-    _print_plan(result, explain, console)
+    _print_plan(result, explain, console, profile)
     for note in emitted.notes if emitted is not None else ():
         console.print(f"note ({emit}): {note}", markup=False, highlight=False)
     if alone:
@@ -208,7 +208,7 @@ def _trainer_space(trainer: str, job, space_fields: dict, quiet: bool) -> list[s
     return schedules
 
 
-def _print_plan(result, explain: bool, console=None) -> None:
+def _print_plan(result, explain: bool, console=None, profile: str = "auto") -> None:
     from rich import box
     from rich.table import Table
 
@@ -272,7 +272,8 @@ def _print_plan(result, explain: bool, console=None) -> None:
             *_time_to_train_cells(entry.get("time_to_train")),
         )
     console.print(table)
-    console.print(profile_line(result.results[0], "#1 "), markup=False, highlight=False)
+    auto = profile in ("auto", "shipped")
+    console.print(profile_line(result.results[0], "#1 ", auto), markup=False, highlight=False)
     if timed:
         console.print("#1 " + time_to_train_line(result.results[0]["time_to_train"]))
     if explain:
@@ -287,10 +288,17 @@ def _print_plan(result, explain: bool, console=None) -> None:
                 console.print(line)
 
 
-def profile_line(entry: dict, prefix: str = "") -> str:
-    """The profile an estimate used and, with one, its cross-validated band."""
+def profile_line(entry: dict, prefix: str = "", auto: bool = False) -> str:
+    """The profile an estimate used and, with one, its cross-validated band (``auto``: the
+    profile was --profile auto's choice, so none found is said as such)."""
     if entry.get("step_time_interval_s") is None:
-        return f"profile: {entry.get('profile') or 'none (the ideal model)'}"
+        if entry.get("profile"):
+            return f"profile: {entry['profile']}"
+        accelerator = entry.get("accelerator")
+        if auto and accelerator:  # --profile auto found none to take
+            return (f"profile: none (no profile ships for {accelerator} or its generation: "
+                    "the ideal model)")  # fmt: skip
+        return "profile: none (the ideal model)"
     (low, high), (mfu_low, mfu_high) = entry["step_time_interval_s"], entry["mfu_interval"]
     return (
         f"profile: {entry['profile']}; {prefix}step {low:.3f}–{high:.3f} s, MFU "
@@ -358,7 +366,8 @@ def estimate(
         if value:
             table.add_row(key, f"{value:.4f}", f"{100 * value / result.step_time_s:.1f}%")
     console.print(table)
-    console.print(profile_line(result.model_dump()), markup=False, highlight=False)
+    auto = profile in ("auto", "shipped")
+    console.print(profile_line(result.model_dump(), "", auto), markup=False, highlight=False)
     console.print("memory per GPU " + fits_line(result.memory_per_gpu_bytes, result))
     if result.time_to_train is not None:
         console.print(time_to_train_line(result.time_to_train.model_dump()))

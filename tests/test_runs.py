@@ -329,3 +329,11 @@ def test_runs_check_page_is_offline_and_names_every_row(tmp_path, capsys):
         pytest.skip("no Chromium: .ci/run installs Debian's")
     dom = _render_offline(path, tmp_path)
     assert 'class="main-svg"' in dom and len(re.findall(r'class="trace ', dom)) >= 2
+
+
+def test_auto_says_when_no_profile_ships_for_the_accelerator(capsys):
+    argv = ["estimate", "--cluster", "mi300x", "--model", "llama3-8b", "--tp", "8", "--pp", "1",
+            "--dp", "1", "--gpus", "8"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "profile: none (no profile ships for mi300x or its generation: the ideal model)" in out

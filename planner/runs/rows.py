@@ -188,8 +188,10 @@ def _schedule_pins(text: str | None, pp: int, vpp: int | None) -> dict:
     if pp == 1:
         return {"schedule": ["1f1b"], "vpp": [1]}
     lower = (text or "").lower()
-    if lower in SCHEDULES:  # the planner's own name (a local run's)
-        return {"schedule": [lower], **({"vpp": [vpp]} if vpp else {})}
+    # The planner's own name (a local run's); a bare "1F1B" keeps the published reading below
+    # (interleaved where the row gives virtual stages).
+    if lower in SCHEDULES and lower != "1f1b":
+        return {"schedule": [lower], "vpp": [vpp or 1]}
     if "dualpipe" in lower:
         return {"schedule": ["dualpipe"]}
     if "interleaved" in lower or (vpp or 1) > 1:

@@ -47,9 +47,19 @@ ExplainFlag = Annotated[
 ProfileFlag = Annotated[
     str,
     option(
-        Name("none, shipped or a profile TOML path"),
-        "efficiency profile: none (the ideal model), shipped (the accelerator's fitted "
-        "profile, or its generation's) or a profile TOML path",
+        Name("auto, none or a profile name or TOML path"),
+        "efficiency profile: auto (the accelerator's fitted profile for --stack, else its "
+        "all-stack one, else its generation's; the ideal model where none), none (the ideal "
+        "model), a shipped profile's name or a profile TOML path",
+    ),
+]
+StackFlag = Annotated[
+    str | None,
+    option(
+        Name("megatron, pytorch-fsdp, jax or deepspeed"),
+        "the job's software stack (megatron: Megatron-Core/NeMo; pytorch-fsdp: FSDP2, "
+        "torchtitan, Composer; jax: MaxText/Pax; deepspeed): --profile auto takes the "
+        "profile fitted on that stack's runs where one ships",
     ),
 ]
 
@@ -66,7 +76,8 @@ def plan(
     ),
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     mfu_dtype: MFU_DTYPE.annotation = MFU_DTYPE.default,
-    profile: ProfileFlag = "none",
+    profile: ProfileFlag = "auto",
+    stack: StackFlag = None,
     rank: RANK.annotation = RANK.default,
     explain: ExplainFlag = False,
     emit: Annotated[
@@ -134,6 +145,7 @@ def plan(
             profile=profile,
             training=training,
             rank=enum_value(rank),
+            stack=stack,
         )
     if csv:
         from commands.outputs import atomic_path
@@ -161,7 +173,7 @@ def plan(
     # With --emit and no file, stdout carries the settings alone (redirectable as they are).
     alone = emitted is not None and not emit_out
     console = _stderr_console() if alone else make_console()
-    _print_plan(result, explain, console)
+    _print_plan(result, explain, console, profile)
     for note in emitted.notes if emitted is not None else ():
         console.print(f"note ({emit}): {note}", markup=False, highlight=False)
     if alone:
@@ -250,7 +262,7 @@ def _trainer_space(trainer: str, job, space_fields: dict, quiet: bool) -> list[s
     return schedules
 
 
-def _print_plan(result, explain: bool, console=None) -> None:
+def _print_plan(result, explain: bool, console=None, profile: str = "auto") -> None:
     from rich import box
     from rich.table import Table
 
@@ -317,6 +329,8 @@ def _print_plan(result, explain: bool, console=None) -> None:
         )
     console.print(table)
     console.print(_rank_legend(result), markup=False, highlight=False)
+    auto = profile in ("auto", "shipped")
+    console.print(profile_line(result.results[0], "#1 ", auto), markup=False, highlight=False)
     if timed:
         console.print("#1 " + time_to_train_line(result.results[0]["time_to_train"]))
     if explain:
@@ -345,6 +359,24 @@ def _rank_legend(result) -> str:
     return f"ranked {order}; t#: rank by predicted step time, {tie}"
 
 
+def profile_line(entry: dict, prefix: str = "", auto: bool = False) -> str:
+    """The profile an estimate used and, with one, its cross-validated band (``auto``: the
+    profile was --profile auto's choice, so none found is said as such)."""
+    if entry.get("step_time_interval_s") is None:
+        if entry.get("profile"):
+            return f"profile: {entry['profile']}"
+        accelerator = entry.get("accelerator")
+        if auto and accelerator:  # --profile auto found none to take
+            return (f"profile: none (no profile ships for {accelerator} or its generation: "
+                    "the ideal model)")  # fmt: skip
+        return "profile: none (the ideal model)"
+    (low, high), (mfu_low, mfu_high) = entry["step_time_interval_s"], entry["mfu_interval"]
+    return (
+        f"profile: {entry['profile']}; {prefix}step {low:.3f}–{high:.3f} s, MFU "
+        f"{100 * mfu_low:.1f}–{100 * mfu_high:.1f}% (cross-validated 10th–90th percentile)"
+    )
+
+
 def _time_to_train_cells(section: dict | None) -> tuple[str, ...]:
     if section is None:
         return ()
@@ -359,7 +391,8 @@ def estimate(
     layout: Values,
     mfu_dtype: MFU_DTYPE.annotation = MFU_DTYPE.default,
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
-    profile: ProfileFlag = "none",
+    profile: ProfileFlag = "auto",
+    stack: StackFlag = None,
     explain: Annotated[bool, typer.Option("--explain", help="each term's formula")] = False,
     train_tokens: TrainTokensFlag = None,  # time to train (issue 19)
     gpu_hour_cost: GpuHourCostFlag = None,
@@ -376,7 +409,7 @@ def estimate(
     training = build_training(cluster.cluster, train_tokens, gpu_hour_cost)
     result = api.estimate(
         query, chosen, cluster.cluster, cluster.gpus, enum_value(mfu_dtype), mem_headroom,
-        order=cluster.order, profile=profile, training=training,
+        order=cluster.order, profile=profile, training=training, stack=stack,
     )  # fmt: skip
     warnings = api.layout_warnings(chosen, cluster.cluster)
     if html or png:
@@ -413,12 +446,8 @@ def estimate(
         if value:
             table.add_row(key, f"{value:.4f}", f"{100 * value / result.step_time_s:.1f}%")
     console.print(table)
-    if result.step_time_interval_s is not None:
-        (low, high), (mfu_low, mfu_high) = result.step_time_interval_s, result.mfu_interval
-        console.print(
-            f"profile {result.profile}: step {low:.3f}–{high:.3f} s, MFU "
-            f"{100 * mfu_low:.1f}–{100 * mfu_high:.1f}% (cross-validated 10th–90th percentile)"
-        )
+    auto = profile in ("auto", "shipped")
+    console.print(profile_line(result.model_dump(), "", auto), markup=False, highlight=False)
     console.print("memory per GPU " + fits_line(result.memory_per_gpu_bytes, result))
     if result.time_to_train is not None:
         console.print(time_to_train_line(result.time_to_train.model_dump()))

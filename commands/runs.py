@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from commands.common import JsonFlag, app, emit_json, make_console
-from commands.flags import Count, option
+from commands.flags import Count, option, output
 
 runs_app = typer.Typer(help="Predict published (or your own) training runs and measure the error.")
 app.add_typer(runs_app, name="runs")
@@ -24,8 +24,8 @@ RunsFlag = Annotated[
 ProfileFlag = Annotated[
     str | None,
     typer.Option(
-        help="efficiency profile: none (the ideal model), an accelerator's shipped profile "
-        "or a profile TOML path (default: each accelerator's shipped profile)"
+        help="efficiency profile: auto (each row's accelerator's shipped profile for its "
+        "stack, the default), none (the ideal model), a shipped profile or a TOML path"
     ),
 ]
 
@@ -77,6 +77,7 @@ def runs_check(
     ] = None,
     rows: Annotated[bool, typer.Option("--rows", help="also print every row")] = False,
     csv: Annotated[Path | None, typer.Option("--csv", help="write every row to this CSV")] = None,
+    html: output("write predicted vs measured throughput of every row as HTML") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Predict runs with every published layout field pinned (the rest searched) and print
@@ -86,6 +87,12 @@ def runs_check(
     result = api.runs_check(runs, source, accelerator, profile, limit, cluster)
     if csv is not None:
         _write_csv(result, csv)
+    if html:
+        from commands.outputs import atomic_path
+        from plots.runs import runs_figure
+
+        with atomic_path(html) as temporary:
+            runs_figure(result).write_html(temporary, include_plotlyjs=True, full_html=True)
     if as_json:
         emit_json(result)
         return
@@ -118,6 +125,8 @@ def runs_check(
                               f"{r.predicted_tokens_per_s_per_gpu:,.0f}", f"{r.error:+.1%}",
                               f"{r.measured_mfu:.1%}", f"{r.predicted_mfu:.1%}")  # fmt: skip
         console.print(table)
+    if html:
+        console.print(f"wrote {html}", markup=False, highlight=False)
 
 
 @app.command("fit")
@@ -162,7 +171,8 @@ def fit(
 
     console.print(
         f"{accelerator}: {f['num_rows']} rows in {f['num_groups']} groups; MAPE ideal "
-        f"{pct(f['ideal_mape'])} → in-sample {pct(f['in_sample_mape'])}, k-fold by source "
+        f"{pct(f['ideal_mape'])} → in-sample {pct(f['in_sample_mape'])}, k-fold by "
+        f"{'source' if f['loso_mape'] is not None else 'configuration group (one source)'} "
         f"{pct(f['kfold_mape'])}, leave-one-source-out {pct(f['loso_mape'])}"
     )
     table = Table(title="fitted terms")

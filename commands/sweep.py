@@ -21,6 +21,7 @@ from commands.flags import (
     uses,
     value,
 )
+from commands.plan import ProfileFlag, StackFlag
 from commands.time_to_train import GpuHourCostFlag, TrainTokensFlag, build_training
 
 
@@ -52,6 +53,8 @@ def sweep(
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     train_tokens: TrainTokensFlag = None,
     gpu_hour_cost: GpuHourCostFlag = None,
+    profile: ProfileFlag = "auto",
+    stack: StackFlag = None,
     html: output("write the sweep's plots as HTML") = None,
     png: png_output("write them as PNG (needs kaleido and a Chrome/Chromium)") = None,
     as_json: JsonFlag = False,
@@ -80,7 +83,7 @@ def sweep(
     training = build_training(cluster, train_tokens, gpu_hour_cost)
     result = api.sweep(
         job_fields, cluster, quantity, values, fixed_gpus, None, objective, mem_headroom,
-        training,
+        training, profile, stack,
     )  # fmt: skip
     if html or png:
         from commands.outputs import write_pages
@@ -118,3 +121,6 @@ def _print_sweep(result) -> None:
             f"{100 * section['goodput']:.1f}" if section else "",
         )
     make_console().print(table)
+    profiles = {point.profile for point in result.points if point.profile}
+    if profiles:
+        make_console().print(f"profile: {', '.join(sorted(profiles))}", markup=False)

@@ -91,6 +91,10 @@ def validate(
         "interrupted run keeps what it measured"
     ) = None,
     html: output("write predicted vs measured pipeline timelines") = None,
+    out: output(
+        "write the measured runs as a runs file (the train.json schema, on the calibrated "
+        "cluster) that runs check and fit take"
+    ) = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run real torch.distributed steps and print predicted vs measured side by side."""
@@ -122,6 +126,15 @@ def validate(
         specs, quick=quick, timeout_s=timeout_s, on_result=progress, jsonl_path=results
     )
     report = compare(measured, cluster)
+    if out:
+        import json
+
+        from commands.outputs import atomic_path
+        from validate.runs_out import measured_runs
+
+        rows = [row.model_dump(mode="json") for row in measured_runs(measured, cluster)]
+        with atomic_path(out) as temporary, open(temporary, "w") as handle:
+            handle.write(json.dumps(rows, indent=1) + "\n")
     if html:
         from commands.outputs import atomic_path
         from plots.validation import validation_figure
@@ -134,6 +147,7 @@ def validate(
     _print_validation(report)
     wrote(html)
     wrote(results)
+    wrote(out)
 
 
 def _print_validation(report) -> None:

@@ -47,9 +47,10 @@ class RatioErrorFit(BaseModel):
 
 
 class ProfileFit(BaseModel):
-    """How a profile was fitted and how well it predicts rows it was not fitted on."""
+    """How a profile was fitted and how well it predicts rows it was not fitted on (fields a
+    later ``llmplan fit`` adds are kept, so an older checkout still reads a newer profile)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     command: str
     date: str
@@ -69,9 +70,10 @@ class ProfileFit(BaseModel):
 
 
 class EfficiencyProfile(BaseModel):
-    """The fitted terms of one accelerator (and stack) with their provenance."""
+    """The fitted terms of one accelerator (and stack) with their provenance (extra fields a
+    later ``llmplan fit`` writes are kept)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     accelerator: str
     stack: str | None = None

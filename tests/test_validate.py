@@ -471,11 +471,15 @@ def test_cli_validate_prints_predicted_vs_measured_and_writes_html(
 
     html = tmp_path / "report.html"
     cluster = synthetic_calibration.paths["cluster"]
-    argv = ["validate", "--layouts", "pp-1f1b", "--cluster", cluster, "--html", str(html), "--json"]
+    runs = tmp_path / "runs.json"
+    argv = ["validate", "--layouts", "pp-1f1b", "--cluster", cluster, "--html", str(html),
+            "--out", str(runs), "--json"]  # fmt: skip
     code = cli.main(argv)
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
+    (row,) = json.loads(runs.read_text())
+    assert row["hardware"]["cluster"] == cluster and row["training"]["pp"] == 2
     run = report["runs"][0]
     assert run["status"] == "ok"
     assert {"step_time_s", "memory_bytes", "comm_bytes"} <= set(run["predicted"]) & set(
@@ -483,6 +487,34 @@ def test_cli_validate_prints_predicted_vs_measured_and_writes_html(
     )
     assert run["measured"]["order_matches_planner"] is True
     assert "measured" in html.read_text()
+
+
+def test_measured_runs_are_rows_runs_check_predicts_on_the_calibrated_cluster(
+    quick, synthetic_calibration, tmp_path
+):
+    """`validate --out` rows: the runs schema, on the calibrated cluster, covered by runs check."""
+    from planner import api
+    from validate.runs_out import measured_runs
+
+    cluster = synthetic_calibration.paths["cluster"]
+    rows = measured_runs(list(quick.values()), cluster)
+    assert len(rows) == sum(result.ok for result in quick.values())
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([row.model_dump(mode="json") for row in rows]))
+    check = api.runs_check([str(path)], profile="none")
+    assert check.num_covered == len(rows), check.uncovered
+    by_id = {row.id: row for row in check.rows}
+    for row in rows:
+        predicted = by_id[row.id]
+        spec = quick[row.source_ref.config].spec
+        assert predicted.layout["tp"] == spec.layout.tp and predicted.layout["pp"] == spec.layout.pp
+        assert predicted.layout["schedule"] == spec.planner_layout().schedule or spec.layout.pp == 1
+        measured = (
+            spec.global_batch_size
+            * spec.workload.seq_len
+            / quick[row.source_ref.config].step_time_s()
+        )
+        assert predicted.measured_tokens_per_s_per_gpu == pytest.approx(measured / spec.world_size)
 
 
 # ----- the parallel forms' own operations (planner.structure.op_counts), counted again ---------------

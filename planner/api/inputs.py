@@ -156,17 +156,22 @@ DEFAULT_PLAN = {
 }
 
 
-def with_profile(job, accelerator: str, profile: str | None):
-    """``job`` under an efficiency profile: ``none`` / None the ideal model, ``shipped`` the
-    accelerator's own (else the nearest generation's), else a profile name or TOML path."""
-    from planner.runs.profiles import profile_for
+def with_profile(job, accelerator: str, profile: str | None, stack: str | None = None):
+    """``job`` under an efficiency profile: ``none`` / None the ideal model; ``auto`` the
+    shipped profile of ``accelerator`` for ``stack`` (else its all-stack one, else the
+    nearest generation's, else the ideal model); ``shipped`` the same but an error where
+    there is none; else a profile name or TOML path."""
+    from planner.runs.profiles import STACKS, profile_for
 
+    if stack is not None and stack not in STACKS:
+        raise unknown_name_error("stack", stack, STACKS)
     if profile in (None, "none"):
         return job
-    chosen = profile_for(accelerator, None if profile == "shipped" else profile)
-    if chosen is None:
+    shipped = profile in ("auto", "shipped")
+    chosen = profile_for(accelerator, None if shipped else profile, stack)
+    if chosen is None and profile == "shipped":
         raise PlanError(f"--profile shipped: no profile for {accelerator} or its generation")
-    return job.model_copy(update={"efficiency_profile": chosen})
+    return job if chosen is None else job.model_copy(update={"efficiency_profile": chosen})
 
 
 def build_training(cluster: str, train_tokens, gpu_hour_cost: float | None = None):

@@ -142,16 +142,17 @@ def estimate(
     order: str | None = None,
     profile: str | None = None,
     training=None,
+    stack: str | None = None,
 ):
-    """One layout's predicted step (see :func:`planner.estimate.estimate`); ``profile``: see
-    :func:`with_profile`; with ``training`` (:func:`build_training`), its time to train too."""
+    """One layout's predicted step (see :func:`planner.estimate.estimate`); ``profile`` and
+    ``stack``: see :func:`with_profile` (None: the ideal model); with ``training`` (:func:`build_training`), its time to train too."""
     mem_headroom = _checked_headroom(mem_headroom)
     from hwspecs.catalog import load_cluster
     from planner.comm.mesh import resolve_order
     from planner.estimate import estimate as estimate_layout
 
     spec = load_cluster(cluster)
-    job = with_profile(job, spec.accelerator, profile)
+    job = with_profile(job, spec.accelerator, profile, stack)
     mesh = resolve_order(order) if order else None
     detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
     return detail if training is None else _with_time_to_train(detail, job, training)

@@ -20,7 +20,8 @@ def runs_check(
 
     ``runs``: files or the shipped catalog (default: ``train``); ``source`` / ``accelerator``:
     keep rows whose source contains / accelerator is it; ``profile``: ``none`` (the ideal
-    model), a profile TOML path, or None for each accelerator's shipped profile; ``limit``:
+    model), a profile TOML path, or ``auto`` / None for each row's accelerator's shipped
+    profile for its stack; ``limit``:
     the first rows only (a quick sample); ``cluster``: the catalog cluster the rows that name
     none ran on (else each accelerator's reference cluster).
     """
@@ -45,11 +46,12 @@ def runs_check(
             row.model_copy(update={"hardware": row.hardware.model_copy(update={"cluster": cluster})})
             for row in rows
         ]  # fmt: skip
+    choice = None if profile in (None, "auto", "shipped") else profile
     predictions = [
-        predict_row(row, profile_for(row.hardware.accelerator, profile, stack_label(row)))
+        predict_row(row, profile_for(row.hardware.accelerator, choice, stack_label(row)))
         for row in rows
     ]
-    return summarize(predictions, ", ".join(names), profile or "shipped")
+    return summarize(predictions, ", ".join(names), choice or "auto (each row's shipped)")
 
 
 class FitReport(BaseModel):

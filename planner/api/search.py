@@ -68,16 +68,18 @@ def plan(
     profile: str | None = None,
     training=None,
     rank: str = "robust",
+    stack: str | None = None,
 ):
     """Search every layout and return the top ones with their full estimates; also the table.
     ``refine_top``: rows re-timed by the event simulator (default
-    :data:`planner.refine.DEFAULT_REFINE_TOP`); ``profile``: see :func:`with_profile`;
+    :data:`planner.refine.DEFAULT_REFINE_TOP`); ``profile`` and ``stack``: see :func:`with_profile` (None: the ideal model);
     ``training`` (:func:`build_training`) adds each result's time to train and the
     ``expected_wall_time_s`` column; objective ``time_to_train`` ranks by it. ``rank``:
     ``robust`` (layouts within the measured ratio error of the fastest are ties, ordered by
     :mod:`planner.rank`'s rules) or ``time`` (by predicted step time alone)."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.comm.mesh import resolve_order
+    from planner.cost.profile import profile_label
     from planner.estimate import estimate as estimate_layout
     from planner.search import OBJECTIVES, layout_of_row, search
 
@@ -92,7 +94,7 @@ def plan(
     if gpus > spec.num_gpus:
         raise PlanError(f"--gpus {gpus} exceeds cluster {spec.id}'s {spec.num_gpus} GPUs")
     accelerator = load_accelerator(spec.accelerator)
-    job = with_profile(job, spec.accelerator, profile)
+    job = with_profile(job, spec.accelerator, profile, stack)
     ranking = rank_settings(rank, spec.accelerator, job.efficiency_profile)
     mesh = resolve_order(order) if order else None
     from planner.refine import DEFAULT_REFINE_TOP
@@ -142,6 +144,7 @@ def plan(
         "recipe": job.finetune.recipe if job.finetune is not None else "full",
         "finetune": job.finetune.model_dump() if job.finetune is not None else None,
         "space": space.model_dump() if space else None,
+        "profile": profile_label(job.efficiency_profile),
     }
     if training is not None:
         query["training"] = training.model_dump()
@@ -186,6 +189,8 @@ class SweepPoint(BaseModel):
     tokens_per_s_per_gpu: float | None = None
     cluster_tokens_per_s: float | None = None
     time_to_train: dict | None = None
+    #: The efficiency profile the point's plan used (:func:`planner.cost.profile.profile_label`).
+    profile: str | None = None
 
 
 class SweepResult(BaseModel):
@@ -206,11 +211,14 @@ def sweep(
     objective: str = "step_time",
     mem_headroom: float = 0.05,
     training=None,
+    profile: str | None = None,
+    stack: str | None = None,
 ) -> SweepResult:
     """Run :func:`plan` at each value of ``quantity`` (``gpus`` or ``seq_len``) and keep
     the winner: where scaling stops paying shows in step time, MFU, days and goodput.
 
-    ``job_fields``: :func:`build_job`'s arguments (``seq_len`` is replaced when swept)."""
+    ``job_fields``: :func:`build_job`'s arguments (``seq_len`` is replaced when swept);
+    ``profile`` and ``stack``: see :func:`with_profile`."""
     from hwspecs.catalog import load_cluster
     from planner.search import SearchSpace
 
@@ -226,8 +234,9 @@ def sweep(
         point_gpus = value if quantity == "gpus" else gpus
         try:
             result, _ = plan(
-                job, cluster, point_gpus, space, objective, mem_headroom, top=1, training=training
-            )
+                job, cluster, point_gpus, space, objective, mem_headroom, top=1,
+                training=training, profile=profile, stack=stack,
+            )  # fmt: skip
         except PlanError as error:  # nothing fits at this point: the sweep goes on
             if getattr(error, "reasons", None) is None:
                 raise
@@ -241,6 +250,7 @@ def sweep(
             "num_gpus": result.query["num_gpus"],
             "seq_len": job.seq_len,
             "feasible": result.feasible,
+            "profile": result.query["profile"],
         }
         if result.results:
             best = result.results[0]

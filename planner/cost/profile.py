@@ -192,6 +192,17 @@ def apply_profile(out: dict, inputs: dict, profile) -> dict:
     return out
 
 
+def profile_label(profile) -> str:
+    """What every output says of the profile in use: ``none (the ideal model)``, the
+    accelerator (and stack) it was fitted on, or whose it borrowed and why."""
+    if profile is None:
+        return "none (the ideal model)"
+    name = profile.accelerator + (f" ({profile.stack})" if profile.stack else "")
+    if profile.borrowed_from:
+        name = f"{profile.borrowed_from}'s (nearest generation: no runs of this accelerator)"
+    return name
+
+
 def profile_intervals(profile, value: dict) -> dict:
     """The profile's name and the intervals of one evaluated row (empty without a profile):
     step time × the fit's held-out 10th and 90th percentiles of measured / predicted step
@@ -200,11 +211,8 @@ def profile_intervals(profile, value: dict) -> dict:
         return {}
     low, high = profile.fit.step_time_ratio_p10, profile.fit.step_time_ratio_p90
     step, tokens, mfu = (float(value[k]) for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu"))
-    name = profile.accelerator + (f" ({profile.stack})" if profile.stack else "")
-    if profile.borrowed_from:
-        name = f"{profile.borrowed_from}'s (nearest generation: no runs of this accelerator)"
     return {
-        "profile": name,
+        "profile": profile_label(profile),
         "step_time_interval_s": (step * low, step * high),
         "tokens_per_s_per_gpu_interval": (tokens / high, tokens / low),
         "mfu_interval": (mfu / high, mfu / low),

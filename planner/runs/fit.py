@@ -142,7 +142,8 @@ def _loso_mape(cols, weights, names, families) -> float:
 
 
 def terms_that_earn_their_place(cols, weights, names: list[str], families) -> list[str]:
-    """Backward elimination under leave-one-source-out CV: drop, one at a time, the term
+    """Backward elimination under leave-one-out CV over ``families`` (sources; the
+    configuration groups where one source is all there is): drop, one at a time, the term
     whose absence lowers the held-out MAPE most, while some absence lowers it (or raises
     it by less than :data:`MIN_CV_GAIN`). The CV errors reported afterwards are measured on
     the same folds, so they are slightly optimistic (no nested CV)."""
@@ -165,8 +166,11 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
     weights = _group_weights(np.array([r.group for r in rows]))
     families = np.array([r.source_family for r in rows])
     names = informed_terms(cols)
-    if len(set(families)) > 1:
-        names = terms_that_earn_their_place(cols, weights, names, families)
+    groups = np.array([r.group for r in rows])
+    # Terms earn their place on held-out sources; with one source, on held-out groups.
+    held_out_by = families if len(set(families)) > 1 else groups
+    if len(set(held_out_by)) > 1:
+        names = terms_that_earn_their_place(cols, weights, names, held_out_by)
     values = fit_values(cols, weights, names)
     predicted = predicted_tokens(cols, values)
     measured = cols["measured_tokens"]
@@ -182,7 +186,6 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
         folds = np.array_split(rng.permutation(unique), min(NUM_FOLDS, len(unique)))
         kfold = _mape(_held_out(cols, weights, names, families, folds), measured)
     else:  # one source: k-fold over configuration groups (never over rows)
-        groups = np.array([r.group for r in rows])
         folds = np.array_split(rng.permutation(sorted(set(groups))), NUM_FOLDS)
         held = _held_out(cols, weights, names, groups, folds)
         kfold = _mape(held, measured)

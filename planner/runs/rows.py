@@ -33,6 +33,8 @@ REFERENCE_CLUSTERS = {
     "a100-sxm-40gb": "dgx-a100",
     "b200": "dgx-b200",
     "gb200": "gb200-nvl72",
+    "b300": "dgx-b300",
+    "gb300": "gb300-nvl72",
     "mi300x": "mi300x",
     "tpu-v4": "tpu-v4",
     "tpu-v5p": "tpu-v5p",
@@ -47,6 +49,8 @@ class Uncovered(Exception):
 def precision_recipe(text: str) -> str:
     """The planner's precision recipe for a row's precision text (FP4 is not modelled)."""
     lower = text.lower()
+    if lower.split(" ")[0] == "fp32":  # a local run (llmplan validate --out): FP32 throughout
+        return "fp32"
     if "fp4" in lower:
         raise Uncovered("FP4 training is not modelled")
     if "fp8" in lower:
@@ -106,20 +110,30 @@ def model_spec(row: RunRow) -> ModelSpec:
 
 
 def run_cluster(row: RunRow) -> Cluster:
-    """The cluster the row is predicted on: its named catalog cluster, else the
-    accelerator's reference cluster, grown to the row's GPU count where it is larger."""
+    """The cluster the row is predicted on: its named catalog cluster (or cluster TOML, such
+    as the calibrated machine a ``llmplan validate --out`` row names, whose accelerator is
+    then that file's), else the accelerator's reference cluster, grown to the row's GPU
+    count where it is larger."""
     accelerator = row.hardware.accelerator
-    if accelerator not in catalog_names("accelerator"):
+    in_catalog = accelerator in catalog_names("accelerator")
+    if not in_catalog and row.hardware.cluster is None:
         raise Uncovered(f"accelerator {accelerator} not in the catalog")
     name = row.hardware.cluster or REFERENCE_CLUSTERS.get(accelerator)
     if name is None:
         raise Uncovered(f"no reference cluster for {accelerator}")
-    cluster = load_cluster(name)
-    if cluster.accelerator != accelerator:
+    try:
+        cluster = load_cluster(name)
+    except PlanError as error:
+        raise Uncovered(f"cluster {name}: {error}") from None
+    if in_catalog and cluster.accelerator != accelerator:  # a row on a cluster's sibling part
         cluster = cluster.model_copy(update={"accelerator": accelerator})
     gpus = row.hardware.num_gpus
     if gpus <= cluster.num_gpus:
-        return cluster
+        return spread_over_domains(cluster, gpus)
+    return spread_over_domains(_grown(cluster, gpus), gpus)
+
+
+def _grown(cluster: Cluster, gpus: int) -> Cluster:
     if cluster.torus_shape is not None:
         raise Uncovered("run larger than the catalog's TPU pod")
     outer = cluster.tiers[-1]
@@ -135,10 +149,49 @@ def run_cluster(row: RunRow) -> Cluster:
     return Cluster.model_validate({**data, "num_gpus": size, "tiers": [*cluster.tiers, grown]})
 
 
+def spread_over_domains(cluster: Cluster, gpus: int) -> Cluster:
+    """``cluster`` as a run of ``gpus`` that fills no whole number of its scale-up domains
+    uses it: spread evenly over the fewest domains that hold it, whole nodes in each (a
+    256-GPU run on NVL72 racks takes 16 of the 18 compute trays of each of 4 racks, so its
+    64-rank groups stay inside one NVLink domain; block-topology scheduling places jobs so).
+    Unchanged where the run fills whole domains, fits in one, or cannot be spread evenly."""
+    domain, node = cluster.scale_up_domain_size, cluster.gpus_per_node
+    tier = cluster.tiers[0]
+    if domain is None or gpus <= domain or gpus % domain == 0 or tier.group_size != domain:
+        return cluster
+    fewest = -(-gpus // domain)
+    used_domains = next((k for k in range(fewest, gpus // node + 1)
+                         if gpus % k == 0 and (gpus // k) % node == 0), None)  # fmt: skip
+    if used_domains is None:
+        return cluster
+    per_domain = gpus // used_domains
+    tiers = [tier.model_copy(update={"group_size": per_domain})]
+    for outer in cluster.tiers[1:]:  # each outer tier holds as many domains as before
+        tiers.append(
+            outer.model_copy(update={"group_size": outer.group_size // domain * per_domain})
+        )
+    if tiers[-1].group_size < gpus:
+        return cluster
+    data = cluster.model_dump()
+    data["sources"] = {
+        **data["sources"],
+        "tiers.0": f"{data['sources'].get('tiers.0', '')}; runs check assumption: the run spread "
+        f"evenly over {used_domains} domains, {per_domain} GPUs in each",
+    }
+    return Cluster.model_validate({**data, "num_gpus": tiers[-1].group_size,
+                                   "scale_up_domain_size": per_domain, "tiers": tiers})  # fmt: skip
+
+
 def _schedule_pins(text: str | None, pp: int, vpp: int | None) -> dict:
+    from planner.pipeline.schedules import SCHEDULES
+
     if pp == 1:
         return {"schedule": ["1f1b"], "vpp": [1]}
     lower = (text or "").lower()
+    # The planner's own name (a local run's); a bare "1F1B" keeps the published reading below
+    # (interleaved where the row gives virtual stages).
+    if lower in SCHEDULES and lower != "1f1b":
+        return {"schedule": [lower], "vpp": [vpp or 1]}
     if "dualpipe" in lower:
         return {"schedule": ["dualpipe"]}
     if "interleaved" in lower or (vpp or 1) > 1:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
 from planner.comm.collectives import algorithm_costs, choose, volume_factor
+from planner.comm.mesh import group_size
 from planner.comm.terms import (
     AXIS_GROUPS,
     NO_COMPUTE_RULE,
@@ -25,7 +26,7 @@ from planner.comm.terms import (
     exposed_time,
     step_terms,
 )
-from planner.comm.topology import axis_report, group_size, place_groups
+from planner.comm.topology import axis_report, place_groups
 from planner.pipeline.schedules.registry import (
     BIDIRECTIONAL_SCHEDULES,
     EP_OVERLAP_SCHEDULES,

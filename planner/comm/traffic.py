@@ -30,6 +30,7 @@ from planner.comm.collectives import volume_factor
 from planner.comm.contention import sharing_delay
 from planner.comm.cost_tables import CostTables, cheapest, link_busy
 from planner.comm.levels import as_cluster, cluster_view
+from planner.comm.mesh import resolve_order
 from planner.comm.terms import (
     AXIS_GROUPS,
     ep_overlap_sm_share,
@@ -37,7 +38,7 @@ from planner.comm.terms import (
     exposed_time,
     step_terms,
 )
-from planner.comm.topology import cluster_key, placement_for_view, resolve_order
+from planner.comm.topology import cluster_key, placement_for_view
 from planner.pipeline.schedules.registry import (
     BIDIRECTIONAL_SCHEDULES,
     EP_OVERLAP_SCHEDULES,

@@ -9,6 +9,7 @@ validator. Axes are ``tp`` (tensor), ``cp`` (context), ``pp`` (pipeline), ``dp``
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 import numpy as np
@@ -20,8 +21,21 @@ from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
 RecomputeName = Literal["none", "selective", "full"]
 LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced"]
 
+
+class MeshAxis(StrEnum):
+    """An axis of the device mesh; the members compare and hash as their lower-case names."""
+
+    TP = "tp"  # tensor: each layer's matrices split (Megatron-LM)
+    CP = "cp"  # context: the sequence split
+    EP = "ep"  # expert: routed experts spread, carved out of dp·cp (and tp under etp 1)
+    PP = "pp"  # pipeline: layers in stages
+    DP = "dp"  # data: replicas (sharded under ZeRO/FSDP)
+
+
 #: Mesh axes, innermost first, as Llama 3 orders them ([TP, CP, PP, DP]) with EP inside DP.
-DEFAULT_MESH_ORDER: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp")
+DEFAULT_MESH_ORDER: tuple[MeshAxis, ...] = (
+    MeshAxis.TP, MeshAxis.CP, MeshAxis.EP, MeshAxis.PP, MeshAxis.DP
+)  # fmt: skip
 
 
 class Layout(BaseModel):

@@ -21,6 +21,7 @@ from planner.cost.compute import (
     elementwise_time,
     head_op_times,
     layer_op_times,
+    mtp_named,
     mtp_op_times,
 )
 from planner.cost.recipe_ops import fp8_quantization_time, keep_in_bf16, measures_recompute_s
@@ -197,9 +198,17 @@ def shape_times(
             memo[head_key] = head
     if model.num_mtp_modules:  # MTP sits with the head (DeepSeek-V3 §3.2.3)
         own = modules[model.is_moe]  # its layer is one more of the model's layers
-        mtp = mtp_op_times(*args, rates, element_bytes, etp, layer_ops=own)
-        if bf16_rates is not None:
-            mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes, etp, own))
+        # Its projection and head read (tp, mbs/cp) only: once per those with a memo. The
+        # layer's operations are the model's own (kept in BF16 where they are already).
+        ends_key = ("mtp_ends", *narrow[:2])
+        ends = None if memo is None else memo.get(ends_key)
+        if ends is None:
+            ends = mtp_op_times(*args, rates, element_bytes, etp, layer_ops=[])
+            if bf16_rates is not None:
+                ends = keep_in_bf16(ends, mtp_op_times(*args, bf16_rates, element_bytes, etp, []))
+            if memo is not None:
+                memo[ends_key] = ends
+        mtp = [ends[0], *mtp_named(own), *ends[1:]]
         head = head + mtp * model.num_mtp_modules
     if rates.op_overhead_s:
         tp_ends = op_counts.tensor_parallel_ops(sequence_parallel, ends=True) if tp > 1 else None

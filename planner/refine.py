@@ -22,7 +22,7 @@ from hwspecs.schema import Accelerator
 from planner.cost.compute import GpuRates
 from planner.cost.stage_times import rank_times, shape_times
 from planner.pipeline.schedules.registry import generate_schedule, get_schedule
-from planner.pipeline.simulate import simulate
+from planner.pipeline.simulate import simulated_step_time
 from planner.spec.job import Job
 from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage
 from planner.structure.stages import RankStructure, rank_structure
@@ -116,7 +116,7 @@ def simulated_pipeline_time(
     if memo is not None and key in memo:
         return memo[key]
     actions = generate_schedule(layout.schedule, layout.pp, num_microbatches, layout.vpp)
-    step_time = simulate(actions, f, b, w).step_time
+    step_time = simulated_step_time(actions, f, b, w)
     if memo is not None:
         memo[key] = step_time
     return step_time

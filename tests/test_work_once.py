@@ -39,13 +39,13 @@ def test_rows_with_one_pipeline_are_simulated_once(monkeypatch):
     not see here) run one simulation and get the same simulated time; a third with another
     pipeline runs its own."""
     calls = []
-    simulate = refine_module.simulate
+    simulate = refine_module.simulated_step_time
 
     def counted(*args, **kwargs):
         calls.append(1)
         return simulate(*args, **kwargs)
 
-    monkeypatch.setattr(refine_module, "simulate", counted)
+    monkeypatch.setattr(refine_module, "simulated_step_time", counted)
     layouts = [
         Layout(pp=4, dp=2, schedule="1f1b", zero_stage=1),
         Layout(pp=4, dp=2, schedule="1f1b", zero_stage=0),

@@ -33,13 +33,13 @@ def run_actions(
     wdur: list[float],
     hop: list[float],
     overlap: float,
-) -> tuple[np.ndarray, ...]:
+) -> tuple[list[list[float]], list[list[float]]]:
     """The event loop: advance each rank until an input is missing, wake it when it lands.
 
     Finish times live in flat lists indexed by ``microbatch·num_stages + stage``; a rank
     that meets a missing input parks on that key and is resumed by whoever produces it.
     Ranks share nothing but their inputs, so the order in which they advance does not
-    change any time.
+    change any time. Returns each rank's start and end times, in its actions' order.
     """
     num_ranks = len(schedule)
     size = num_microbatches * num_stages
@@ -219,10 +219,18 @@ def run_actions(
         raise PlanError(
             f"schedule deadlocks: {', '.join(stuck[:4])} wait for inputs that never come"
         )
+    return starts, ends
+
+
+def timeline_columns(
+    schedule: Schedule, starts: list[list[float]], ends: list[list[float]]
+) -> tuple[np.ndarray, ...]:
+    """The :class:`planner.pipeline.simulate.Timeline` columns of a run: rank, stage,
+    micro-batch, kind code, start, end, F&B pair, one row per action in the ranks' order."""
     flat = [action for ops in schedule for action in ops]
     kinds, microbatches, stages, pairs = zip(*flat, strict=True) if flat else ((), (), (), ())
     return (
-        np.repeat(np.arange(num_ranks, dtype=np.int32), [len(ops) for ops in schedule]),
+        np.repeat(np.arange(len(schedule), dtype=np.int32), [len(ops) for ops in schedule]),
         np.asarray(stages, dtype=np.int32),
         np.asarray(microbatches, dtype=np.int32),
         np.asarray([_CODE[kind] for kind in kinds], dtype=np.int8),

@@ -42,7 +42,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from hwspecs.errors import PlanError
-from planner.pipeline.event_loop import run_actions
+from planner.pipeline.event_loop import run_actions, timeline_columns
 from planner.pipeline.schedules.actions import (
     ACTION_KINDS,
     BACKWARD_INPUT,
@@ -187,9 +187,26 @@ def simulate(
     wdur = _per_stage("w", w, num_stages)
     hop = _per_stage("comm", comm, num_stages, max(num_stages - 1, 1))
     share = _per_stage("activation_share", activation_share, num_stages)
-    columns = run_actions(schedule, num_stages, num_microbatches, fdur, bdur, wdur, hop, overlap_fb)
-    timeline = Timeline(*columns)
+    starts, ends = run_actions(
+        schedule, num_stages, num_microbatches, fdur, bdur, wdur, hop, overlap_fb
+    )
+    timeline = Timeline(*timeline_columns(schedule, starts, ends))
     return _measure(timeline, len(schedule), num_stages, np.asarray(share), parameter_copies)
+
+
+def simulated_step_time(
+    schedule: Schedule, f: PerStage = 1.0, b: PerStage = 1.0, w: PerStage = 1.0
+) -> float:
+    """:func:`simulate`'s ``step_time`` (no hops, no F&B overlap) without building its
+    timeline or measuring it: the first start to the last end of the same event loop."""
+    num_stages = 1 + max((a.stage_index for ops in schedule for a in ops), default=0)
+    num_microbatches = 1 + max((a.microbatch for ops in schedule for a in ops), default=0)
+    durations = (_per_stage(name, x, num_stages) for name, x in (("f", f), ("b", b), ("w", w)))
+    hop = _per_stage("comm", 0.0, num_stages, max(num_stages - 1, 1))
+    starts, ends = run_actions(schedule, num_stages, num_microbatches, *durations, hop, 0.0)
+    if not any(ends):
+        return 0.0
+    return max(max(e) for e in ends if e) - min(min(s) for s in starts if s)
 
 
 def _peak_per_rank(

@@ -5,11 +5,14 @@ DeepSeek-V3 on 2,048 H800s (its published run: seq 4,096, 15,360 sequences per s
 Qwen3-235B-A22B on 1,024 H100s (seq 4,096, 16M tokens per step). For each:
 
 * in-process: the search (:func:`planner.search.search`) once cold (placements and tables
-  built) and ``--repeat`` times warm, wall and CPU seconds and candidates per second;
+  built) and ``--repeat`` times warm, wall and CPU seconds and candidates per second, then
+  the screen alone ``--repeat`` times (``refine_top=0``: no event simulation of the top
+  rows);
 * whole-process: ``python cli.py plan …`` run ``--repeat`` times as a child process
   (all of them first, while this process is small)
   (interpreter, imports, search, the top rows' estimates and the printed table), median
-  and best wall seconds and the peak resident memory (the child's ``ru_maxrss``).
+  and best wall seconds, the median CPU seconds (user + system: what the wall would be
+  on an idle core) and the peak resident memory (the child's ``ru_maxrss``).
 
 The machine may be shared: CPU seconds show what the search itself used, medians what a
 user waits. Run from the repository root: ``python benchmarks/search_speed.py`` (this
@@ -54,42 +57,49 @@ def in_process(name: str, repeat: int) -> None:
     cluster = load_cluster(cluster_name)
     accelerator = load_accelerator(cluster.accelerator)
     job = build_job(model, seq_len, **batch)
-    warm = []
-    for run in range(1 + repeat):
+    runs = [("cold", None)] + [(f"warm {run}", None) for run in range(1, 1 + repeat)]
+    runs += [(f"screen {run}", 0) for run in range(1, 1 + repeat)]
+    seconds_of: dict[str, list[tuple[float, float]]] = {"warm": [], "screen": []}
+    for label, refine_top in runs:
+        options = {} if refine_top is None else {"refine_top": refine_top}
         start, cpu = time.perf_counter(), time.process_time()
-        found = search(job, cluster, accelerator, gpus)
+        found = search(job, cluster, accelerator, gpus, **options)
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
-        label = "cold" if run == 0 else f"warm {run}"
         print(
             f"  {label}: {found.candidates_evaluated:,} candidates, {found.feasible:,} feasible "
             f"in {seconds:.2f} s (CPU {cpu_seconds:.2f} s) = "
             f"{found.candidates_evaluated / seconds:,.0f} candidates/s"
         )
-        if run:
-            warm.append(seconds)
-    if warm:
-        total, median = found.candidates_evaluated, statistics.median(warm)
-        print(
-            f"  in-process warm median {median:.2f} s = {total / median:,.0f} candidates/s "
-            f"(best {min(warm):.2f} s)"
-        )
+        if label != "cold":
+            seconds_of[label.split()[0]].append((seconds, cpu_seconds))
+    total = found.candidates_evaluated
+    for kind, what in (("warm", "search (top rows simulated)"), ("screen", "screen alone")):
+        if seconds_of[kind]:
+            median = statistics.median(wall for wall, _ in seconds_of[kind])
+            cpu = statistics.median(cpu for _, cpu in seconds_of[kind])
+            print(
+                f"  in-process {what}: median {median:.2f} s = {total / median:,.0f} "
+                f"candidates/s (CPU {cpu:.2f} s = {total / cpu:,.0f} candidates/s)"
+            )
 
 
 def whole_process(name: str, repeat: int) -> None:
     """``python cli.py plan`` of one query as a child process: wall seconds, peak RSS."""
     command = [sys.executable, str(ROOT / "cli.py"), "plan", *QUERIES[name][5]]
-    walls, peaks = [], []
+    walls, peaks, cpus = [], [], []
     for _ in range(repeat):
         start = time.perf_counter()
         child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
         _, status, usage = os.wait4(child.pid, 0)
         walls.append(time.perf_counter() - start)
         peaks.append(usage.ru_maxrss * 1024)  # Linux reports KiB
+        cpus.append(usage.ru_utime + usage.ru_stime)
         if os.waitstatus_to_exitcode(status):
             raise SystemExit(f"{' '.join(command)} failed")
     print(
         f"  whole process ({' '.join(['cli.py plan', *QUERIES[name][5]])}): "
-        f"median {statistics.median(walls):.2f} s, best {min(walls):.2f} s, "
+        f"median {statistics.median(walls):.2f} s, best {min(walls):.2f} s "
+        f"(CPU median {statistics.median(cpus):.2f} s), "
         f"peak {max(peaks) / 2**30:.2f} GiB over {repeat} runs"
     )
 

@@ -184,10 +184,10 @@ def rank_columns(
     count = len(columns["tp"])
     head = min(top, count)
     simulate_rows(job, accelerator, columns, np.arange(head), layout_of_row)
-    order = np.arange(count)
-    if objective == "step_time":
-        order[:head] = np.argsort(columns["step_time_simulated_s"][:head], kind="stable")
-    columns = {key: value[order] for key, value in columns.items()}
+    if objective == "step_time":  # only the simulated head moves: re-ordered in place
+        order = np.argsort(columns["step_time_simulated_s"][:head], kind="stable")
+        for value in columns.values():  # (a copy of every column would double the table)
+            value[:head] = value[:head][order]
     columns["rank_by_time"] = np.arange(1, count + 1)
     band = settings.band if settings.band is not None else 0.0
     robust = settings.mode == "robust" and settings.band is not None and objective == "step_time"
@@ -201,7 +201,8 @@ def rank_columns(
     simulate_rows(job, accelerator, columns, order[:top], layout_of_row)
     time_s = effective_step_time(columns)
     order = robust_order(time_s, keys, band, rank)
-    columns = {key: value[order] for key, value in columns.items()}
+    for key in list(columns):  # one column at a time, each released as its copy is taken
+        columns[key] = columns[key][order]
     equivalent = equivalent_to_best(time_s[order], band)
     fastest = int(np.argmin(time_s[order]))
     codes = placing_rules(keys[order], equivalent, fastest)

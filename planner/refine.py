@@ -22,7 +22,7 @@ from hwspecs.schema import Accelerator
 from planner.cost.compute import GpuRates
 from planner.cost.stage_times import rank_times, shape_times
 from planner.pipeline.schedules.registry import generate_schedule, get_schedule
-from planner.pipeline.simulate import simulate
+from planner.pipeline.simulate import simulated_step_time
 from planner.spec.job import Job
 from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage
 from planner.structure.stages import RankStructure, rank_structure
@@ -104,15 +104,35 @@ def busiest_rank_s(row) -> float:
 
 
 def simulated_pipeline_time(
-    job: Job, layout: Layout, accelerator: Accelerator, row: dict, num_microbatches: int
+    job: Job,
+    layout: Layout,
+    accelerator: Accelerator,
+    row: dict,
+    num_microbatches: int,
+    memo: dict | None = None,
 ) -> float:
     """The pipeline's step time by the event simulator with each stage's own durations,
-    scaled to the row's busiest-rank F, B (+ recompute), W per micro-batch."""
+    scaled to the row's busiest-rank F, B (+ recompute), W per micro-batch. ``memo``: step
+    times by (schedule, pp, micro-batches, vpp, durations), so rows that run the same
+    pipeline with the same durations (the top rows often differ only in what the pipeline
+    does not see) are simulated once."""
     if layout.pp == 1:
         return float(row["pipeline_time_s"])
     f, b, w = scaled_stage_durations(job, layout, accelerator, busiest_rank_s(row))
+    key = (
+        layout.schedule,
+        layout.pp,
+        num_microbatches,
+        layout.vpp,
+        *(x.tobytes() for x in (f, b, w)),
+    )
+    if memo is not None and key in memo:
+        return memo[key]
     actions = generate_schedule(layout.schedule, layout.pp, num_microbatches, layout.vpp)
-    return simulate(actions, f, b, w).step_time
+    step_time = simulated_step_time(actions, f, b, w)
+    if memo is not None:
+        memo[key] = step_time
+    return step_time
 
 
 def refine(
@@ -120,10 +140,10 @@ def refine(
 ) -> list[dict]:
     """For each layout (with its row of the columns model): the closed-form and simulated
     pipeline times and the step time with the simulated one in place."""
-    out = []
+    out, memo = [], {}
     for layout, row in zip(layouts, rows, strict=True):
         m = int(row["num_microbatches"])
-        simulated = simulated_pipeline_time(job, layout, accelerator, row, m)
+        simulated = simulated_pipeline_time(job, layout, accelerator, row, m, memo)
         closed = float(row["pipeline_time_s"])
         out.append(
             {

@@ -310,12 +310,17 @@ def search(
             at = kept
         merged = in_output_order(timed, memory_out)
 
-        def kept_rows(key: str, order: np.ndarray | slice = slice(None)) -> np.ndarray:
-            """A kept column, in ``order`` of the kept rows (timed outputs and memory parts,
-            one per timed row: read at ``at``)."""
-            if key in timed or (key in memory_out and key != "memory_per_gpu_bytes"):
-                return (timed[key] if key in timed else memory_out[key])[at[order]]
-            return (cols[key] if key in LAYOUT_COLUMNS else merged[key])[kept[order]]
+        def kept_rows(key: str, ranked: bool = False) -> np.ndarray:
+            """A kept column, in the kept rows' order or ``ranked`` (timed outputs and memory
+            parts, one per timed row: read at ``at``); ``np.take`` on indices taken once."""
+            timed_rows = key in timed or (key in memory_out and key != "memory_per_gpu_bytes")
+            rows = ranked_at if ranked else (at, kept)
+            if timed_rows:
+                return np.take(timed[key] if key in timed else memory_out[key], rows[0])
+            value = cols[key] if key in LAYOUT_COLUMNS else merged[key]
+            if isinstance(value, Labels):
+                return value[rows[1]]
+            return np.take(value, rows[1])
 
         extra = {}  # the time to train of each kept row (with a token budget)
         if training is not None:
@@ -326,9 +331,10 @@ def search(
             {k: extra[k] if k in extra else kept_rows(k) for k in RANKING_COLUMNS if k in present},
             objective,
         )
+        ranked_at = at[ranking], kept[ranking]  # the ranked rows in the timed and all rows
         columns = {}  # each column taken once, in ranked order; the evaluated ones released
         for key in dict.fromkeys((*LAYOUT_COLUMNS, *merged)):
-            value = kept_rows(key, ranking)
+            value = kept_rows(key, ranked=True)
             columns[key] = value.strings() if isinstance(value, Labels) else value
             for source in (timed, merged, memory_out):
                 source.pop(key, None)

@@ -23,13 +23,12 @@ from planner.cost import activations as act
 from planner.cost import adapters as ft
 from planner.cost.compute import GpuRates
 from planner.cost.model_states import slot_states
-from planner.cost.stage_times import shape_times
+from planner.cost.stage_times import memo_linears, shape_times
 from planner.cost.weight_pass import weight_pass_bytes_per_layer
 from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
 from planner.spec.job import Job
 from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.structure import op_counts
-from planner.structure.linears import layer_linears
 from planner.structure.params import params_per_virtual_stage, rank_sums
 from planner.structure.stages import rank_structure
 
@@ -140,9 +139,9 @@ def shape_table(
             ep=int(x[u]), etp=None if et[u] == t[u] else int(et[u]),
         )  # fmt: skip
 
-    linears = {}  # each layer kind's linear modules, per tp
+    memo = {}  # the pieces of a shape that read fewer fields (stage_times.shape_times)
     free_rows = [
-        _recompute_free(job, rates, tuned, bf16_rates, activation_shape(u), int(x[u]), linears)
+        _recompute_free(job, rates, tuned, bf16_rates, activation_shape(u), int(x[u]), memo)
         for u in time_rows.tolist()
     ]
     own_rows = [_activation_entries(job, tuned, activation_shape(u)) for u in act_rows.tolist()]
@@ -190,20 +189,20 @@ FREE_SHAPE_KEYS = ("wpass_dense", "wpass_moe", "fd", "bd", "wd", "fm", "bm", "wm
                    "b_emb", "w_emb", "f_head", "b_head", "w_head")  # fmt: skip
 
 
-def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, linears: dict):
+def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, memo: dict):
     """(layer times, MoE layer times, the values of :data:`FREE_SHAPE_KEYS`): a shape's
-    entries that do not depend on the recompute policy, per-layer times and weight-pass bytes."""
+    entries that do not depend on the recompute policy, per-layer times and weight-pass bytes
+    (``memo``: kept over the shapes of one table, :func:`planner.cost.stage_times.shape_times`)."""
     model, t, b = job.model, shape.tp, shape.micro_batch_size
     times = shape_times(
         model, job.seq_len, b, t, shape.cp, ep, shape.sequence_parallel, job.flash_attention,
-        rates, shape.element_bytes, tuned, bf16_rates, shape.measures, shape.etp,
+        rates, shape.element_bytes, tuned, bf16_rates, shape.measures, shape.etp, memo,
     )  # fmt: skip
     kept = job.weight_pass_memory
 
     def weight_pass(moe_layer: bool) -> float:
-        if (moe_layer, t) not in linears:
-            linears[moe_layer, t] = layer_linears(model, moe_layer, t)
-        return weight_pass_bytes_per_layer(model, shape, moe_layer, kept, linears[moe_layer, t])
+        linears = memo_linears(memo, model, moe_layer, t)
+        return weight_pass_bytes_per_layer(model, shape, moe_layer, kept, linears)
 
     moe_t = times.moe or times.dense
     return (

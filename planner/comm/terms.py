@@ -63,7 +63,7 @@ from planner.spec.job import Job
 from planner.spec.layout import expert_data_parallel_size
 from planner.spec.precision import DTYPE_BYTES
 from planner.structure.params import busiest_rank_params
-from planner.structure.stages import busiest_rank_layers
+from planner.structure.stages import pipeline_rank_layers
 
 #: Schedules that overlap one micro-batch's EP all-to-all with another's compute
 #: (DeepSeek-V3 §3.2.1 DualPipe; the V form keeps the F&B overlap).
@@ -133,8 +133,8 @@ def rank_shape(
     """Layers per micro-batch and parameters of the busiest rank, as the memory model holds
     them (:func:`planner.structure.stages.busiest_rank_layers`,
     :func:`planner.structure.params.busiest_rank_params`: DualPipe's two copies included)."""
-    ranks = busiest_rank_layers(model, pp, chunks, v_shape, mirrored, split)
-    moe_layers = ranks["moe_layers"].max(axis=-1)
+    table, pipeline, rows = pipeline_rank_layers(model, pp, chunks, v_shape, mirrored, split)
+    moe_layers = table["moe_layers"].max(axis=-1)[pipeline].reshape(rows)
     routed = model.num_routed_experts * model.mlp_params(model.moe_ffn_hidden_size or 1)
     dense_layer = model.layer_params(moe_layer=False)
     moe_layer = model.layer_params(moe_layer=True) - routed * (ep > 1) if model.is_moe else 0
@@ -147,7 +147,7 @@ def rank_shape(
     layer_norms = 2 * model.norm_params()
     expert_tp = tp if etp is None else etp
     return RankShape(
-        layers=ranks["layers"].max(axis=-1),
+        layers=table["layers"].max(axis=-1)[pipeline].reshape(rows),
         moe_layers=moe_layers,
         dense_params=dense_params,
         expert_params=np.where(ep > 1, expert_params, 0.0),
@@ -196,21 +196,29 @@ def step_terms(
     # TP: reduce-scatter under SP, all-reduce without; the gradient's all-gather under SP)
     # and the LM head one on the last (its input gathered under SP; the input gradient's
     # reduce-scatter, or all-reduce without SP). The busiest rank is the most of the three.
-    ranks = busiest_rank_layers(model, pp, chunks, v_shape, mirrored, split)
+    # [pipeline, rank] arrays per distinct pipeline, each row's pipeline (flat)
+    ranks, pipeline, rows = pipeline_rank_layers(model, pp, chunks, v_shape, mirrored, split)
+    full = np.asarray(full)
     per_layer = 4 + 2 * full
     # With whole routed experts (etp < tp) and no shared experts an MoE layer keeps only the
     # attention block's collectives: each MoE layer on a rank has ``moe_saving`` fewer.
     folded = (expert_tp < tp) & (model.num_shared_experts == 0) & model.is_moe
     moe_saving = np.where(folded, 2 + full, 0)
-
-    def per_rank(value):  # a row column against the [row, rank] arrays
-        return np.asarray(value)[..., None]
-
+    # Per pipeline and (per_layer, moe_saving) pair — full recompute or not, folded or
+    # not: four — the busiest rank's collectives per micro-batch and its head share.
+    pairs = np.array([(4 + 2 * f, (2 + f) * g) for f in (0, 1) for g in (0, 1)])
     tp_per_rank = (
-        ranks["layers"] * per_rank(per_layer) - ranks["moe_layers"] * per_rank(moe_saving)
-        + ranks["embedding"] + ranks["head"]
+        ranks["layers"][:, None] * pairs[:, :1] - ranks["moe_layers"][:, None] * pairs[:, 1:]
+        + ranks["embedding"][:, None] + ranks["head"][:, None]
     )  # fmt: skip
-    per_microbatch = tp_per_rank.max(axis=-1)
+    most = tp_per_rank.max(axis=-1)
+    # The head's rank, when it is the busiest, also runs the vocabulary-parallel loss (for
+    # the micro-batches that end there: half of them on each of DualPipe's ends).
+    busiest = tp_per_rank >= most[..., None]
+    head_most = np.where(busiest, ranks["head"][:, None], 0.0).max(axis=-1)
+    pair = np.broadcast_to(2 * (per_layer > 4) + (moe_saving > 0), rows).reshape(-1)
+    per_microbatch = most[pipeline, pair].reshape(rows)
+    head_share = head_most[pipeline, pair].reshape(rows)
     passes = per_microbatch * m
     sp_on, sp_off = on((tp > 1) & sp), on((tp > 1) & ~np.asarray(sp))
     what_tp = "activations per layer (attention + MLP) and at the embedding / LM head, fwd + bwd"
@@ -218,11 +226,7 @@ def step_terms(
     # over TP once per step (Megatron-LM's all-reduce of sequence-parallel norm gradients):
     # two per layer the rank holds, and the final norm with the head.
     norm_weights = (2 * ranks["held_layers"] + ranks["held_head"]).max(axis=-1)
-    norms = norm_weights * model.norm_params() * grad_b
-    # The head's rank, when it is the busiest, also runs the vocabulary-parallel loss (for
-    # the micro-batches that end there: half of them on each of DualPipe's ends).
-    busiest = tp_per_rank >= per_rank(per_microbatch)
-    head_share = np.where(busiest, ranks["head"], 0.0).max(axis=-1)
+    norms = norm_weights[pipeline].reshape(rows) * model.norm_params() * grad_b
     loss_calls = m * VOCAB_PARALLEL_LOSS_ALL_REDUCES * on(tp > 1) * head_share
     terms = [
         Term("tp", "all-reduce", what_tp, passes * sp_off, act, "exposed"),

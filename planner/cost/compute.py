@@ -388,6 +388,11 @@ def mtp_op_times(
         )  # fmt: skip
     ops += layer_ops
     ops += head_op_times(model, seq_len, micro_batch_size, tp, cp, rates, element_bytes)
+    return mtp_named(ops)
+
+
+def mtp_named(ops: list[OpTime]) -> list[OpTime]:
+    """``ops`` as an MTP module's, their names ``mtp.``-prefixed."""
     # Renamed by validation, which costs about half a model_copy (the search runs this once
     # per distinct shape).
     return [OpTime(**{**op.__dict__, "name": MTP_PREFIX + op.name}) for op in ops]

@@ -69,8 +69,10 @@ def fp8_quantization_time(
     moe_layer: bool,
     rates: GpuRates,
     etp: int | None = None,
+    linears=None,
 ) -> OpTime:
-    """The online FP8 quantization around one layer's FP8 GEMMs, for one micro-batch.
+    """The online FP8 quantization around one layer's FP8 GEMMs, for one micro-batch
+    (``linears``: the layer's linear modules at this tp, when the caller has them).
 
     DeepSeek-V3 §3.3.2 (fine-grained quantization, Figure 6): each FP8 GEMM reads operands
     quantized on the fly, per 1×128 activation tile. Forward quantizes the input ``X``;
@@ -84,7 +86,7 @@ def fp8_quantization_time(
     """
     inputs: dict[tuple, float] = {}  # modules reading one tensor (Q/K/V, gate/up) share it
     dy_elements = 0.0
-    for linear in layer_linears(model, moe_layer, tp):
+    for linear in linears if linears is not None else layer_linears(model, moe_layer, tp):
         if linear.name in KEPT_IN_BF16 or linear.block == "router":
             continue
         width_in, width_out = linear.local_shape(tp, etp)

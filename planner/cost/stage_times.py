@@ -21,12 +21,14 @@ from planner.cost.compute import (
     elementwise_time,
     head_op_times,
     layer_op_times,
+    mtp_named,
     mtp_op_times,
 )
 from planner.cost.recipe_ops import fp8_quantization_time, keep_in_bf16, measures_recompute_s
 from planner.spec.finetune import FinetuneSpec
 from planner.spec.model import ModelSpec
 from planner.structure import op_counts
+from planner.structure.linears import layer_linears
 from planner.structure.stages import RankStructure
 
 
@@ -91,6 +93,7 @@ def shape_times(
     bf16_rates: GpuRates | None = None,
     measures=None,
     etp: int | None = None,
+    memo: dict | None = None,
 ) -> ShapeTimes:
     """Per-layer, embedding and head times for one (tp, cp, ep, SP, micro-batch) shape
     (``etp``: the routed experts' TP degree, None for tp).
@@ -103,6 +106,11 @@ def shape_times(
     (:data:`planner.cost.recipe_ops.KEPT_IN_BF16`), and each layer pays the online quantization of
     its FP8 GEMMs' operands (:func:`planner.cost.recipe_ops.fp8_quantization_time`); ``measures``: the job's memory measures, whose
     recomputation each layer pays (:func:`planner.cost.recipe_ops.measures_recompute_s`).
+
+    ``memo``: a dict kept over calls of one job and one set of rates (the search's shape
+    table): the pieces that read fewer fields than the shape are worked out once per
+    distinct value of theirs — a dense layer's operations and the output head's per (tp,
+    mbs/cp, SP), neither reads ep or etp; the linear modules per (layer kind, tp).
     """
     tuned = finetune is not None and finetune.trains_adapters
     args = (
@@ -116,9 +124,22 @@ def shape_times(
         flash_attention,
     )
 
+    # Equal fractions mbs/cp round to the same float, and the pieces read mbs and cp only
+    # through it (tests/test_shape_fields.py).
+    narrow = (tp, micro_batch_size / cp, sequence_parallel and tp > 1)
+
     def module(moe_layer: bool) -> list[OpTime]:
         """The layer's own operations (FP8 ones with their quantization): what a
-        transformer layer and an MTP module's layer both run."""
+        transformer layer and an MTP module's layer both run (a dense layer's once per
+        ``narrow`` key with a memo)."""
+        if memo is None or moe_layer:
+            return _module(moe_layer)
+        key = ("dense", *narrow)
+        if key not in memo:
+            memo[key] = _module(False)
+        return memo[key]
+
+    def _module(moe_layer: bool) -> list[OpTime]:
         ops = layer_op_times(
             *args, moe_layer=moe_layer, rates=rates, element_bytes=element_bytes, etp=etp
         )
@@ -128,7 +149,9 @@ def shape_times(
             )
             ops = keep_in_bf16(ops, at_bf16)
             tokens = seq_len * micro_batch_size / cp
-            ops = [*ops, fp8_quantization_time(model, tokens, tp, ep, moe_layer, rates, etp)]
+            linears = None if memo is None else memo_linears(memo, model, moe_layer, tp)
+            quantize = fp8_quantization_time(model, tokens, tp, ep, moe_layer, rates, etp, linears)
+            ops = [*ops, quantize]
         return ops
 
     modules = {kind: module(kind) for kind in ((False, True) if model.is_moe else (False,))}
@@ -163,15 +186,29 @@ def shape_times(
     tokens = seq_len * micro_batch_size / cp
     # Embedding lookup: write the hidden states; its backward scatter-adds the gradients.
     embedding = elementwise_time("embedding", tokens * model.hidden_size * element_bytes, rates)
-    head_args = (model, seq_len, micro_batch_size, tp, cp)
-    head = head_op_times(*head_args, rates, element_bytes)
-    if bf16_rates is not None:  # the output head stays BF16
-        head = keep_in_bf16(head, head_op_times(*head_args, bf16_rates, element_bytes))
+    head_key = ("head", *narrow[:2])
+    if memo is not None and head_key in memo:
+        head = memo[head_key]
+    else:
+        head_args = (model, seq_len, micro_batch_size, tp, cp)
+        head = head_op_times(*head_args, rates, element_bytes)
+        if bf16_rates is not None:  # the output head stays BF16
+            head = keep_in_bf16(head, head_op_times(*head_args, bf16_rates, element_bytes))
+        if memo is not None:
+            memo[head_key] = head
     if model.num_mtp_modules:  # MTP sits with the head (DeepSeek-V3 §3.2.3)
         own = modules[model.is_moe]  # its layer is one more of the model's layers
-        mtp = mtp_op_times(*args, rates, element_bytes, etp, layer_ops=own)
-        if bf16_rates is not None:
-            mtp = keep_in_bf16(mtp, mtp_op_times(*args, bf16_rates, element_bytes, etp, own))
+        # Its projection and head read (tp, mbs/cp) only: once per those with a memo. The
+        # layer's operations are the model's own (kept in BF16 where they are already).
+        ends_key = ("mtp_ends", *narrow[:2])
+        ends = None if memo is None else memo.get(ends_key)
+        if ends is None:
+            ends = mtp_op_times(*args, rates, element_bytes, etp, layer_ops=[])
+            if bf16_rates is not None:
+                ends = keep_in_bf16(ends, mtp_op_times(*args, bf16_rates, element_bytes, etp, []))
+            if memo is not None:
+                memo[ends_key] = ends
+        mtp = [ends[0], *mtp_named(own), *ends[1:]]
         head = head + mtp * model.num_mtp_modules
     if rates.op_overhead_s:
         tp_ends = op_counts.tensor_parallel_ops(sequence_parallel, ends=True) if tp > 1 else None
@@ -180,6 +217,14 @@ def shape_times(
         embedding = embedding.model_copy(update={"input_grad_s": 0.0})
         head = [frozen(op) for op in head]
     return ShapeTimes(dense=dense, moe=moe, embedding=embedding, head=head)
+
+
+def memo_linears(memo: dict, model: ModelSpec, moe_layer: bool, tp: int) -> list:
+    """One layer kind's linear modules at ``tp``, built once per ``memo``."""
+    key = ("linears", moe_layer, tp)
+    if key not in memo:
+        memo[key] = layer_linears(model, moe_layer, tp)
+    return memo[key]
 
 
 def _with_dispatch(

@@ -40,7 +40,7 @@ from planner.spec.job import Job
 
 #: Rows timed together: the timing's intermediate columns (per axis and link) stay near
 #: 10^8 bytes whatever the search's size; each row's numbers do not depend on the others.
-TIMED_BLOCK_ROWS = 2**17
+TIMED_BLOCK_ROWS = 2**16
 
 #: Integer layout columns :func:`evaluate_columns` reads.
 INT_COLUMNS = INT_FIELDS

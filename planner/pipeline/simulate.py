@@ -29,8 +29,8 @@ Metrics (what the search and the memory model read):
   layers (a chunk counts ``activation_share``, 1/vpp); ``peak_weight_pending`` counts those
   past ``B`` still waiting for ``W`` separately (the paper's ``M_W``).
 
-The loop is plain Python over the actions (about a microsecond each); the timeline is kept as
-numpy columns.
+The loop (:mod:`planner.pipeline.event_loop`) is plain Python over the actions (about a
+microsecond each); the timeline is kept as numpy columns.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from hwspecs.errors import PlanError
+from planner.pipeline.event_loop import run_actions, timeline_columns
 from planner.pipeline.schedules.actions import (
     ACTION_KINDS,
     BACKWARD_INPUT,
@@ -54,7 +55,6 @@ from planner.pipeline.schedules.actions import (
 _F, _B, _W, _BW = (
     ACTION_KINDS.index(k) for k in (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FULL_BACKWARD)
 )
-_CODE = {kind: code for code, kind in enumerate(ACTION_KINDS)}
 
 PerStage = float | Sequence[float] | np.ndarray
 
@@ -187,158 +187,26 @@ def simulate(
     wdur = _per_stage("w", w, num_stages)
     hop = _per_stage("comm", comm, num_stages, max(num_stages - 1, 1))
     share = _per_stage("activation_share", activation_share, num_stages)
-    columns = _run(schedule, num_stages, num_microbatches, fdur, bdur, wdur, hop, overlap_fb)
-    timeline = Timeline(*columns)
+    starts, ends = run_actions(
+        schedule, num_stages, num_microbatches, fdur, bdur, wdur, hop, overlap_fb
+    )
+    timeline = Timeline(*timeline_columns(schedule, starts, ends))
     return _measure(timeline, len(schedule), num_stages, np.asarray(share), parameter_copies)
 
 
-def _run(
-    schedule: Schedule,
-    num_stages: int,
-    num_microbatches: int,
-    fdur: list[float],
-    bdur: list[float],
-    wdur: list[float],
-    hop: list[float],
-    overlap: float,
-) -> tuple[np.ndarray, ...]:
-    """The event loop: advance each rank until an input is missing, wake it when it lands.
-
-    Finish times live in flat lists indexed by ``microbatch·num_stages + stage``; a rank
-    that meets a missing input parks on that key and is resumed by whoever produces it.
-    Ranks share nothing but their inputs, so the order in which they advance does not
-    change any time.
-    """
-    num_ranks = len(schedule)
-    size = num_microbatches * num_stages
-    last = num_stages - 1
-    f_end: list[float | None] = [None] * size
-    b_end: list[float | None] = [None] * size
-    f_rank = [-1] * size
-    b_rank = [-1] * size
-    waiting_f: dict[int, list[int]] = {}
-    waiting_b: dict[int, list[int]] = {}
-    position = [0] * num_ranks
-    free = [0.0] * num_ranks
-    starts: list[list[float]] = [[] for _ in range(num_ranks)]
-    ends: list[list[float]] = [[] for _ in range(num_ranks)]
-    durations = {
-        FORWARD: fdur,
-        BACKWARD_INPUT: bdur,
-        BACKWARD_WEIGHT: wdur,
-        FULL_BACKWARD: [x + y for x, y in zip(bdur, wdur, strict=True)],
-    }
-
-    def ready_time(action, rank: int):
-        """When the action's inputs are on ``rank``, or (waiting list, key) if one is missing."""
-        kind, mb, stage, _ = action
-        key = mb * num_stages + stage
-        if kind == FORWARD:
-            if stage == 0:
-                return 0.0
-            end = f_end[key - 1]
-            if end is None:
-                return waiting_f, key - 1
-            return end + hop[stage - 1] if f_rank[key - 1] != rank else end
-        if kind == BACKWARD_WEIGHT:
-            end = b_end[key]
-            return (waiting_b, key) if end is None else end
-        end = f_end[key]
-        if end is None:
-            return waiting_f, key
-        if stage == last:
-            return end
-        grad = b_end[key + 1]
-        if grad is None:
-            return waiting_b, key + 1
-        if b_rank[key + 1] != rank:
-            grad += hop[stage]
-        return grad if grad > end else end
-
-    def finish(kind: str, key: int, rank: int, at: float, runnable: list[int]) -> None:
-        if kind == FORWARD:
-            f_end[key] = at
-            f_rank[key] = rank
-            woken = waiting_f.pop(key, None)
-        elif kind == BACKWARD_WEIGHT:
-            return
-        else:
-            b_end[key] = at
-            b_rank[key] = rank
-            woken = waiting_b.pop(key, None)
-        if woken:
-            runnable.extend(woken)
-
-    runnable = list(range(num_ranks - 1, -1, -1))
-    while runnable:
-        rank = runnable.pop()
-        ops = schedule[rank]
-        num_ops = len(ops)
-        rank_starts, rank_ends = starts[rank], ends[rank]
-        i = position[rank]
-        now = free[rank]
-        while i < num_ops:
-            action = ops[i]
-            ready = ready_time(action, rank)
-            if action.fb_pair and action.kind == FORWARD:
-                partner = ops[i + 1]
-                ready_b = ready_time(partner, rank)
-                if isinstance(ready, float) and isinstance(ready_b, float):
-                    ready = max(ready, ready_b)
-                elif isinstance(ready, float):
-                    ready = ready_b
-            if not isinstance(ready, float):
-                waiting, key = ready
-                waiting.setdefault(key, []).append(rank)
-                break
-            start = now if now > ready else ready
-            kind, mb, stage, pair = action
-            if pair and kind == FORWARD:
-                d_f = fdur[stage]
-                d_b = durations[partner.kind][partner.stage_index]
-                slot = d_f + d_b - overlap * min(d_f, d_b)
-                split = start + (slot * d_f / (d_f + d_b) if d_f + d_b > 0 else 0.0)
-                now = start + slot
-                rank_starts += (start, split)
-                rank_ends += (split, now)
-                finish(kind, mb * num_stages + stage, rank, now, runnable)
-                finish(
-                    partner.kind,
-                    partner.microbatch * num_stages + partner.stage_index,
-                    rank,
-                    now,
-                    runnable,
-                )
-                i += 2
-            else:
-                now = start + durations[kind][stage]
-                rank_starts.append(start)
-                rank_ends.append(now)
-                finish(kind, mb * num_stages + stage, rank, now, runnable)
-                i += 1
-        position[rank] = i
-        free[rank] = now
-
-    stuck = [
-        f"rank {r} at {ops[position[r]]}"
-        for r, ops in enumerate(schedule)
-        if position[r] < len(ops)
-    ]
-    if stuck:
-        raise PlanError(
-            f"schedule deadlocks: {', '.join(stuck[:4])} wait for inputs that never come"
-        )
-    flat = [action for ops in schedule for action in ops]
-    kinds, microbatches, stages, pairs = zip(*flat, strict=True) if flat else ((), (), (), ())
-    return (
-        np.repeat(np.arange(num_ranks, dtype=np.int32), [len(ops) for ops in schedule]),
-        np.asarray(stages, dtype=np.int32),
-        np.asarray(microbatches, dtype=np.int32),
-        np.asarray([_CODE[kind] for kind in kinds], dtype=np.int8),
-        np.asarray([t for rank_starts in starts for t in rank_starts], dtype=float),
-        np.asarray([t for rank_ends in ends for t in rank_ends], dtype=float),
-        np.asarray(pairs, dtype=bool),
-    )
+def simulated_step_time(
+    schedule: Schedule, f: PerStage = 1.0, b: PerStage = 1.0, w: PerStage = 1.0
+) -> float:
+    """:func:`simulate`'s ``step_time`` (no hops, no F&B overlap) without building its
+    timeline or measuring it: the first start to the last end of the same event loop."""
+    num_stages = 1 + max((a.stage_index for ops in schedule for a in ops), default=0)
+    num_microbatches = 1 + max((a.microbatch for ops in schedule for a in ops), default=0)
+    durations = (_per_stage(name, x, num_stages) for name, x in (("f", f), ("b", b), ("w", w)))
+    hop = _per_stage("comm", 0.0, num_stages, max(num_stages - 1, 1))
+    starts, ends = run_actions(schedule, num_stages, num_microbatches, *durations, hop, 0.0)
+    if not any(ends):
+        return 0.0
+    return max(max(e) for e in ends if e) - min(min(s) for s in starts if s)
 
 
 def _peak_per_rank(

@@ -51,6 +51,18 @@ def busiest_rank_layers(model: ModelSpec, pp, chunks, v_shape, mirrored, split="
     ``moe_layers``, ``embedding`` and ``head`` (DualPipe: the mean of its two stages), and
     ``held_layers`` / ``held_head`` (both of DualPipe's copies: the weights a rank holds).
     Worked out once per distinct (pp, chunks, v_shape, mirrored, split)."""
+    table, inverse, shape = pipeline_rank_layers(model, pp, chunks, v_shape, mirrored, split)
+    width = next(iter(table.values())).shape[-1]
+    return {name: values[inverse].reshape(*shape, width) for name, values in table.items()}
+
+
+def pipeline_rank_layers(
+    model: ModelSpec, pp, chunks, v_shape, mirrored, split="auto"
+) -> tuple[dict[str, np.ndarray], np.ndarray, tuple]:
+    """:func:`busiest_rank_layers` before it is spread over the rows: the [pipeline, rank]
+    arrays of each distinct (pp, chunks, v_shape, mirrored, split), each row's index into
+    them (flat) and the rows' shape; a quantity of those arrays alone is worked out on them
+    and read by the index (10^5 rows × 64 ranks would cost 50 MB an array)."""
     columns = np.broadcast_arrays(*(np.asarray(c) for c in (pp, chunks, v_shape, mirrored)))
     shape = columns[0].shape
     splits = np.broadcast_to(np.asarray(split, dtype=object), shape)
@@ -72,4 +84,4 @@ def busiest_rank_layers(model: ModelSpec, pp, chunks, v_shape, mirrored, split="
             held, held_head = dense + moe, head
         for name, values in zip(names, (dense + moe, moe, emb, head, held, held_head), strict=True):
             table[name][index, : int(p)] = values
-    return {name: values[inverse].reshape(*shape, width) for name, values in table.items()}
+    return table, inverse, shape

@@ -152,7 +152,8 @@ def error_fields(error: PlanError, where=None, argv: list[str] | None = None) ->
     flags = _flags_by_name(getattr(where, "command", where))
     if field is not None and not str(field).startswith("-"):
         field = flags.get(str(field).replace("-", "_").replace(" ", "_"), field)
-    if field is None or field not in flags.values():
+    # A field that is a flag already (an unknown option's) is kept as given.
+    if field is None or (field not in flags.values() and not str(field).startswith("-")):
         field = (
             _flag_by_value(str(error), argv or [], set(flags.values()))
             or _flag_in_message(str(error), flags)

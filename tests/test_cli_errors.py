@@ -88,6 +88,13 @@ def test_survey_case_is_one_line_exit_2(capsys, bad_files, argv, field, fragment
         assert error["field"] == field
 
 
+def test_unknown_option_after_json_is_named_not_the_flag_before_it(capsys):
+    """The JSON error names the unknown option, not the flag the arguments put before it."""
+    code, out, _ = run(capsys, "plan", "--json", "--nosuch-flag", "5")
+    assert code == 2
+    assert json.loads(out)["error"]["field"] == "--nosuch-flag"
+
+
 @pytest.mark.parametrize(
     "argv",
     [

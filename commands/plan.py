@@ -356,7 +356,10 @@ def _rank_legend(result) -> str:
     tie = (f"{TIE_MARK}: within the model's {band:.1%} ratio error of the fastest (a tie)"
            if band is not None else "no measured ratio error: no ties")  # fmt: skip
     order = "ties first, by the preference rules" if q.get("rank") == "robust" else "by time"
-    return f"ranked {order}; t#: rank by predicted step time, {tie}"
+    simulated = any(entry.get("simulated") for entry in result.results)
+    steps = ("; step s: closed form (the ranks read the event simulator's step where it ran: "
+             "--json 'simulated')") if simulated else ""  # fmt: skip
+    return f"ranked {order}; t#: rank by predicted step time, {tie}{steps}"
 
 
 def profile_line(entry: dict, prefix: str = "", auto: bool = False) -> str:

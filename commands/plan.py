@@ -215,9 +215,11 @@ def _print_plan(result, explain: bool, console=None) -> None:
     etp = any((entry["layout"].get("etp") or entry["layout"]["tp"]) != entry["layout"]["tp"]
               for entry in result.results)  # fmt: skip
     degrees_header = "tp/cp/pp/dp" + ("/ep" if ep else "") + ("/etp" if etp else "")
+    with_cp = any(entry["layout"]["cp"] > 1 for entry in result.results)
     columns = (
         "#",
         degrees_header,
+        *(("cpa",) if with_cp else ()),
         "sp",
         "schedule",
         "mbs",
@@ -231,7 +233,7 @@ def _print_plan(result, explain: bool, console=None) -> None:
     timed = result.results[0].get("time_to_train") is not None
     columns += ("days", "good%") if timed else ()
     for column in columns:
-        left = column in (degrees_header, "schedule", "recomp")
+        left = column in (degrees_header, "cpa", "schedule", "recomp")
         wraps = column in ("schedule", "recomp")
         table.add_column(
             column,
@@ -239,7 +241,8 @@ def _print_plan(result, explain: bool, console=None) -> None:
             no_wrap=not wraps,
             overflow="fold" if wraps else "ellipsis",
         )
-    short = {"interleaved-1f1b": "int-1f1b", "selective": "sel"}
+    short = {"interleaved-1f1b": "int-1f1b", "selective": "sel", "hierarchical": "hier",
+             "all-gather": "ag", "ulysses": "uly"}
     for entry in result.results:
         lay = entry["layout"]
         axes = ("tp", "cp", "pp", "dp", "ep") if ep else ("tp", "cp", "pp", "dp")
@@ -248,6 +251,8 @@ def _print_plan(result, explain: bool, console=None) -> None:
         table.add_row(
             str(entry["rank"]),
             "/".join(degrees),
+            *((short.get(lay["cp_algorithm"], lay["cp_algorithm"]) if lay["cp"] > 1 else "-",)
+              if with_cp else ()),
             "y" if lay["sequence_parallel"] and lay["tp"] > 1 else "n",
             short.get(lay["schedule"], lay["schedule"]) + vpp,
             str(lay["micro_batch_size"]),

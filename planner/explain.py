@@ -33,6 +33,7 @@ def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -
                     f"  {key}: {first['time_breakdown_s'][key]:.3f} s vs "
                     f"{second['time_breakdown_s'][key]:.3f} s ({delta * 1e3:+,.1f} ms for the runner-up)"
                 )
+    lines += cp_algorithm_lines(found.table)
     for reason, count in sorted(found.rejected.items(), key=lambda item: -item[1]):
         lines.append(f"rejected {count:,}: {reason}")
     if found.smallest_memory is not None:
@@ -74,6 +75,7 @@ def explain_estimate(result, job) -> list[str]:
                 f"exposed {result.time_breakdown_s[axis + '_exposed']:.3f} s"
             )
     lines += _moe_lines(result, job)
+    lines += _ring_lines(result, job)
     lines.append(
         f"link contention: {result.time_breakdown_s['link_contention']:.3f} s = Σ_links Σ_b "
         f"exposed[b] · min(1, hidden traffic of the other axes on that link / compute window "
@@ -122,6 +124,51 @@ def _moe_lines(result, job) -> list[str]:
             f"{lay.schedule} overlap: {paired:.1%} of the end ranks' forward chunks run in F&B "
             f"pairs and hide their all-to-alls behind the paired compute; it hides "
             f"{raw - exposed:.3f} s of the {raw:.3f} s EP all-to-all time"
+        )
+    return lines
+
+
+def _ring_lines(result, job) -> list[str]:
+    """Ring attention's step: its transfer against the block attention it hides behind."""
+    from planner.comm.context_parallel import ring_step_overlap
+
+    step = ring_step_overlap(job, result.layout, result.cluster)
+    if step is None:
+        return []
+    lines = [
+        f"cp {result.layout.cp_algorithm}: a ring of {step['ring_ranks']} ranks over "
+        f"{step['tier']}, {step['steps']} steps per layer and pass; each step's transfer runs "
+        f"beside the block already held (exposed = max(0, transfer − block) + kernels/rescale)"
+    ]
+    for name in ("forward", "backward"):
+        p = step[name]
+        hidden = "hidden" if p["transfer_s"] <= p["block_attention_s"] else "exposed"
+        lines.append(
+            f"  {name} step: {p['bytes'] / 1e6:,.2f} MB in {p['transfer_s'] * 1e3:.3f} ms vs "
+            f"block attention {p['block_attention_s'] * 1e3:.3f} ms ({hidden}), kernels and "
+            f"rescale {p['step_overhead_s'] * 1e3:.3f} ms → {p['exposed_s'] * 1e3:.3f} ms exposed"
+        )
+    return lines
+
+
+def cp_algorithm_lines(table) -> list[str]:
+    """The best feasible row of each context-parallel algorithm the search kept (cp > 1),
+    and how far each is behind the winner's: which algorithm wins and by how much."""
+    if table is None or "cp_algorithm" not in table or not len(table):
+        return []
+    with_cp = table[table["cp"] > 1]
+    if not len(with_cp):
+        return []
+    best = with_cp.loc[with_cp.groupby("cp_algorithm")["step_time_s"].idxmin()]
+    best = best.sort_values("step_time_s")
+    lead = float(best["step_time_s"].iloc[0])
+    lines = ["context-parallel algorithms, best feasible layout of each (cp > 1):"]
+    for _, row in best.iterrows():
+        behind = float(row["step_time_s"]) / lead - 1
+        lines.append(
+            f"  {row['cp_algorithm']}: {row['step_time_s']:.3f} s at tp/cp/pp/dp "
+            f"{row['tp']}/{row['cp']}/{row['pp']}/{row['dp']}"
+            + (" (wins)" if behind == 0 else f" (+{100 * behind:.1f}%)")
         )
     return lines
 

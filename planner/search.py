@@ -22,7 +22,7 @@ from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
 from planner.refine import DEFAULT_REFINE_TOP, refine_table
 from planner.spec.job import Job
-from planner.spec.layout import Layout
+from planner.spec.layout import CP_ALGORITHMS, CpAlgorithm, Layout
 from planner.spec.rules import RULES, schedule_rules
 
 GIB = 2**30
@@ -41,6 +41,7 @@ LAYOUT_COLUMNS = (
     "zero_stage",
     "recompute",
     "sequence_parallel",
+    "cp_algorithm",
 )
 
 
@@ -62,6 +63,8 @@ class SearchSpace(BaseModel):
     zero_stage: list[int] = Field(default_factory=lambda: [0, 1, 2, 3])
     recompute: list[str] = Field(default_factory=lambda: ["none", "selective", "full"])
     sequence_parallel: list[bool] = Field(default_factory=lambda: [True, False])
+    #: Context-parallel algorithms searched where cp > 1 (cp = 1 rows: the first of them).
+    cp_algorithm: list[CpAlgorithm] = Field(default_factory=lambda: list(CP_ALGORITHMS))
     allow_cross_node_tp: bool = False
     max_cp: int = 64
     max_interleave: int = 8
@@ -114,8 +117,42 @@ def _with_expert_tp(t, c, p, x, d, is_moe: bool, pinned: list[int] | None):
     return t[row], c[row], p[row], x[row], d[row], choices[keep]
 
 
+def _with_cp_algorithm(degrees: tuple, names: list[str]) -> tuple[tuple, np.ndarray]:
+    """The degree rows with their CP algorithm (index into ``names``): each one where cp > 1,
+    the first where cp = 1 (no CP: the algorithm means nothing)."""
+    c = degrees[1]
+    choices = np.broadcast_to(np.arange(len(names)), (len(c), len(names)))
+    keep = np.ones(choices.shape, dtype=bool)
+    keep[:, 1:] = (c > 1)[:, None]
+    row = np.broadcast_to(np.arange(len(c))[:, None], choices.shape)[keep]
+    return tuple(column[row] for column in degrees), choices[keep]
+
+
+def _cp_inner(cluster: Cluster, order, degrees: tuple, hierarchical: np.ndarray) -> np.ndarray:
+    """Hierarchical CP's inner degree of the rows that run it (1 elsewhere): the CP ranks of
+    one scale-up domain (:func:`planner.comm.context_parallel.cp_inner_degree`), once per
+    distinct degrees."""
+    from planner.comm.context_parallel import cp_inner_degree
+    from planner.spec.layout import DEFAULT_MESH_ORDER
+
+    inner = np.ones(len(degrees[0]), dtype=np.int64)
+    rows = np.flatnonzero(hierarchical)
+    if not len(rows):
+        return inner
+    stacked = np.stack([column[rows] for column in degrees], axis=-1)
+    distinct, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    names = ("tp", "cp", "pp", "dp", "ep", "etp")
+    found = [
+        cp_inner_degree(dict(zip(names, values, strict=True)), order or DEFAULT_MESH_ORDER,
+                        cluster.scale_up_domain_size)
+        for values in distinct.tolist()
+    ]  # fmt: skip
+    inner[rows] = np.asarray(found, dtype=np.int64)[inverse.reshape(-1)]
+    return inner
+
+
 def screening_grid(
-    job: Job, cluster: Cluster, gpus: int, space: SearchSpace
+    job: Job, cluster: Cluster, gpus: int, space: SearchSpace, order=None
 ) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[int, ...]]:
     """The knobs the screening rules read, as numpy columns over their combinations.
 
@@ -137,6 +174,9 @@ def screening_grid(
         keep = np.isin(d, space.dp)
         t, c, p, x, d = t[keep], c[keep], p[keep], x[keep], d[keep]
     t, c, p, x, d, et = _with_expert_tp(t, c, p, x, d, model.is_moe, space.etp)
+    (t, c, p, x, d, et), algorithm = _with_cp_algorithm((t, c, p, x, d, et), space.cp_algorithm)
+    hierarchical = np.asarray(space.cp_algorithm, dtype=object)[algorithm] == "hierarchical"
+    inner = _cp_inner(cluster, order, (t, c, p, d, x, et), hierarchical)
     pairs = _schedule_options(space, model.num_layers)
     grids = np.meshgrid(
         np.arange(len(t)),
@@ -159,6 +199,8 @@ def screening_grid(
         "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
         "schedule": Labels(pair, names),
         "sequence_parallel": np.asarray(space.sequence_parallel, dtype=bool)[sp],
+        "cp_algorithm": Labels(algorithm[degree], tuple(space.cp_algorithm)),
+        "cp_inner": inner[degree],
     }
     # Sequence parallelism means nothing without TP: keep one of the two rows.
     keep = np.ones(len(sp), dtype=bool)
@@ -230,6 +272,14 @@ def rejection_masks(
         "a pipeline schedule needs pp > 1 (pp = 1 is listed once, as 1f1b)",
         (pp == 1) & ~Labels.of(cols["schedule"]).isin(("1f1b",)),
     ))  # fmt: skip
+    if "cp_algorithm" in cols:  # a hierarchy of one level is ring (k = 1) or Ulysses (k = cp)
+        inner = cols.get("cp_inner", np.ones_like(tp))
+        masks.append((
+            "hierarchical CP within one scale-up domain or one rank per domain (listed once, "
+            "as ulysses or ring)",
+            Labels.of(cols["cp_algorithm"]).isin(("hierarchical",))
+            & ((inner <= 1) | (inner >= cols["cp"])),
+        ))  # fmt: skip
     cols["num_microbatches"] = np.maximum(m, 1)
     return masks
 
@@ -255,7 +305,7 @@ def search(
     ``expected_wall_time_s`` and ``goodput`` (:func:`planner.cost.goodput.
     time_to_train_columns`), which objective ``time_to_train`` ranks by."""
     space = space or SearchSpace()
-    grid, cells, grid_shape = screening_grid(job, cluster, gpus, space)
+    grid, cells, grid_shape = screening_grid(job, cluster, gpus, space, order)
     copies = len(space.zero_stage) * len(space.recompute)  # rows per screened grid row
     total = len(cells) * copies
     rejected: dict[str, int] = {}

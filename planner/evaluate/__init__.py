@@ -30,6 +30,7 @@ import numpy as np
 from hwspecs.schema import Accelerator, Cluster
 from planner.columns.codes import Labels, coded, distinct_rows
 from planner.columns.tables import one_value_or_column, shape_table, structure_table
+from planner.comm.context_parallel import algorithm_codes
 from planner.comm.traffic import AXES, chunks_column, placeable
 from planner.cost.compute import GpuRates
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
@@ -186,6 +187,9 @@ def _prepared(columns: dict) -> dict:
         for k in ("micro_batch_size", "num_microbatches", "zero_stage")
     )
     c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
+    # The context-parallel algorithm's code (planner.spec.layout.CP_ALGORITHMS; all-gather
+    # where the columns leave it out).
+    c["cpa"] = algorithm_codes(columns.get("cp_algorithm"), c["tp"].shape).astype(np.int64)
     c["dp_cp"] = c["dp"] * c["cp"]  # the ZeRO group
     c["edp"] = expert_data_parallel_size(c["dp"], c["cp"], c["tp"], c["ep"], c["etp"])
     # String columns as codes, hashed once (the search hands them over coded).

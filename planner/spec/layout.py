@@ -19,6 +19,11 @@ from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
 
 RecomputeName = Literal["none", "selective", "full"]
 LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced"]
+#: Context-parallel algorithms (planner.comm.context_parallel): Llama 3's K/V all-gather,
+#: ring attention, DeepSpeed-Ulysses all-to-all, Ulysses inside the scale-up domain with a
+#: ring across (Megatron-Core's ``a2a+p2p``).
+CpAlgorithm = Literal["all-gather", "ring", "ulysses", "hierarchical"]
+CP_ALGORITHMS: tuple[str, ...] = ("all-gather", "ring", "ulysses", "hierarchical")
 
 #: Mesh axes, innermost first, as Llama 3 orders them ([TP, CP, PP, DP]) with EP inside DP.
 DEFAULT_MESH_ORDER: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp")
@@ -42,6 +47,13 @@ class Layout(BaseModel):
         description="expert tensor parallel (Megatron-Core --expert-tensor-parallel-size): "
         "1 or tp; None means tp. With 1 the routed experts are whole on every rank and the "
         "TP ranks fold into the EP group (MoE parallel folding)",
+    )
+    cp_algorithm: CpAlgorithm = Field(
+        "all-gather",
+        description="how CP ranks exchange K and V: 'all-gather' (Llama 3 §3.3.2), 'ring' "
+        "(ring attention, Liu et al. 2023), 'ulysses' (all-to-all, Jacobs et al. 2023), "
+        "'hierarchical' (Ulysses over the CP ranks in one scale-up domain, ring across "
+        "domains: Megatron-Core's a2a+p2p)",
     )
     vpp: int = Field(1, ge=1, description="virtual pipeline stages (chunks) per rank")
     micro_batch_size: int = Field(1, ge=1, description="sequences per micro-batch")

@@ -241,8 +241,13 @@ def _print_plan(result, explain: bool, console=None) -> None:
             no_wrap=not wraps,
             overflow="fold" if wraps else "ellipsis",
         )
-    short = {"interleaved-1f1b": "int-1f1b", "selective": "sel", "hierarchical": "hier",
-             "all-gather": "ag", "ulysses": "uly"}
+    short = {
+        "interleaved-1f1b": "int-1f1b",
+        "selective": "sel",
+        "hierarchical": "hier",
+        "all-gather": "ag",
+        "ulysses": "uly",
+    }
     for entry in result.results:
         lay = entry["layout"]
         axes = ("tp", "cp", "pp", "dp", "ep") if ep else ("tp", "cp", "pp", "dp")
@@ -251,8 +256,11 @@ def _print_plan(result, explain: bool, console=None) -> None:
         table.add_row(
             str(entry["rank"]),
             "/".join(degrees),
-            *((short.get(lay["cp_algorithm"], lay["cp_algorithm"]) if lay["cp"] > 1 else "-",)
-              if with_cp else ()),
+            *(
+                (short.get(lay["cp_algorithm"], lay["cp_algorithm"]) if lay["cp"] > 1 else "-",)
+                if with_cp
+                else ()
+            ),
             "y" if lay["sequence_parallel"] and lay["tp"] > 1 else "n",
             short.get(lay["schedule"], lay["schedule"]) + vpp,
             str(lay["micro_batch_size"]),

@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 
+from hwspecs.errors import PlanError
 from planner.comm.levels import Level
 from planner.comm.topology import (
     GroupPlacement,
@@ -74,8 +75,6 @@ def algorithm_codes(column, shape) -> np.ndarray:
     names, inverse = np.unique(array.astype(str).ravel(), return_inverse=True)
     unknown = [n for n in names if n not in CP_ALGORITHMS]
     if unknown:
-        from hwspecs.errors import PlanError
-
         raise PlanError(f"cp_algorithm '{unknown[0]}' unknown; choose one of: "
                         f"{', '.join(CP_ALGORITHMS)}")  # fmt: skip
     lookup = np.array([CP_ALGORITHMS.index(n) for n in names], dtype=np.int64)
@@ -87,8 +86,12 @@ def cp_inner_degree(sizes: dict, order, scale_up_domain_size: int) -> int:
 
     The mesh places ``stride`` ranks (the factors inside cp in ``order``) between CP
     neighbours; a domain of ``S`` GPUs then holds ``gcd(cp, S/stride)`` ranks of each CP
-    group when ``stride`` divides ``S``, else one."""
-    factors = mesh_factors(sizes, order)
+    group when ``stride`` divides ``S``, else one (also where the degrees cannot be placed:
+    the rule table rejects those rows)."""
+    try:
+        factors = mesh_factors(sizes, order)
+    except PlanError:
+        return 1
     cp = int(sizes.get("cp", 1))
     first = next(i for i, (name, _) in enumerate(factors) if name in ("cpe", "cpr"))
     stride = math.prod(size for _, size in factors[:first])

@@ -314,8 +314,10 @@ def axis_times_vectorized(
         term.axis
         for term, *_ in priced
         if compute is not None
-        and not (term.rule in ("cp_exposed", RING_RULE, ALL_TO_ALL_RULE)
-                 or (term.rule == "exposed" and not tp_comm_overlap))
+        and not (
+            term.rule in ("cp_exposed", RING_RULE, ALL_TO_ALL_RULE)
+            or (term.rule == "exposed" and not tp_comm_overlap)
+        )
     }
     out, exposed_by_axis = {}, {}
     for axis in AXES:

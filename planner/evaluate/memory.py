@@ -71,10 +71,15 @@ def memory_columns(
         job.model, job, *(c[k][buffer_rows] for k in buffer_keys), tuned
     )[buffer_inv]
     cp_rows, cp_inv = distinct_rows(*(c[k] for k in ("tp", "cp", "mbs", "cpa")))
-    comm_buffer = comm_buffer + cp_buffer_bytes(  # K/V buffers of the CP algorithm
-        job.model, job.seq_len, *(c[k][cp_rows] for k in ("mbs", "tp", "cp", "cpa")),
-        job.precision.activation_bytes,
-    )[cp_inv]
+    comm_buffer = (
+        comm_buffer
+        + cp_buffer_bytes(  # K/V buffers of the CP algorithm
+            job.model,
+            job.seq_len,
+            *(c[k][cp_rows] for k in ("mbs", "tp", "cp", "cpa")),
+            job.precision.activation_bytes,
+        )[cp_inv]
+    )
     runtime = float(job.runtime_overhead_bytes)
     # The parts' sum in the order they are reported (so every row adds as it always did),
     # in place.

@@ -94,6 +94,15 @@ class CommReport(BaseModel):
 # ----- one layout, explained -------------------------------------------------------------
 
 
+def _ring_rates(job: Job, layout: Layout, placement) -> GpuRates | None:
+    """The GPU's rates, which time ring attention's blocks (None without a ring)."""
+    if layout.cp == 1 or layout.cp_algorithm not in ("ring", "hierarchical"):
+        return None
+    return GpuRates.of(
+        load_accelerator(placement.view.cluster.accelerator), job.precision.gemm_dtype
+    )
+
+
 def axis_traffic(
     job: Job,
     layout: Layout,
@@ -126,7 +135,7 @@ def axis_traffic(
         layout.schedule in BIDIRECTIONAL_SCHEDULES,
         CP_ALGORITHMS.index(layout.cp_algorithm),
         cp_inner_degree(sizes, placement.order, placement.view.cluster.scale_up_domain_size),
-        GpuRates.of(load_accelerator(placement.view.cluster.accelerator), job.precision.gemm_dtype),
+        _ring_rates(job, layout, placement),
     )
     times = None if compute is None else (compute.forward_s, compute.backward_s)
     by_axis: dict[str, list[CollectiveTerm]] = {}

@@ -21,8 +21,9 @@ import cli
 from hwspecs.catalog import load_accelerator, load_cluster
 from hwspecs.errors import PlanError
 from planner import api
+from planner.comm.mesh import group_size
 from planner.comm.report import axis_traffic
-from planner.comm.topology import group_size, place_groups
+from planner.comm.topology import place_groups
 from planner.cost.compute import GpuRates, layer_op_times
 from planner.cost.optimizers import optimizer_step_cost
 from planner.estimate import layout_columns

@@ -9,11 +9,8 @@ from hypothesis import strategies as st
 
 import cli
 from hwspecs.errors import PlanError
-from planner.cost.adapters import (
-    dequantization_passes,
-    finetune_ops_per_sequence,
-    model_state_bytes,
-)
+from planner.cost.adapter_flops import dequantization_passes, finetune_ops_per_sequence
+from planner.cost.adapters import model_state_bytes
 from planner.cost.flops import model_ops_per_sequence
 from planner.cost.memory import MEMORY_PARTS
 from planner.memory_report import memory_report

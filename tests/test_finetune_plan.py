@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import cli
 from hwspecs.catalog import load_accelerator, load_cluster
-from planner.cost.adapters import dequantization_bytes_per_pass, dequantization_passes
+from planner.cost.adapter_flops import dequantization_bytes_per_pass, dequantization_passes
 from planner.cost.compute import GpuRates
 from planner.cost.optimizers import muon_matrix_shapes, optimizer_step_cost, optimizer_step_time
 from planner.cost.stage_times import shape_times

@@ -16,14 +16,9 @@ from hwspecs.schema import Cluster
 from planner.comm import network
 from planner.comm.graph import cluster_graph
 from planner.comm.levels import cluster_view
+from planner.comm.mesh import GROUP_AXES, axis_groups, group_size
 from planner.comm.network import group_levels, pair_level
-from planner.comm.topology import (
-    GROUP_AXES,
-    axis_groups,
-    group_size,
-    place_groups,
-    topology_report,
-)
+from planner.comm.topology import place_groups, topology_report
 from planner.spec.layout import Layout
 
 LLAMA3_ORDER = ("tp", "cp", "pp", "dp")  # Llama 3 §3.3.2, innermost first

@@ -40,8 +40,8 @@ def comm(job, layout, cluster: str, order: str | None = None, gpus: int | None =
     """Per-axis communication of ``job`` under ``layout`` on ``cluster``: raw time, and the
     time exposed behind the compute the columns model gives this layout (the estimate's)."""
     from hwspecs.catalog import load_accelerator, load_cluster
+    from planner.comm.mesh import resolve_order
     from planner.comm.report import ComputeTimes, axis_traffic
-    from planner.comm.topology import resolve_order
     from planner.estimate import layout_columns
     from planner.evaluate import evaluate_columns
     from planner.spec.layout import DEFAULT_MESH_ORDER
@@ -70,7 +70,8 @@ def topology(
 ):
     """Rank placement of each axis on ``cluster`` and the links each group crosses."""
     from hwspecs.catalog import load_cluster
-    from planner.comm.topology import resolve_order, topology_report
+    from planner.comm.mesh import resolve_order
+    from planner.comm.topology import topology_report
     from planner.spec.layout import DEFAULT_MESH_ORDER
 
     mesh = resolve_order(order) if order else DEFAULT_MESH_ORDER
@@ -137,7 +138,7 @@ def estimate(
     :func:`with_profile`; with ``training`` (:func:`build_training`), its time to train too."""
     mem_headroom = _checked_headroom(mem_headroom)
     from hwspecs.catalog import load_cluster
-    from planner.comm.topology import resolve_order
+    from planner.comm.mesh import resolve_order
     from planner.estimate import estimate as estimate_layout
 
     spec = load_cluster(cluster)

@@ -61,7 +61,7 @@ def plan(
     ``training`` (:func:`build_training`) adds each result's time to train and the
     ``expected_wall_time_s`` column; objective ``time_to_train`` ranks by it."""
     from hwspecs.catalog import load_accelerator, load_cluster
-    from planner.comm.topology import resolve_order
+    from planner.comm.mesh import resolve_order
     from planner.estimate import estimate as estimate_layout
     from planner.search import OBJECTIVES, layout_of_row, search
 

@@ -51,34 +51,15 @@ from planner.cost.context_parallel import (
     ring_step_overhead_s,
     ulysses_bytes,
 )
-from planner.spec.layout import CP_ALGORITHMS
+from planner.spec.layout import CP_ALGORITHMS, cp_algorithm_codes
 
 #: The groups of :func:`placement_group` beyond the placement's own.
 CP_GROUPS = ("cp_ring", "cp_inner", "cp_outer")
 #: Exposure rules of the terms here (planner.comm.terms.RULES holds their text).
 RING_RULE, ALL_TO_ALL_RULE = "cp_ring", "cp_a2a"
 
-__all__ = ["ALL_GATHER", "CP_ALGORITHMS", "CP_GROUPS", "cp_inner_degree", "placement_group"]
-
-
-def algorithm_codes(column, shape) -> np.ndarray:
-    """Each row's index in :data:`CP_ALGORITHMS` (strings, Labels or codes; None: all-gather)."""
-    if column is None:
-        return np.zeros(shape, dtype=np.int64)
-    values = getattr(column, "values", None)
-    if values is not None:  # Labels
-        lookup = np.array([CP_ALGORITHMS.index(str(v)) for v in values], dtype=np.int64)
-        return np.broadcast_to(lookup[column.codes], shape)
-    array = np.asarray(column)
-    if array.dtype.kind in "iu":
-        return np.broadcast_to(array.astype(np.int64), shape)
-    names, inverse = np.unique(array.astype(str).ravel(), return_inverse=True)
-    unknown = [n for n in names if n not in CP_ALGORITHMS]
-    if unknown:
-        raise PlanError(f"cp_algorithm '{unknown[0]}' unknown; choose one of: "
-                        f"{', '.join(CP_ALGORITHMS)}")  # fmt: skip
-    lookup = np.array([CP_ALGORITHMS.index(n) for n in names], dtype=np.int64)
-    return np.broadcast_to(lookup[inverse].reshape(array.shape), shape)
+__all__ = ["ALL_GATHER", "CP_ALGORITHMS", "CP_GROUPS", "cp_algorithm_codes", "cp_inner_degree",
+           "placement_group"]  # fmt: skip
 
 
 def cp_inner_degree(sizes: dict, order, scale_up_domain_size: int) -> int:

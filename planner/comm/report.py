@@ -21,6 +21,7 @@ from planner.comm.context_parallel import (
     placement_group,
     ring_exposed_time,
 )
+from planner.comm.mesh import group_size
 from planner.comm.terms import (
     AXIS_GROUPS,
     NO_COMPUTE_RULE,
@@ -31,7 +32,7 @@ from planner.comm.terms import (
     exposed_time,
     step_terms,
 )
-from planner.comm.topology import axis_report, group_size, place_groups
+from planner.comm.topology import axis_report, place_groups
 from planner.cost.compute import GpuRates
 from planner.pipeline.schedules.registry import (
     BIDIRECTIONAL_SCHEDULES,

@@ -31,12 +31,13 @@ from planner.comm.contention import sharing_delay
 from planner.comm.context_parallel import (
     ALL_TO_ALL_RULE,
     RING_RULE,
-    algorithm_codes,
+    cp_algorithm_codes,
     cp_inner_column,
     ring_exposed_time,
 )
 from planner.comm.cost_tables import CostTables, cheapest, link_busy
 from planner.comm.levels import as_cluster, cluster_view
+from planner.comm.mesh import resolve_order
 from planner.comm.terms import (
     AXIS_GROUPS,
     ep_overlap_sm_share,
@@ -44,7 +45,7 @@ from planner.comm.terms import (
     exposed_time,
     step_terms,
 )
-from planner.comm.topology import cluster_key, placement_for_view, resolve_order
+from planner.comm.topology import cluster_key, placement_for_view
 from planner.pipeline.schedules.registry import (
     BIDIRECTIONAL_SCHEDULES,
     EP_OVERLAP_SCHEDULES,
@@ -295,7 +296,7 @@ def axis_times_vectorized(
             "b": b, "m": m,
             "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
             "mirrored": _is_one_of(schedule, BIDIRECTIONAL_SCHEDULES),  # two parameter copies per rank
-            "cpa": algorithm_codes(cp_algorithm, rows),
+            "cpa": cp_algorithm_codes(cp_algorithm, rows),
             "batch_ok": batch_ok,
         }.items()
     }  # fmt: skip

@@ -42,7 +42,7 @@ def adapter_op_times(
     frozen (no W). DoRA forms ``B·A`` once per micro-batch for its weight norm (forward
     only: the norm is detached). QLoRA dequantizes every NF4 weight of the layer in the
     forward and again in the backward's input gradient (and in a full recomputation, which
-    reruns the forward): the bytes of :func:`planner.cost.adapters.dequantization_bytes_per_pass`
+    reruns the forward): the bytes of :func:`planner.cost.adapter_flops.dequantization_bytes_per_pass`
     for this layer, at HBM bandwidth.
     """
     tokens = seq_len * micro_batch_size / cp

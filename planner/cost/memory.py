@@ -118,13 +118,12 @@ def checkpoint_bytes_columns(
     return saved.max(axis=1) / copies
 
 
-def activation_columns(
-    job: Job, c: dict, S: dict, R: dict, schedule_groups
-) -> dict[str, np.ndarray]:
+def activation_columns(job: Job, c, S: dict, R: dict, schedule_groups) -> dict[str, np.ndarray]:
     """Activations of the micro-batches in flight, the logits buffers and the in-flight units
-    per examined rank (``c``: pp, m, vpp of the rows; ``S``: their shape-table entries, ``R``
+    per examined rank (``c``: the rows' layout columns, of which pp, num_microbatches and vpp
+    are read, :class:`planner.columns.layout.LayoutColumns`; ``S``: their shape-table entries, ``R``
     their structure-table entries; ``schedule_groups``: (schedule, rows) pairs)."""
-    n = len(c["pp"])
+    n = len(c.pp)
     layer_bytes = R["dense_layers"] * S["act_dense"][:, None] + _held(
         R, "moe_layers", S["act_moe"][:, None]
     )
@@ -138,7 +137,8 @@ def activation_columns(
     inflight = np.zeros((n, num_slots))  # micro-batches between F and B (the ends' tensors)
     units = np.zeros((n, num_slots))  # … and those waiting for W, at M_W / M_B
     for sch, rows in schedule_groups:
-        per_row = [c[k][rows, None] for k in ("pp", "m", "vpp")]  # against the slots' ranks
+        # pp, micro-batches and vpp against the slots' ranks
+        per_row = [c.pp[rows, None], c.num_microbatches[rows, None], c.vpp[rows, None]]
         slots = R["slot"][rows].astype(np.int64)
         inflight[rows] = closed_form.activation_microbatches_at(sch, *per_row, slots)
         units[rows] = closed_form.peak_activation_units(sch, *per_row, slots, weight_ratio[rows])
@@ -155,7 +155,7 @@ def activation_columns(
     dualpipe = np.concatenate(mirrored) if mirrored else np.zeros(0, dtype=np.int64)
     if len(dualpipe):  # rank r: pp − r own chunks, r + 1 mirrored
         d = dualpipe
-        slot, p = R["slot"][d], c["pp"][d, None]
+        slot, p = R["slot"][d], c.pp[d, None]
         Sd = {key: S[key][d, None] for key in ("act_dense", "act_moe", "first_extra",
                                                "last_extra")}  # fmt: skip
 

@@ -28,23 +28,21 @@ from __future__ import annotations
 import numpy as np
 
 from hwspecs.schema import Accelerator, Cluster
-from planner.columns.codes import Labels, coded, distinct_rows
+from planner.columns.codes import coded, distinct_rows
+from planner.columns.layout import INT_FIELDS, LayoutColumns
 from planner.columns.tables import one_value_or_column, shape_table, structure_table
-from planner.comm.context_parallel import algorithm_codes
 from planner.comm.traffic import AXES, chunks_column, placeable
 from planner.cost.compute import GpuRates
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
 from planner.evaluate.time import data_parallel_form, time_columns
 from planner.spec.job import Job
-from planner.spec.layout import expert_data_parallel_size, resolved_etp
 
 #: Rows timed together: the timing's intermediate columns (per axis and link) stay near
 #: 10^8 bytes whatever the search's size; each row's numbers do not depend on the others.
 TIMED_BLOCK_ROWS = 2**17
 
 #: Integer layout columns :func:`evaluate_columns` reads.
-INT_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_microbatches",
-               "zero_stage")  # fmt: skip
+INT_COLUMNS = INT_FIELDS
 
 
 def evaluate_columns(
@@ -75,7 +73,7 @@ def evaluate_columns(
             full[key] = valid.copy() if key == "valid" else np.full(len(valid), np.nan)
             full[key][rows] = value
         return in_output_order(full, memory)
-    c = _prepared(columns)
+    c = LayoutColumns.of(columns)
     rates, bf16_rates, tuned = _rates(job, accelerator)
     shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
     memory = memory_columns(job, c, shapes, structs, tuned)
@@ -101,11 +99,11 @@ def memory_every_rank(
     rank] arrays; :func:`planner.evaluate.memory.memory_columns`), and the structure table's
     [row, rank] layers and parameters (``held_layers``, ``dense_params``, ``expert_params``).
     The single-layout memory report is this on a 1-row column."""
-    c = _prepared(columns)
+    c = LayoutColumns.of(columns)
     rates, bf16_rates, tuned = _rates(job, accelerator)
     shapes, structs = _tables(job, c, rates, bf16_rates, tuned, every_rank=True)
     memory = memory_columns(job, c, shapes, structs, tuned, per_rank=True)
-    at = c["structure"].codes
+    at = c.structure.codes
     held = {key: structs[key][at] for key in ("held_layers", "dense_params", "expert_params")}
     return memory, held
 
@@ -128,7 +126,7 @@ def screen_columns(
     ``memory_parts_of_timed_rows``: every memory output but ``memory_per_gpu_bytes`` is
     kept for the timed rows only (one per row of them), and the others' released before
     the timing (the search reads no other row's parts)."""
-    c = _prepared(columns)
+    c = LayoutColumns.of(columns)
     rates, bf16_rates, tuned = _rates(job, accelerator)
     shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
     memory = memory_columns(job, c, shapes, structs, tuned)
@@ -138,21 +136,21 @@ def screen_columns(
         for key in memory:
             if key != "memory_per_gpu_bytes":
                 memory[key] = memory[key][rows]
-    c = {key: value[rows] for key, value in c.items()}  # the timed rows' columns only
+    c = c.take(rows)  # the timed rows' columns only
     timed = _timed_in_blocks(
         job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
     )
     return memory, valid, rows, timed
 
 
-def _placeable(job: Job, cluster: Cluster, c: dict) -> np.ndarray:
+def _placeable(job: Job, cluster: Cluster, c: LayoutColumns) -> np.ndarray:
     """Rows that can be placed on the cluster (:func:`planner.comm.traffic.placeable`)."""
     # Placeable or not depends on the structure (tp, ep, etp, pp, vpp, schedule, split), cp, dp.
-    some, inverse = distinct_rows(c["structure"], c["cp"], c["dp"])
-    return placeable(cluster, job.model.num_layers,
-                     *(c[k][some] for k in ("tp", "cp", "pp", "dp", "ep")),
-                     chunks_column(c["schedule"][some], c["vpp"][some]),
-                     one_value_or_column(c["split"][some]), c["etp"][some])[inverse]  # fmt: skip
+    some, inverse = distinct_rows(c.structure, c.cp, c.dp)
+    at = c.take(some)
+    return placeable(cluster, job.model.num_layers, *at.columns("tp", "cp", "pp", "dp", "ep"),
+                     chunks_column(at.schedule, at.vpp),
+                     one_value_or_column(at.pipeline_layer_split), at.etp)[inverse]  # fmt: skip
 
 
 def _timed_in_blocks(
@@ -160,11 +158,11 @@ def _timed_in_blocks(
 ) -> dict[str, np.ndarray]:
     """:func:`planner.evaluate.time.time_columns` of the rows of ``c``, :data:`TIMED_BLOCK_ROWS`
     at a time, into one column per output."""
-    n = len(c["tp"])
+    n = len(c)
     timed: dict[str, np.ndarray] = {}
     for start in range(0, n, TIMED_BLOCK_ROWS) if n else (0,):
         stop = min(start + TIMED_BLOCK_ROWS, n)
-        sub = {key: value[start:stop] for key, value in c.items()}
+        sub = c.take(slice(start, stop))
         part = time_columns(
             job, cluster, accelerator, sub, shapes, structs, order, mfu_dtype, rates, tuned
         )
@@ -174,29 +172,6 @@ def _timed_in_blocks(
                 timed[key] = np.empty(n, dtype=value.dtype)
             timed[key][start:stop] = value
     return timed
-
-
-def _prepared(columns: dict) -> dict:
-    """The layout columns under the names the models read (ints as int64; SP only with TP)."""
-    col = {k: np.asarray(columns[k]) for k in (*INT_COLUMNS, "sequence_parallel")}
-    # No copies of columns already int64 (the search's are): 10^7 rows cost 80 MB a column.
-    c = {k: col[k].astype(np.int64, copy=False) for k in ("tp", "cp", "pp", "dp", "ep", "vpp")}
-    c["etp"] = resolved_etp(columns.get("etp"), c["tp"])  # the routed experts' TP degree
-    c["mbs"], c["m"], c["zero"] = (
-        col[k].astype(np.int64, copy=False)
-        for k in ("micro_batch_size", "num_microbatches", "zero_stage")
-    )
-    c["sp"] = col["sequence_parallel"].astype(bool) & (c["tp"] > 1)
-    # The context-parallel algorithm's code (planner.spec.layout.CP_ALGORITHMS; all-gather
-    # where the columns leave it out).
-    c["cpa"] = algorithm_codes(columns.get("cp_algorithm"), c["tp"].shape).astype(np.int64)
-    c["dp_cp"] = c["dp"] * c["cp"]  # the ZeRO group
-    c["edp"] = expert_data_parallel_size(c["dp"], c["cp"], c["tp"], c["ep"], c["etp"])
-    # String columns as codes, hashed once (the search hands them over coded).
-    c["schedule"], c["recompute"], c["split"] = (
-        Labels.of(columns[k]) for k in ("schedule", "recompute", "pipeline_layer_split")
-    )
-    return c
 
 
 def _rates(job: Job, accelerator: Accelerator | None) -> tuple:
@@ -210,27 +185,28 @@ def _rates(job: Job, accelerator: Accelerator | None) -> tuple:
     return rates, bf16_rates, tuned
 
 
-def _tables(job: Job, c: dict, rates, bf16_rates, tuned, every_rank=False) -> tuple[dict, dict]:
-    """The per-shape and per-structure tables. Adds to ``c`` each row's index into them
-    (``shape``, ``structure``) and into the distinct (structure, shape, m) combinations —
-    what activations and the pipeline's compute depend on — and (structure, ZeRO stage,
-    dp·cp) ones — what model states and the optimizer step depend on (``held``,
-    ``states``), all as :class:`planner.columns.codes.Labels` of indices."""
-    shapes, shape_inv = shape_table(
-        job, rates, tuned, *(c[k] for k in ("tp", "cp", "ep", "etp", "sp", "mbs", "recompute")),
-        bf16_rates,
-    )  # fmt: skip
-    structs, struct_inv = structure_table(
-        job, *(c[k] for k in ("tp", "ep", "etp", "pp", "vpp", "schedule", "split")), every_rank
+def _tables(
+    job: Job, c: LayoutColumns, rates, bf16_rates, tuned, every_rank=False
+) -> tuple[dict, dict]:
+    """The per-shape and per-structure tables. Records in ``c`` each row's index into them
+    (``shape``, ``structure``) and into the distinct (structure, shape, micro-batches)
+    combinations — what activations and the pipeline's compute depend on — and (structure,
+    ZeRO stage, ZeRO group) ones — what model states and the optimizer step depend on
+    (``held``, ``states``), all as :class:`planner.columns.codes.Labels` of indices."""
+    shape_fields = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size", "recompute")
+    shapes, shape_inv = shape_table(job, rates, tuned, *c.columns(*shape_fields), bf16_rates)
+    struct_fields = ("tp", "ep", "etp", "pp", "vpp", "schedule", "pipeline_layer_split")
+    structs, struct_inv = structure_table(job, *c.columns(*struct_fields), every_rank)
+    c.index(
+        shape=coded(shape_inv, len(shapes["fd"])),
+        structure=coded(struct_inv, len(structs["slot"])),
+        # The wrapper's operations cost time only where the accelerator records host costs.
+        data_parallel_form=data_parallel_form(c.zero_stage, c.zero_group_size),
     )
-    c["shape"] = coded(shape_inv, len(shapes["fd"]))
-    c["structure"] = coded(struct_inv, len(structs["slot"]))
-    # The wrapper's operations cost time only where the accelerator records host costs.
-    c["form"] = data_parallel_form(c["zero"], c["dp_cp"])
-    held = ("shape", "m", "form") if rates.op_overhead_s else ("shape", "m")
-    for name, columns in (("held", held), ("states", ("zero", "dp_cp"))):
-        chosen, inverse = distinct_rows(c["structure"], *(c[k] for k in columns))
-        c[name] = coded(inverse, len(chosen))
+    held = ("shape", "num_microbatches", "data_parallel_form")[: 3 if rates.op_overhead_s else 2]
+    for name, fields in (("held", held), ("states", ("zero_stage", "zero_group_size"))):
+        chosen, inverse = distinct_rows(c.structure, *c.columns(*fields))
+        c.index(**{name: coded(inverse, len(chosen))})
     return shapes, structs
 
 

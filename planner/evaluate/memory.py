@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.columns.codes import distinct_rows
+from planner.columns.layout import LayoutColumns
 from planner.columns.tables import MEMORY_SHAPE_KEYS, rows_by_value
 from planner.cost.context_parallel import cp_buffer_bytes
 from planner.cost.memory import (
@@ -31,7 +32,7 @@ MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
 
 def memory_columns(
-    job: Job, c: dict, shapes: dict, structs: dict, tuned, per_rank: bool = False
+    job: Job, c: LayoutColumns, shapes: dict, structs: dict, tuned, per_rank: bool = False
 ) -> dict[str, np.ndarray]:
     """Memory per examined rank from the rows' shapes and structures; the peak is memory
     per GPU. Model states (ZeRO-sharded), activations of the micro-batches in flight,
@@ -42,41 +43,43 @@ def memory_columns(
     Activations and logits depend on a row's structure, shape and micro-batch count only,
     model states on its structure, ZeRO stage and group: each is worked out on one row per
     distinct combination and broadcast; per row only the sum and its peak are taken."""
-    n = len(c["tp"])
-    shape_inv, struct_inv = c["shape"].codes, c["structure"].codes
-    held_rows, held_inv = distinct_rows(c["held"])
-    sub = {k: c[k][held_rows] for k in ("pp", "m", "vpp", "schedule")}
+    n = len(c)
+    shape_inv, struct_inv = c.shape.codes, c.structure.codes
+    held_rows, held_inv = distinct_rows(c.held)
+    sub = c.take(held_rows)
     held = activation_columns(
         job,
         sub,
         gather(shapes, shape_inv[held_rows], MEMORY_SHAPE_KEYS),
         gather(structs, struct_inv[held_rows], MEMORY_STRUCT_KEYS),
-        rows_by_value(sub["schedule"]),
+        rows_by_value(sub.schedule),
     )
     units = held.pop("units")  # micro-batches' worth of activations in flight per rank
-    zero_group = c["dp_cp"]
-    state_rows, state_inv = distinct_rows(c["states"])
+    zero_group = c.zero_group_size
+    state_rows, state_inv = distinct_rows(c.states)
     state_keys = tuple(key for key in structs if key.endswith(("_fixed", "_dense", "_expert")))
     states = model_state_columns(
         job,
-        c["zero"][state_rows],
+        c.zero_stage[state_rows],
         zero_group[state_rows],
-        c["edp"][state_rows],
+        c.expert_data_parallel_size[state_rows],
         gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)),
         tuned,
     )
-    buffer_keys = ("tp", "cp", "pp", "ep", "etp", "zero", "sp", "mbs")  # once per distinct tuple
-    buffer_rows, buffer_inv = distinct_rows(*(c[k] for k in buffer_keys))
+    buffer_fields = ("tp", "cp", "pp", "ep", "etp", "zero_stage", "sequence_parallel",
+                     "micro_batch_size")  # fmt: skip
+    buffer_rows, buffer_inv = distinct_rows(*c.columns(*buffer_fields))  # once per distinct tuple
     comm_buffer = comm_buffer_columns(
-        job.model, job, *(c[k][buffer_rows] for k in buffer_keys), tuned
+        job.model, job, *(column[buffer_rows] for column in c.columns(*buffer_fields)), tuned
     )[buffer_inv]
-    cp_rows, cp_inv = distinct_rows(*(c[k] for k in ("tp", "cp", "mbs", "cpa")))
+    cp_fields = ("micro_batch_size", "tp", "cp", "cp_algorithm")
+    cp_rows, cp_inv = distinct_rows(*c.columns(*cp_fields))
     comm_buffer = (
         comm_buffer
         + cp_buffer_bytes(  # K/V buffers of the CP algorithm
             job.model,
             job.seq_len,
-            *(c[k][cp_rows] for k in ("mbs", "tp", "cp", "cpa")),
+            *(column[cp_rows] for column in c.columns(*cp_fields)),
             job.precision.activation_bytes,
         )[cp_inv]
     )
@@ -101,13 +104,13 @@ def memory_columns(
         out[f"memory_{name}_bytes"] = value[held_inv, peak_slot]
     out["memory_comm_buffers_bytes"] = comm_buffer
     copies = np.ones(len(state_rows))  # DualPipe's two parameter copies are replicas
-    for schedule, rows in rows_by_value(c["schedule"][state_rows]):
+    for schedule, rows in rows_by_value(c.schedule[state_rows]):
         copies[rows] = closed_form.parameter_copies(schedule)
     state_R = gather(
         structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)
     )
     out["checkpoint_bytes_per_rank"] = checkpoint_bytes_columns(
-        job, zero_group[state_rows], c["edp"][state_rows], state_R, tuned, copies
+        job, zero_group[state_rows], c.expert_data_parallel_size[state_rows], state_R, tuned, copies
     )[state_inv]
     out["memory_runtime_overhead_bytes"] = np.full(n, runtime)
     if per_rank:

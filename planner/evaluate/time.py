@@ -11,10 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from planner.columns.codes import Labels, distinct_rows
+from planner.columns.layout import LayoutColumns
 from planner.columns.tables import TIME_SHAPE_KEYS, one_value_or_column, rows_by_value
 from planner.comm.contention import occupancy_excess
 from planner.comm.traffic import AXES, axis_times_vectorized, chunks_column
-from planner.cost import adapters as ft
+from planner.cost.adapter_flops import finetune_ops_per_sequence
 from planner.cost.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.cost.model_states import optimizer_columns
 from planner.cost.profile import apply_profile, profile_inputs
@@ -89,8 +90,8 @@ def _is_split(schedule: Labels) -> np.ndarray:
 
 
 def time_columns(
-    job: Job, cluster, accelerator, c: dict, shapes: dict, structs: dict, order, mfu_dtype,
-    rates, tuned,
+    job: Job, cluster, accelerator, c: LayoutColumns, shapes: dict, structs: dict, order,
+    mfu_dtype, rates, tuned,
 ) -> dict[str, np.ndarray]:  # fmt: skip
     """Step time per row: the busiest examined rank's F, B (+ recompute) and W per
     micro-batch through the schedule's closed form, exposed communication per axis, the
@@ -100,13 +101,13 @@ def time_columns(
     optimizer's on its structure, ZeRO stage and group (and the DP rate Muon gathers at):
     each is worked out on one row per distinct combination and broadcast."""
     model = job.model
-    tp, cp, pp, dp, ep, vpp = (c[k] for k in ("tp", "cp", "pp", "dp", "ep", "vpp"))
-    mbs, m, zero, schedule, recompute = (c[k] for k in ("mbs", "m", "zero", "schedule",
-                                                        "recompute"))  # fmt: skip
-    shape_inv, struct_inv = c["shape"].codes, c["structure"].codes
-    paced_rows, paced_inv = distinct_rows(c["held"])
+    tp, cp, pp, dp, ep, vpp = c.columns("tp", "cp", "pp", "dp", "ep", "vpp")
+    mbs, m, zero = c.micro_batch_size, c.num_microbatches, c.zero_stage
+    schedule, recompute = c.schedule, c.recompute
+    shape_inv, struct_inv = c.shape.codes, c.structure.codes
+    paced_rows, paced_inv = distinct_rows(c.held)
     paced = _pipeline_columns(
-        {k: c[k][paced_rows] for k in ("pp", "m", "vpp", "schedule", "form")},
+        c.take(paced_rows),
         gather(shapes, shape_inv[paced_rows], TIME_SHAPE_KEYS),
         gather(structs, struct_inv[paced_rows], PACE_STRUCT_KEYS),
         accelerator,
@@ -123,23 +124,23 @@ def time_columns(
         pp=pp,
         dp=dp,
         ep=ep,
-        etp=c["etp"],
+        etp=c.etp,
         vpp=vpp,
         micro_batch_size=mbs,
         num_microbatches=m,
         zero_stage=zero,
-        sequence_parallel=c["sp"],
+        sequence_parallel=c.sequence_parallel,
         recompute=recompute,
         schedule=schedule,
-        pipeline_layer_split=one_value_or_column(c["split"]),
+        pipeline_layer_split=one_value_or_column(c.pipeline_layer_split),
         order=order or ("tp", "cp", "ep", "pp", "dp"),
         forward_s=f,
         backward_s=b + rc + w,
-        cp_algorithm=c["cpa"],
+        cp_algorithm=c.cp_algorithm,
     )
 
     # Optimizer: the trainable parameters' update (and Muon's orthogonalization and gather).
-    zero_group = c["dp_cp"]
+    zero_group = c.zero_group_size
     with np.errstate(divide="ignore", invalid="ignore"):  # the DP group's achieved bus rate
         dp_rate = np.where(
             comm["dp_time_s"] > 0, comm["dp_bytes_per_step"] / comm["dp_time_s"], np.inf
@@ -147,7 +148,7 @@ def time_columns(
     dp_rate = np.nan_to_num(dp_rate, nan=np.inf)
     # The DP rate matters only where Muon gathers (no structure has Muon matrices: none).
     muon = structs["muon_params"].any()
-    step_rows, step_inv = distinct_rows(c["states"], *((dp_rate,) if muon else ()))
+    step_rows, step_inv = distinct_rows(c.states, *((dp_rate,) if muon else ()))
     R = gather(structs, struct_inv[step_rows], OPTIMIZER_STRUCT_KEYS)
     dispatch_s = 0.0  # per tensor, its step's operations (sharded tensors step too)
     if rates.op_overhead_s:  # DTensor parameters (FSDP2's, DTensor TP's) step as DTensors
@@ -163,7 +164,7 @@ def time_columns(
         for column in optimizer_columns(
             R, zero[step_rows], zero_group[step_rows], rates.hbm_bytes_per_s,
             accelerator.achievable_matmul_flops_per_s("bf16"), dp_rate[step_rows],
-            dispatch_s=dispatch_s, expert_group=c["edp"][step_rows],
+            dispatch_s=dispatch_s, expert_group=c.expert_data_parallel_size[step_rows],
         )
     )  # fmt: skip
 
@@ -211,19 +212,21 @@ def time_columns(
         out[f"{axis}_bytes_per_step"] = comm[f"{axis}_bytes_per_step"]
     # The fitted efficiency profile's terms, in one place (planner.cost.profile).
     comm_s = sum(comm[f"{axis}_time_s"] for axis in AXES)
-    inputs = profile_inputs(job, tp, c["etp"], cp, pp, ep, mbs, m, num_gpus, comm_s, exposed)
+    inputs = profile_inputs(job, tp, c.etp, cp, pp, ep, mbs, m, num_gpus, comm_s, exposed)
     return apply_profile(out, inputs, job.efficiency_profile)
 
 
-def _pipeline_columns(c: dict, S: dict, R: dict, accelerator, rates) -> tuple[np.ndarray, ...]:
-    """Per row (``c``: pp, m, vpp, schedule, data-parallel form): the busiest examined rank's
+def _pipeline_columns(
+    c: LayoutColumns, S: dict, R: dict, accelerator, rates
+) -> tuple[np.ndarray, ...]:
+    """Per row (of ``c``, pp, micro-batches, vpp, schedule and DP wrapper are read): the busiest examined rank's
     forward, input gradient, weight gradient and recompute seconds per micro-batch, the
     pipeline's step time by the schedule's closed form, and the busiest rank's compute time
     in it. Where the accelerator records host costs, the data-parallel wrapper's and the
     pipeline runtime's own operations are part of them (:func:`_with_wrapper_ops`,
     :func:`_with_pipeline_actions`)."""
-    n = len(c["pp"])
-    pp, m, vpp, schedule = (c[k] for k in ("pp", "m", "vpp", "schedule"))
+    n = len(c)
+    pp, m, vpp, schedule = c.pp, c.num_microbatches, c.vpp, c.schedule
 
     # Compute per examined rank; the busiest one sets the pipeline's pace. A DualPipe rank
     # runs half its micro-batches through each of its two stages: per micro-batch it does
@@ -243,7 +246,7 @@ def _pipeline_columns(c: dict, S: dict, R: dict, accelerator, rates) -> tuple[np
     B = on_slots("bd", "bm", "b_emb", "b_head")
     W = on_slots("wd", "wm", "w_emb", "w_head")
     if rates.op_overhead_s:
-        F, B = _with_wrapper_ops(c["form"], R, accelerator, rates.op_overhead_s, F, B)
+        F, B = _with_wrapper_ops(c.data_parallel_form, R, accelerator, rates.op_overhead_s, F, B)
     F, B, W = _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W)
     Rc = on_slots("rd", "rm")
     busiest = np.argmax(F + B + W + Rc, axis=1)
@@ -289,5 +292,5 @@ def _model_flops_per_token(job: Job, tuned, causal: bool) -> float:
     """Model FLOPs per token for MFU: full training's, or the recipe's (frozen base: no W)."""
     if tuned is None:
         return model_flops_per_token(job.model, job.seq_len, causal=causal)
-    ops = ft.finetune_ops_per_sequence(job.model, tuned, job.seq_len, causal)
+    ops = finetune_ops_per_sequence(job.model, tuned, job.seq_len, causal)
     return sum_ops(ops).total / job.seq_len

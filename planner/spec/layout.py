@@ -9,6 +9,7 @@ validator. Axes are ``tp`` (tensor), ``cp`` (context), ``pp`` (pipeline), ``dp``
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 import numpy as np
@@ -25,8 +26,21 @@ LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced"]
 CpAlgorithm = Literal["all-gather", "ring", "ulysses", "hierarchical"]
 CP_ALGORITHMS: tuple[str, ...] = ("all-gather", "ring", "ulysses", "hierarchical")
 
+
+class MeshAxis(StrEnum):
+    """An axis of the device mesh; the members compare and hash as their lower-case names."""
+
+    TP = "tp"  # tensor: each layer's matrices split (Megatron-LM)
+    CP = "cp"  # context: the sequence split
+    EP = "ep"  # expert: routed experts spread, carved out of dp·cp (and tp under etp 1)
+    PP = "pp"  # pipeline: layers in stages
+    DP = "dp"  # data: replicas (sharded under ZeRO/FSDP)
+
+
 #: Mesh axes, innermost first, as Llama 3 orders them ([TP, CP, PP, DP]) with EP inside DP.
-DEFAULT_MESH_ORDER: tuple[str, ...] = ("tp", "cp", "ep", "pp", "dp")
+DEFAULT_MESH_ORDER: tuple[MeshAxis, ...] = (
+    MeshAxis.TP, MeshAxis.CP, MeshAxis.EP, MeshAxis.PP, MeshAxis.DP
+)  # fmt: skip
 
 
 class Layout(BaseModel):
@@ -103,6 +117,26 @@ class Layout(BaseModel):
                 f"dp {self.dp} × micro_batch_size {self.micro_batch_size}"
             )
         return global_batch_size // per_replica
+
+
+def cp_algorithm_codes(column, shape) -> np.ndarray:
+    """Each row's index in :data:`CP_ALGORITHMS` (strings, Labels or codes; None: all-gather)."""
+    if column is None:
+        return np.zeros(shape, dtype=np.int64)
+    values = getattr(column, "values", None)
+    if values is not None:  # Labels
+        lookup = np.array([CP_ALGORITHMS.index(str(v)) for v in values], dtype=np.int64)
+        return np.broadcast_to(lookup[column.codes], shape)
+    array = np.asarray(column)
+    if array.dtype.kind in "iu":
+        return np.broadcast_to(array.astype(np.int64), shape)
+    names, inverse = np.unique(array.astype(str).ravel(), return_inverse=True)
+    unknown = [n for n in names if n not in CP_ALGORITHMS]
+    if unknown:
+        raise PlanError(f"cp_algorithm '{unknown[0]}' unknown; choose one of: "
+                        f"{', '.join(CP_ALGORITHMS)}")  # fmt: skip
+    lookup = np.array([CP_ALGORITHMS.index(n) for n in names], dtype=np.int64)
+    return np.broadcast_to(lookup[inverse].reshape(array.shape), shape)
 
 
 def resolved_etp(etp, tp) -> np.ndarray:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwspecs.schema import Cluster
 from planner.columns.codes import Labels
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
+from planner.cp_dominance import dominated_cp_rows
 from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
 from planner.refine import DEFAULT_REFINE_TOP, refine_table
@@ -26,6 +27,10 @@ from planner.spec.layout import CP_ALGORITHMS, CpAlgorithm, Layout
 from planner.spec.rules import RULES, schedule_rules
 
 GIB = 2**30
+#: Why rows whose CP algorithm another beats on the same layout are not timed.
+CP_DOMINATED = (
+    "CP algorithm beaten on the same layout by another (exposed CP time and K/V buffers no smaller)"
+)
 OBJECTIVES = ("step_time", "memory", "mfu", "time_to_train")
 LAYOUT_COLUMNS = (
     "tp",
@@ -315,6 +320,10 @@ def search(
         if hit.any():  # two rules may share a reason
             rejected[reason] = rejected.get(reason, 0) + int(hit.sum()) * copies
         alive &= ~hit
+    beaten = alive & dominated_cp_rows(job, cluster, order, grid, alive)  # same layout, faster CP
+    if beaten.any():
+        rejected[CP_DOMINATED] = int(beaten.sum()) * copies
+    alive &= ~beaten
     grid = {key: value[alive] for key, value in grid.items()}
     cols = expand_rows(grid, cells[alive], grid_shape, space)
     cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), ("auto",))

@@ -15,7 +15,7 @@ from planner import api
 from planner.comm.context_parallel import cp_inner_degree, ring_step_overlap
 from planner.comm.traffic import axis_times_vectorized
 from planner.cost.context_parallel import cp_buffer_bytes, kv_block_bytes, ulysses_bytes
-from planner.search import SearchSpace, search
+from planner.search import CP_DOMINATED, SearchSpace, search
 from planner.spec.layout import CP_ALGORITHMS, Layout
 from planner.spec.model import load_model
 from planner.spec.rules import check_layout
@@ -158,3 +158,21 @@ def test_comm_lists_the_collectives_of_the_chosen_algorithm():
         found[algorithm] = {term["collective"] for term in cp["terms"]}
     assert found == {"all-gather": {"all-gather", "reduce-scatter"}, "ring": {"p2p"},
                      "ulysses": {"all-to-all"}}  # fmt: skip
+
+
+@pytest.mark.parametrize("seq_len", [4096, 131072])
+def test_pruning_beaten_cp_algorithms_keeps_the_best_of_every_algorithm_searched_alone(seq_len):
+    """The search drops an algorithm another beats on the same layout (planner.cp_dominance);
+    its winner is the best of the searches that pin each algorithm in turn."""
+    job = api.build_job("llama3-8b", seq_len, global_batch_size=16)
+    accelerator = load_accelerator(DGX.accelerator)
+    space = dict(micro_batch_size=[1, 2], zero_stage=[1], recompute=["none", "full"],
+                 schedule=["1f1b"])  # fmt: skip
+    found = search(job, DGX, accelerator, 16, SearchSpace(**space), refine_top=0)
+    each = [
+        search(job, DGX, accelerator, 16, SearchSpace(**space, cp_algorithm=[name]),
+               refine_top=0).table["step_time_s"].min()
+        for name in CP_ALGORITHMS
+    ]  # fmt: skip
+    assert found.table["step_time_s"].min() == pytest.approx(min(each), rel=1e-12)
+    assert found.rejected.get(CP_DOMINATED, 0) > 0  # counted under its reason

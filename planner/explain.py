@@ -33,7 +33,6 @@ def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -
                     f"  {key}: {first['time_breakdown_s'][key]:.3f} s vs "
                     f"{second['time_breakdown_s'][key]:.3f} s ({delta * 1e3:+,.1f} ms for the runner-up)"
                 )
-    lines += cp_algorithm_lines(found.table)
     for reason, count in sorted(found.rejected.items(), key=lambda item: -item[1]):
         lines.append(f"rejected {count:,}: {reason}")
     if found.smallest_memory is not None:
@@ -151,25 +150,34 @@ def _ring_lines(result, job) -> list[str]:
     return lines
 
 
-def cp_algorithm_lines(table) -> list[str]:
-    """The best feasible row of each context-parallel algorithm the search kept (cp > 1),
-    and how far each is behind the winner's: which algorithm wins and by how much."""
-    if table is None or "cp_algorithm" not in table or not len(table):
+def cp_algorithm_lines(job, cluster, results: list[dict], order=None) -> list[str]:
+    """The winning layout under each context-parallel algorithm the rules allow: which
+    algorithm wins on it and by how much (the same estimate as the winner's, each algorithm
+    in turn)."""
+    from hwspecs.errors import PlanError
+    from planner.estimate import estimate
+    from planner.spec.layout import CP_ALGORITHMS, Layout
+
+    if not results or results[0]["layout"]["cp"] <= 1:
         return []
-    with_cp = table[table["cp"] > 1]
-    if not len(with_cp):
-        return []
-    best = with_cp.loc[with_cp.groupby("cp_algorithm")["step_time_s"].idxmin()]
-    best = best.sort_values("step_time_s")
-    lead = float(best["step_time_s"].iloc[0])
-    lines = ["context-parallel algorithms, best feasible layout of each (cp > 1):"]
-    for _, row in best.iterrows():
-        behind = float(row["step_time_s"]) / lead - 1
-        lines.append(
-            f"  {row['cp_algorithm']}: {row['step_time_s']:.3f} s at tp/cp/pp/dp "
-            f"{row['tp']}/{row['cp']}/{row['pp']}/{row['dp']}"
-            + (" (wins)" if behind == 0 else f" (+{100 * behind:.1f}%)")
-        )
+    fields = dict(results[0]["layout"])
+    chosen = fields["cp_algorithm"]
+    times, refused = {}, {}
+    for name in CP_ALGORITHMS:
+        try:
+            layout = Layout(**{**fields, "cp_algorithm": name})
+            times[name] = estimate(job, layout, cluster, order=order).step_time_s
+        except PlanError as error:
+            refused[name] = str(error)
+    lead = times[chosen]
+    degrees = "/".join(str(fields[k]) for k in ("tp", "cp", "pp", "dp"))
+    lines = [f"context-parallel algorithms on the winning layout (tp/cp/pp/dp {degrees}):"]
+    for name, seconds in sorted(times.items(), key=lambda item: item[1]):
+        change = "chosen" if name == chosen else f"{100 * (seconds / lead - 1):+.1f}%"
+        if name != chosen and seconds == lead:
+            change = f"the same as {chosen} here"
+        lines.append(f"  {name}: {seconds:.3f} s ({change})")
+    lines += [f"  {name}: not allowed ({why.split('; ')[0]})" for name, why in refused.items()]
     return lines
 
 

@@ -176,3 +176,19 @@ def test_pruning_beaten_cp_algorithms_keeps_the_best_of_every_algorithm_searched
     ]  # fmt: skip
     assert found.table["step_time_s"].min() == pytest.approx(min(each), rel=1e-12)
     assert found.rejected.get(CP_DOMINATED, 0) > 0  # counted under its reason
+
+
+def test_plan_says_how_much_each_algorithm_would_cost_the_winning_layout():
+    job = api.build_job("llama3-8b", 131072, global_batch_tokens=16 * 131072)
+    space = api.build_search_space(micro_batch_size=[1], zero_stage=[1], recompute=["none"],
+                                   schedule=["1f1b"], pp=[1])  # fmt: skip
+    result, _ = api.plan(job, "dgx-h100", 16, space, refine_top=0)
+    winner = result.results[0]
+    assert winner["layout"]["cp"] > 1
+    start = next(i for i, line in enumerate(result.explanation)
+                 if line.startswith("context-parallel algorithms on the winning layout"))  # fmt: skip
+    lines = result.explanation[start + 1 : start + 1 + len(CP_ALGORITHMS)]
+    chosen = f"  {winner['layout']['cp_algorithm']}: {winner['step_time_s']:.3f} s (chosen)"
+    assert chosen in lines
+    others = [line for line in lines if "chosen" not in line and "not allowed" not in line]
+    assert all("+" in line or "the same as" in line for line in others)

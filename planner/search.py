@@ -18,7 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwspecs.schema import Cluster
 from planner.columns.codes import Labels
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
-from planner.cp_dominance import dominated_cp_rows
+from planner.cp_search import (
+    CP_DOMINATED,
+    degenerate_hierarchy,
+    dominated_cp_rows,
+    hierarchical_inner_degrees,
+    with_cp_algorithm,
+)
 from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
 from planner.refine import DEFAULT_REFINE_TOP, refine_table
@@ -27,10 +33,6 @@ from planner.spec.layout import CP_ALGORITHMS, CpAlgorithm, Layout
 from planner.spec.rules import RULES, schedule_rules
 
 GIB = 2**30
-#: Why rows whose CP algorithm another beats on the same layout are not timed.
-CP_DOMINATED = (
-    "CP algorithm beaten on the same layout by another (exposed CP time and K/V buffers no smaller)"
-)
 OBJECTIVES = ("step_time", "memory", "mfu", "time_to_train")
 LAYOUT_COLUMNS = (
     "tp",
@@ -122,40 +124,6 @@ def _with_expert_tp(t, c, p, x, d, is_moe: bool, pinned: list[int] | None):
     return t[row], c[row], p[row], x[row], d[row], choices[keep]
 
 
-def _with_cp_algorithm(degrees: tuple, names: list[str]) -> tuple[tuple, np.ndarray]:
-    """The degree rows with their CP algorithm (index into ``names``): each one where cp > 1,
-    the first where cp = 1 (no CP: the algorithm means nothing)."""
-    c = degrees[1]
-    choices = np.broadcast_to(np.arange(len(names)), (len(c), len(names)))
-    keep = np.ones(choices.shape, dtype=bool)
-    keep[:, 1:] = (c > 1)[:, None]
-    row = np.broadcast_to(np.arange(len(c))[:, None], choices.shape)[keep]
-    return tuple(column[row] for column in degrees), choices[keep]
-
-
-def _cp_inner(cluster: Cluster, order, degrees: tuple, hierarchical: np.ndarray) -> np.ndarray:
-    """Hierarchical CP's inner degree of the rows that run it (1 elsewhere): the CP ranks of
-    one scale-up domain (:func:`planner.comm.context_parallel.cp_inner_degree`), once per
-    distinct degrees."""
-    from planner.comm.context_parallel import cp_inner_degree
-    from planner.spec.layout import DEFAULT_MESH_ORDER
-
-    inner = np.ones(len(degrees[0]), dtype=np.int64)
-    rows = np.flatnonzero(hierarchical)
-    if not len(rows):
-        return inner
-    stacked = np.stack([column[rows] for column in degrees], axis=-1)
-    distinct, inverse = np.unique(stacked, axis=0, return_inverse=True)
-    names = ("tp", "cp", "pp", "dp", "ep", "etp")
-    found = [
-        cp_inner_degree(dict(zip(names, values, strict=True)), order or DEFAULT_MESH_ORDER,
-                        cluster.scale_up_domain_size)
-        for values in distinct.tolist()
-    ]  # fmt: skip
-    inner[rows] = np.asarray(found, dtype=np.int64)[inverse.reshape(-1)]
-    return inner
-
-
 def screening_grid(
     job: Job, cluster: Cluster, gpus: int, space: SearchSpace, order=None
 ) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[int, ...]]:
@@ -179,9 +147,9 @@ def screening_grid(
         keep = np.isin(d, space.dp)
         t, c, p, x, d = t[keep], c[keep], p[keep], x[keep], d[keep]
     t, c, p, x, d, et = _with_expert_tp(t, c, p, x, d, model.is_moe, space.etp)
-    (t, c, p, x, d, et), algorithm = _with_cp_algorithm((t, c, p, x, d, et), space.cp_algorithm)
+    (t, c, p, x, d, et), algorithm = with_cp_algorithm((t, c, p, x, d, et), space.cp_algorithm)
     hierarchical = np.asarray(space.cp_algorithm, dtype=object)[algorithm] == "hierarchical"
-    inner = _cp_inner(cluster, order, (t, c, p, d, x, et), hierarchical)
+    inner = hierarchical_inner_degrees(cluster, order, (t, c, p, d, x, et), hierarchical)
     pairs = _schedule_options(space, model.num_layers)
     grids = np.meshgrid(
         np.arange(len(t)),
@@ -278,13 +246,7 @@ def rejection_masks(
         (pp == 1) & ~Labels.of(cols["schedule"]).isin(("1f1b",)),
     ))  # fmt: skip
     if "cp_algorithm" in cols:  # a hierarchy of one level is ring (k = 1) or Ulysses (k = cp)
-        inner = cols.get("cp_inner", np.ones_like(tp))
-        masks.append((
-            "hierarchical CP within one scale-up domain or one rank per domain (listed once, "
-            "as ulysses or ring)",
-            Labels.of(cols["cp_algorithm"]).isin(("hierarchical",))
-            & ((inner <= 1) | (inner >= cols["cp"])),
-        ))  # fmt: skip
+        masks.append(degenerate_hierarchy(cols))
     cols["num_microbatches"] = np.maximum(m, 1)
     return masks
 

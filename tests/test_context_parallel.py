@@ -162,7 +162,7 @@ def test_comm_lists_the_collectives_of_the_chosen_algorithm():
 
 @pytest.mark.parametrize("seq_len", [4096, 131072])
 def test_pruning_beaten_cp_algorithms_keeps_the_best_of_every_algorithm_searched_alone(seq_len):
-    """The search drops an algorithm another beats on the same layout (planner.cp_dominance);
+    """The search drops an algorithm another beats on the same layout (planner.cp_search);
     its winner is the best of the searches that pin each algorithm in turn."""
     job = api.build_job("llama3-8b", seq_len, global_batch_size=16)
     accelerator = load_accelerator(DGX.accelerator)

@@ -1,5 +1,7 @@
-"""Context-parallel algorithms the search need not time: those another algorithm beats on
-the same layout.
+"""The context-parallel algorithm as an axis of the search: each degree row once per
+algorithm where cp > 1 (:func:`with_cp_algorithm`), hierarchical CP's inner degree on the
+cluster (:func:`cp_inner_column`), and the algorithms the search need not time, those another
+algorithm beats on the same layout (:func:`dominated_cp_rows`).
 
 On one set of degrees and micro-batch size the CP algorithm changes only the CP collectives
 (their exposed time per layer pass, forward and backward) and the K/V buffers
@@ -20,13 +22,66 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwspecs.schema import Cluster
 from planner.columns.codes import Labels, distinct_rows
+from planner.comm.context_parallel import cp_inner_degree
 from planner.comm.traffic import axis_times_vectorized
 from planner.cost.context_parallel import cp_buffer_bytes
-from planner.spec.layout import cp_algorithm_codes
+from planner.spec.layout import DEFAULT_MESH_ORDER, cp_algorithm_codes
 
+#: Why rows whose CP algorithm another beats on the same layout are not timed.
+CP_DOMINATED = (
+    "CP algorithm beaten on the same layout by another (exposed CP time and K/V buffers no smaller)"
+)
 #: The degree and batch columns a probe row is made of.
 PROBE_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch_size")
+
+
+def with_cp_algorithm(degrees: tuple, names: list[str]) -> tuple[tuple, np.ndarray]:
+    """The degree rows with their CP algorithm (index into ``names``): each one where cp > 1,
+    the first where cp = 1 (no CP: the algorithm means nothing)."""
+    c = degrees[1]
+    choices = np.broadcast_to(np.arange(len(names)), (len(c), len(names)))
+    keep = np.ones(choices.shape, dtype=bool)
+    keep[:, 1:] = (c > 1)[:, None]
+    row = np.broadcast_to(np.arange(len(c))[:, None], choices.shape)[keep]
+    return tuple(column[row] for column in degrees), choices[keep]
+
+
+def hierarchical_inner_degrees(
+    cluster: Cluster, order, degrees: tuple, hierarchical: np.ndarray
+) -> np.ndarray:
+    """Hierarchical CP's inner degree of the rows that run it (1 elsewhere): the CP ranks of
+    one scale-up domain (:func:`planner.comm.context_parallel.cp_inner_degree`), once per
+    distinct degrees."""
+    inner = np.ones(len(degrees[0]), dtype=np.int64)
+    rows = np.flatnonzero(hierarchical)
+    if not len(rows):
+        return inner
+    stacked = np.stack([column[rows] for column in degrees], axis=-1)
+    distinct, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    names = ("tp", "cp", "pp", "dp", "ep", "etp")
+    found = [
+        cp_inner_degree(dict(zip(names, values, strict=True)), order or DEFAULT_MESH_ORDER,
+                        cluster.scale_up_domain_size)
+        for values in distinct.tolist()
+    ]  # fmt: skip
+    inner[rows] = np.asarray(found, dtype=np.int64)[inverse.reshape(-1)]
+    return inner
+
+
+def degenerate_hierarchy(columns: dict) -> tuple[str, np.ndarray]:
+    """(reason, rows) of hierarchical CP with one level: all CP ranks in one scale-up domain
+    (it is Ulysses) or one per domain (it is the ring); the search lists those once."""
+    inner = columns.get("cp_inner", np.ones_like(columns["cp"]))
+    rows = Labels.of(columns["cp_algorithm"]).isin(("hierarchical",)) & (
+        (inner <= 1) | (inner >= columns["cp"])
+    )
+    return (
+        "hierarchical CP within one scale-up domain or one rank per domain (listed once, "
+        "as ulysses or ring)",
+        rows,
+    )
 
 
 def dominated_cp_rows(job, cluster, order, columns: dict, alive: np.ndarray) -> np.ndarray:

@@ -14,15 +14,30 @@ the planner) happen inside the commands so that ``llmplan --help`` starts fast.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import warnings
 
 import typer
 
-from commands.common import app
+
+def _stopped_while_starting(signum, frame) -> None:
+    """Ctrl-C or SIGTERM while the commands import: one line, no traceback (main() installs
+    the full handler, :mod:`commands.interrupt`, once they are in)."""
+    sys.stderr.write(f"error: interrupted by {signal.Signals(signum).name}; stopped\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":
+    for _signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_signal, _stopped_while_starting)
+
+from commands.common import app  # noqa: E402
 
 # Importing the command modules registers their commands on the app, in this order.
 # isort: off
-from commands import plan, memory, schedule, network, validation, catalog, runs, sweep  # noqa: F401
+from commands import plan, memory, schedule, network, validation, catalog, runs, sweep  # noqa: E402, F401
 # isort: on
 
 
@@ -44,6 +59,20 @@ def _subcommand(command, argv: list[str]):
     return command
 
 
+def _warning_line(shown):
+    """A user's-file warning (hwspecs.errors.UnsourcedFigures) as one ``warning:`` line on
+    stderr; other warnings as Python shows them."""
+    from hwspecs.errors import UnsourcedFigures
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, UnsourcedFigures):
+            sys.stderr.write(f"warning: {message}\n")
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (0, 2 for user errors, 128 + signal if stopped)."""
     from commands import errors, interrupt
@@ -54,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     as_json = _wants_json(argv)
     command = typer.main.get_command(app)
     interrupt.install()
+    shown = warnings.showwarning
+    warnings.showwarning = _warning_line(shown)
     try:
         result = command.main(args=argv, prog_name="llmplan", standalone_mode=False)
     except PlanError as error:
@@ -87,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         interrupt.restore()
+        warnings.showwarning = shown
     return result if isinstance(result, int) else 0
 
 

@@ -6,12 +6,9 @@ from typing import Annotated
 
 import typer
 
-from commands.common import (
-    JsonFlag,
-    catalog_app,
-    emit_json,
-    make_console,
-)
+from commands.common import JsonFlag, catalog_app, compact_table, emit_json, make_console
+from commands.flags import CatalogKind, Choice, option
+from commands.flags import value as enum_value
 
 # ----- catalog --------------------------------------------------------------------------
 
@@ -30,11 +27,7 @@ def catalog_list(
     if as_json:
         emit_json(result)
         return
-    from rich.table import Table
-
-    table = Table(title="llmplan catalog")
-    table.add_column("kind")
-    table.add_column("names")
+    table = compact_table("kind", "names", left=("kind",), wrap=("names",))
     for name, entries in result.items():
         table.add_row(name, ", ".join(entries))
     make_console().print(table)
@@ -50,8 +43,8 @@ def catalog_show(
         ),
     ],
     kind: Annotated[
-        str | None,
-        typer.Option(help="model, accelerator, cluster or link (for names shared by kinds)"),
+        CatalogKind | None,
+        option(Choice(CatalogKind), "the kind, for a name shared by kinds (mi300x)"),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -61,6 +54,7 @@ def catalog_show(
 
     from planner import api
 
+    kind = enum_value(kind)
     result = api.show_catalog(name, kind)
     bare = name.split(":")[-1]
     shared = api.catalog_kinds_of(bare)
@@ -70,15 +64,15 @@ def catalog_show(
     if as_json:
         emit_json(result)
         return
-    from rich.table import Table
-
     sources = dict(result.pop("sources", {}) or {})
     notes = result.pop("notes", None)
     rows = list(_flatten(result))
-    table = Table(title=f"{result.get('kind')} {bare}")
-    table.add_column("field", no_wrap=True, min_width=max(len(key) for key, _ in rows))
-    table.add_column("value", max_width=26, overflow="fold")
-    table.add_column("source", overflow="fold")
+    console = make_console()
+    console.print(f"{result.get('kind')} {bare}", markup=False, highlight=False)
+    table = compact_table("field", "value", "source", left=("field",), wrap=("value", "source"))
+    table.columns[0].min_width = max(len(key) for key, _ in rows)
+    # Figures never wrap: the longest, up to "79.65 GiB (85.5 GB)", sets the value column.
+    table.columns[1].min_width = min(20, max(len(_formatted(k, v)) for k, v in rows))
     # A source of a group ("tiers.0", a link's "busbw_efficiency") goes on its first row.
     for key in list(sources):
         group = re.sub(r"\.(\d+)", r"[\1]", key)
@@ -89,7 +83,6 @@ def catalog_show(
         table.add_row(key, _formatted(key, value), sources.pop(key, ""))
     for key, source in sources.items():  # sources of a group of figures (a model's shape)
         table.add_row(f"({key})", "", source)
-    console = make_console()
     console.print(table)
     if notes:
         console.print(f"notes: {notes}", markup=False, highlight=False)

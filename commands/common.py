@@ -7,10 +7,27 @@ import sys
 from typing import Annotated
 
 import typer
+import typer.core
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
+#: ``llmplan --help`` lists the commands in the order a user needs them: find a layout,
+#: look into one, then the pieces, the hardware, and checking the model against the world.
+COMMAND_ORDER = (
+    "plan", "estimate", "memory", "comm", "schedule", "sweep", "topology", "collective",
+    "bytes-per-param", "catalog", "runs", "fit", "calibrate", "validate",
+)  # fmt: skip
+
+
+class _OrderedGroup(typer.core.TyperGroup):
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        known = [name for name in COMMAND_ORDER if name in names]
+        return known + [name for name in names if name not in COMMAND_ORDER]
+
+
 app = typer.Typer(
+    cls=_OrderedGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -83,7 +100,7 @@ def gib(value: float | None) -> str:
 def wrote(path: str | None) -> None:
     """Tell the user a file was written (nothing when no path was asked for)."""
     if path:
-        make_console().print(f"wrote {path}", markup=False, highlight=False)
+        make_console().print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 def fits_line(total_bytes: float, report) -> str:
@@ -94,3 +111,22 @@ def fits_line(total_bytes: float, report) -> str:
         f"{gib(total_bytes)} GiB of {gib(report.usable_bytes)} usable "
         f"({gib(report.capacity_bytes)} − {100 * report.mem_headroom:g}%): {verdict}"
     )
+
+
+def compact_table(*columns: str, left: tuple[str, ...] = (), wrap: tuple[str, ...] = (), **kw):
+    """A rich table that keeps numbers whole at 80 columns: no vertical rules or edge, one
+    space between columns, numbers right-aligned and never wrapped or cut; only the
+    ``wrap`` columns (names, lists) fold onto more lines. ``left``: left-aligned columns."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), **kw)
+    for name in columns:
+        folds = name in wrap
+        table.add_column(
+            name,
+            justify="left" if name in left or folds else "right",
+            no_wrap=not folds,
+            overflow="fold" if folds else "ellipsis",
+        )
+    return table

@@ -184,6 +184,22 @@ class OutputPath(Parser):
         return text
 
 
+class PngPath(OutputPath):
+    """A PNG file to write: a writable path ending in .png (plotly picks the format by it)."""
+
+    allowed = "a file path ending in .png in an existing, writable directory"
+
+    def parse(self, text: str) -> str:
+        if not text.lower().endswith(".png"):
+            self.fail(text)
+        return super().parse(text)
+
+
+def png_output(help: str = "write the page as PNG (needs kaleido and a Chrome/Chromium)"):
+    """A PNG output option: checked writable and ending in .png while the flags are parsed."""
+    return Annotated[str | None, option(PngPath(), help)]
+
+
 def output(help: str):
     """An output-file option, checked writable while the flags are parsed."""
     return Annotated[str | None, option(OutputPath(), help)]
@@ -196,7 +212,9 @@ def option(
     show_allowed: bool = False,
 ):
     """A typer option parsed by ``parser``; ``show_allowed`` appends what it takes to the help."""
-    listed = isinstance(parser, Choice)  # the metavar lists the choices already
+    listed = isinstance(parser, Choice) or (  # the metavar lists the choices already
+        isinstance(parser, ListOf) and isinstance(parser.item, Choice)
+    )
     text = f"{help} ({parser.allowed})" if show_allowed and not listed else help
     return typer.Option(*decls, parser=parser, help=text, metavar=_metavar(parser))
 
@@ -206,7 +224,8 @@ def _metavar(parser: Parser) -> str:
         return "[" + "|".join(parser.choices) + "]"
     if isinstance(parser, ListOf):
         return _metavar(parser.item).strip("[]") + ",..."
-    return {Count: "N", IntIn: "N", Number: "X", OutputPath: "PATH"}.get(type(parser), "TEXT")
+    kinds = {Count: "N", IntIn: "N", Number: "X", OutputPath: "PATH", PngPath: "PATH"}
+    return kinds.get(type(parser), "TEXT")
 
 
 # ----- shared enums ---------------------------------------------------------------------
@@ -278,6 +297,41 @@ class AdapterDtype(str, Enum):
     fp16 = "fp16"
 
 
+class Objective(str, Enum):
+    step_time = "step_time"
+    memory = "memory"
+    mfu = "mfu"
+    time_to_train = "time_to_train"
+
+
+class ObjectiveName(Choice):
+    """An objective, ``-`` and ``_`` alike (``time-to-train`` is ``time_to_train``)."""
+
+    def __init__(self):
+        super().__init__(Objective)
+
+    def parse(self, text: str):
+        return super().parse(text.replace("-", "_"))
+
+
+OBJECTIVE_HELP = (
+    "what ranks the layouts: step_time (s), memory (bytes per GPU), mfu, or time_to_train "
+    "(expected wall time of --train-tokens, failures included)"
+)
+
+
+class Trainer(str, Enum):
+    torchtitan = "torchtitan"
+    megatron = "megatron"
+
+
+class CatalogKind(str, Enum):
+    model = "model"
+    accelerator = "accelerator"
+    cluster = "cluster"
+    link = "link"
+
+
 def _schedule_names() -> list[str]:
     from planner.api import SCHEDULES
 
@@ -319,6 +373,8 @@ class FlagGroup:
 
     flags: tuple[Flag, ...]
     overrides: dict = field(default_factory=dict)
+    #: Turns the parsed values into what the command reads (``--accelerator`` into a cluster).
+    finish: Any = None
 
     def defaults(self, **values) -> FlagGroup:
         unknown = set(values) - {flag.name for flag in self.flags}
@@ -363,6 +419,8 @@ def uses(**groups: FlagGroup):
         def run(**values):
             for name, group in groups.items():
                 values[name] = Values({flag.name: values.pop(flag.name) for flag in group.flags})
+                if group.finish is not None:
+                    values[name] = group.finish(values[name])
             return command(**values)
 
         run.__signature__ = signature.replace(parameters=parameters)
@@ -389,7 +447,7 @@ JOB = FlagGroup(
     (
         _flag("model", Name("a catalog model, a model TOML or a HF config.json"),
               "catalog model, model TOML or HF config.json", "llama3-405b"),
-        _flag("seq_len", POSITIVE, "tokens per sequence", 8192),
+        _flag("seq_len", POSITIVE, "sequence length in tokens", 8192),
         _flag("global_batch_tokens", POSITIVE,
               "tokens per step (16Mi = 16,777,216; default 16Mi where a command needs one)"),
         _flag("global_batch_size", POSITIVE, "sequences per step (instead of tokens)"),
@@ -429,14 +487,41 @@ JOB = FlagGroup(
     )
 )  # fmt: skip
 
+#: The cluster every command defaults to (Meta's Llama 3 cluster, planner.api.DEFAULT_PLAN).
+DEFAULT_CLUSTER = "llama3-h100-24k"
+
+
+def resolved_cluster(values: Values) -> Values:
+    """``--accelerator X`` as the cluster ``node:X`` (one scale-up domain of X); neither
+    flag: :data:`DEFAULT_CLUSTER`. Both: an error (they name the same thing)."""
+    accelerator = values.pop("accelerator", None)
+    if accelerator is not None and values.get("cluster") is not None:
+        raise PlanError(
+            "give --cluster or --accelerator (one node of it), not both",
+            field="accelerator",
+            allowed="--cluster NAME or --accelerator NAME",
+        )
+    if accelerator is not None:
+        from hwspecs.catalog import one_node_name
+
+        values["cluster"] = one_node_name(accelerator)
+    elif values.get("cluster") is None:
+        values["cluster"] = DEFAULT_CLUSTER
+    return values
+
+
 CLUSTER = FlagGroup(
     (
         _flag("cluster", Name("a catalog cluster or a cluster TOML"),
-              "catalog cluster or TOML path", "llama3-h100-24k"),
+              f"catalog cluster or cluster TOML path (default {DEFAULT_CLUSTER})"),
+        _flag("accelerator", Name("a catalog accelerator or an accelerator TOML"),
+              "instead of --cluster: one node of this accelerator, its scale-up domain "
+              "(8 GPUs on NVLink for h100-sxm)"),
         _flag("gpus", POSITIVE, "GPUs to use, the cluster's first N (default: the layout's)"),
         _flag("order", Name("axis names tp, cp, ep, pp, dp separated by commas"),
-              "mesh order innermost first, e.g. tp,cp,ep,pp,dp"),
-    )
+              "mesh order, innermost axis first, e.g. tp,cp,ep,pp,dp (default: the cluster's)"),
+    ),
+    finish=resolved_cluster,
 )  # fmt: skip
 
 LAYOUT = FlagGroup(
@@ -457,8 +542,7 @@ LAYOUT = FlagGroup(
         _flag("micro_batch_size", POSITIVE, "sequences per micro-batch", 1),
         _flag("num_microbatches", POSITIVE, "micro-batches per step (default: from the "
               "global batch, else pp)"),
-        _flag("schedule", ScheduleName(), "pipeline schedule (e.g. 1f1b, interleaved-1f1b, "
-              "zb-h1, zbv)", "1f1b"),
+        _flag("schedule", ScheduleName(), "pipeline schedule", "1f1b", show_allowed=True),
         _flag("zero_stage", IntIn(0, 3), "ZeRO stage", 1, show_allowed=True),
         _flag("recompute", Choice(Recompute),
               "activation recomputation (default: full for qlora, as QLoRA, else none)",
@@ -468,6 +552,10 @@ LAYOUT = FlagGroup(
     )
 )  # fmt: skip
 
+#: The layout every command that takes one defaults to: Llama 3 405B's (Table 4: TP 8,
+#: PP 16, DP 128 on 16,384 GPUs), as ``plan``'s default query.
+DEFAULT_LAYOUT = LAYOUT.defaults(tp=8, pp=16, dp=128)
+
 PIN_HELP = "pin, e.g. 4,8 (default: every value that fits)"
 
 PINS = FlagGroup(
@@ -476,7 +564,8 @@ PINS = FlagGroup(
         _flag("etp", ListOf(DEGREE), "pin the routed experts' TP degree: 1 or tp (e.g. 1)"),
         _flag("vpp", ListOf(DEGREE), PIN_HELP),
         _flag("micro_batch_size", ListOf(POSITIVE), "pin (default 1,2,4,8)"),
-        _flag("schedule", ListOf(ScheduleName()), "pin, e.g. 1f1b,interleaved-1f1b"),
+        _flag("schedule", ListOf(ScheduleName()), "pin, e.g. 1f1b,interleaved-1f1b",
+              show_allowed=True),
         _flag("zero_stage", ListOf(IntIn(0, 3)), "pin, e.g. 1 (0, 1, 2 or 3)"),
         _flag("recompute", ListOf(Choice(Recompute)), "pin: none, selective, full"),
         _flag("cp_algorithm", ListOf(Choice(CpAlgorithm)),
@@ -503,6 +592,19 @@ MFU_DTYPE = _flag("mfu_dtype", Choice(MfuDtype), "dtype whose peak MFU is measur
 MEM_HEADROOM = _flag("mem_headroom", Number(0, 1, high_open=True),
                      "fraction of HBM kept free: a layout fits in HBM × (1 − headroom)",
                      0.05)  # fmt: skip
+
+
+class RankMode(str, Enum):  # planner.rank.RANK_MODES
+    robust = "robust"
+    time = "time"
+
+
+#: How plan orders its rows (planner/rank.py): robust treats layouts within the model's
+#: measured ratio error of the fastest as ties, ordered by the preference rules.
+RANK = _flag("rank", Choice(RankMode),
+             "robust: layouts within the model's measured ratio error of the fastest are "
+             "ties, ordered by the preference rules (planner/rank.py); time: by predicted "
+             "step time alone", RankMode.robust)  # fmt: skip
 
 # ----- from flags to the library's models ------------------------------------------------
 

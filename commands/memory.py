@@ -6,10 +6,11 @@ from typing import Annotated
 
 import typer
 
-from commands.common import JsonFlag, app, emit_json, fits_line, gib, make_console
+from commands.common import JsonFlag, app, compact_table, emit_json, fits_line, gib, make_console
 from commands.flags import (
+    CLUSTER,
+    DEFAULT_LAYOUT,
     JOB,
-    LAYOUT,
     MEM_HEADROOM,
     Choice,
     Count,
@@ -86,20 +87,20 @@ def bytes_per_param(
     if as_json:
         emit_json(result)
         return
-    from rich.table import Table
-
     recipe_title = ""
     if result.recipe_breakdown is not None:
         recipe_title = (
             f", {result.recipe} r {finetune.lora_rank} on {','.join(finetune.lora_targets)} "
             f"({result.num_trainable_params:,} trainable; per base-model parameter)"
         )
-    table = Table(
-        title=f"bytes per parameter: {result.precision}, {result.optimizer}, "
-        f"grads {result.grad_dtype}, ZeRO {result.zero_stage} over dp {result.dp}{recipe_title}"
+    console = make_console()
+    console.print(
+        f"bytes per parameter: {result.precision}, {result.optimizer}, grads "
+        f"{result.grad_dtype}, ZeRO {result.zero_stage} over dp {result.dp}{recipe_title}",
+        markup=False,
+        highlight=False,
     )
-    table.add_column("part")
-    table.add_column("bytes / param", justify="right")
+    table = compact_table("part", "bytes / param", wrap=("part",))
     for part, share in result.breakdown.items():
         table.add_row(part, f"{share:.4g}")
     for part, share in (result.recipe_breakdown or {}).items():
@@ -110,24 +111,18 @@ def bytes_per_param(
             f"{result.model} ({result.num_params / 1e9:.1f} B params)",
             f"{gib(result.total_bytes)} GiB",
         )
-    make_console().print(table)
+    console.print(table)
 
 
 # ----- memory ---------------------------------------------------------------------------
 
 
 @app.command()
-@uses(job=JOB, layout=LAYOUT)
+@uses(job=JOB, cluster=CLUSTER.only("cluster", "accelerator"), layout=DEFAULT_LAYOUT)
 def memory(
     job: Values,
+    cluster: Values,
     layout: Values,
-    accelerator: Annotated[
-        str | None,
-        option(
-            Name("a catalog accelerator or an accelerator TOML"),
-            "accelerator whose HBM the result is checked against",
-        ),
-    ] = "h100-sxm",
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     explain: Annotated[
         bool, typer.Option("--explain", help="print each term's formula with its numbers")
@@ -137,12 +132,13 @@ def memory(
     """Memory per GPU for one layout: model states, activations in flight, buffers, per stage.
 
     With an adapter recipe the base is frozen (NF4 for qlora) and only the adapters carry
-    gradients and optimizer states; the recipe's own split is printed as well.
+    gradients and optimizer states; the recipe's own split is printed as well. The result
+    is checked against the HBM of --cluster's accelerator (or --accelerator's).
     """
     from planner import api
 
-    query = build_job(job, default_batch=False)
-    report = api.memory(query, build_layout(layout, job), accelerator, mem_headroom)
+    query = build_job(job)
+    report = api.memory(query, build_layout(layout, job), None, mem_headroom, cluster.cluster)
     if as_json:
         emit_json(report)
         return
@@ -150,8 +146,6 @@ def memory(
 
 
 def _print_memory(report, explain: bool) -> None:
-    from rich.table import Table
-
     console = make_console()
     layout = report.layout
     title = (
@@ -161,7 +155,7 @@ def _print_memory(report, explain: bool) -> None:
         f"recompute {layout.recompute} — GiB per GPU (mb: micro-batches in flight; "
         f"optim: master weights + optimizer states; buffers: logits, comm, runtime)"
     )
-    table = Table(title=title)
+    console.print(title, markup=False, highlight=False)
     columns = {
         "rank": None,
         "layers": None,
@@ -173,8 +167,7 @@ def _print_memory(report, explain: bool) -> None:
         "buffers": ("logits_buffers", "comm_buffers", "runtime_overhead"),
         "total": ("total_bytes",),
     }
-    for name in columns:
-        table.add_column(name, justify="right")
+    table = compact_table(*columns)
     for stage in report.per_stage:
         style = "bold" if stage.rank == report.peak_rank else None
         sizes = [
@@ -196,24 +189,25 @@ def _print_memory(report, explain: bool) -> None:
             + fits_line(report.total_bytes, report)
         )
     if report.recipe_breakdown_bytes is not None:
-        parts = Table(title=f"rank {report.peak_rank} by the {report.recipe} recipe's parts (GiB)")
-        parts.add_column("part")
-        parts.add_column("GiB", justify="right")
+        parts = compact_table(
+            "part", "GiB", wrap=("part",),
+            title=f"rank {report.peak_rank} by the {report.recipe} recipe's parts (GiB)",
+        )  # fmt: skip
         for name, value in report.recipe_breakdown_bytes.items():
             parts.add_row(name, gib(value))
         console.print(parts)
     if explain:
-        terms = Table(title=f"how rank {report.peak_rank}'s memory is computed")
-        terms.add_column("term")
-        terms.add_column("formula", overflow="fold")
-        terms.add_column("values", overflow="fold")
-        terms.add_column("GiB", justify="right")
+        terms = compact_table(
+            "term", "formula", "values", "GiB", wrap=("term", "formula", "values"),
+            title=f"how rank {report.peak_rank}'s memory is computed",
+        )  # fmt: skip
         for term in report.explain:
             terms.add_row(term.term, term.formula, term.values, gib(term.bytes))
         console.print(terms)
-        layer = Table(title="activation tensors of one dense layer, one micro-batch (MiB)")
-        layer.add_column("tensor")
-        layer.add_column("MiB", justify="right")
+        layer = compact_table(
+            "tensor", "MiB", wrap=("tensor",),
+            title="activation tensors of one dense layer, one micro-batch (MiB)",
+        )  # fmt: skip
         for name, value in report.activation_tensors_per_layer.items():
             layer.add_row(name, f"{value / 2**20:,.1f}")
         console.print(layer)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated
 
-from commands.common import JsonFlag, app, emit_json, make_console, wrote
+from commands.common import JsonFlag, app, compact_table, emit_json, make_console, wrote
 from commands.flags import (
     CLUSTER,
+    DEFAULT_LAYOUT,
     JOB,
-    LAYOUT,
     Choice,
     Count,
     Name,
@@ -19,6 +19,7 @@ from commands.flags import (
     build_layout,
     option,
     output,
+    png_output,
     uses,
     value,
 )
@@ -54,15 +55,14 @@ class ByteSize(Parser):
 
 
 @app.command()
+@uses(cluster=CLUSTER.only("cluster", "accelerator", "gpus"))
 def collective(
     op: Annotated[CollectiveOp, option(Choice(CollectiveOp), "the collective", show_allowed=True)],
     num_bytes: Annotated[
         float, option(ByteSize(), "message size: 1GiB, 512MB, 1e9 or bytes", "--bytes")
     ],
     ranks: Annotated[int, option(Count(1), "group size (consecutive ranks)")],
-    cluster: Annotated[
-        str, option(Name("a catalog cluster or a cluster TOML"), "catalog cluster or TOML path")
-    ] = "dgx-h100",
+    cluster: Values,
     algorithm: Annotated[
         str | None,
         option(
@@ -70,20 +70,22 @@ def collective(
             "ring, tree, hierarchical, nvls, torus, pairwise, direct",
         ),
     ] = None,
-    gpus: Annotated[int | None, option(Count(1), "use the first N devices of the cluster")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Time of one collective on one cluster, with algorithm and bus bandwidth."""
     from planner import api
 
-    result = api.collective(value(op), num_bytes, ranks, cluster, algorithm=algorithm, gpus=gpus)
+    result = api.collective(
+        value(op), num_bytes, ranks, cluster.cluster, algorithm=algorithm, gpus=cluster.gpus
+    )
     if as_json:
         emit_json(result)
         return
     console = make_console()
+    tiers = " → ".join(result.tiers) if isinstance(result.tiers, list) else result.tiers
     console.print(
-        f"{result.op} of {result.num_bytes / 2**20:,.1f} MiB over {result.ranks} ranks on {cluster}: "
-        f"{result.time_s * 1e6:,.1f} µs with {result.algorithm} ({result.tiers}); "
+        f"{result.op} of {result.num_bytes / 2**20:,.1f} MiB over {result.ranks} ranks on {cluster.cluster}: "
+        f"{result.time_s * 1e6:,.1f} µs with {result.algorithm} ({tiers}); "
         f"algbw {_rate(result.algbw_bytes_per_s)}, busbw {_rate(result.busbw_bytes_per_s)}"
     )
     if len(result.alternatives) > 1:
@@ -92,7 +94,7 @@ def collective(
 
 
 @app.command()
-@uses(job=JOB, cluster=CLUSTER, layout=LAYOUT.defaults(tp=8, pp=16, dp=128))
+@uses(job=JOB, cluster=CLUSTER, layout=DEFAULT_LAYOUT)
 def comm(
     job: Values,
     cluster: Values,
@@ -108,15 +110,16 @@ def comm(
     if as_json:
         emit_json(report)
         return
-    from rich.table import Table
-
-    table = Table(
-        title=f"{report.model} on {report.cluster} ({report.num_gpus} GPUs), per GPU per step"
+    console = make_console()
+    console.print(
+        f"{report.model} on {report.cluster} ({report.num_gpus:,} GPUs), per GPU per step",
+        markup=False,
+        highlight=False,
     )
-    for name in ("axis", "group", "tier", "collective", "GB / step", "time s", "exposed s"):
-        table.add_column(
-            name, justify="left" if name in ("axis", "tier", "collective") else "right"
-        )
+    table = compact_table(
+        "axis", "group", "tier", "collective", "GB / step", "time s", "exposed s",
+        left=("axis",), wrap=("tier", "collective"),
+    )  # fmt: skip
     for axis in report.axes:
         table.add_row(
             axis.axis,
@@ -127,67 +130,67 @@ def comm(
             f"{axis.time_s:.4f}",
             f"{axis.exposed_time_s:.4f}",
         )
-    console = make_console()
     console.print(table)
     for note in report.notes:
         console.print(f"note: {note}")
 
 
 @app.command()
-@uses(cluster=CLUSTER, mesh=LAYOUT.only("tp", "cp", "pp", "dp", "ep", "etp").defaults(dp=None))
+@uses(
+    cluster=CLUSTER, mesh=DEFAULT_LAYOUT.only("tp", "cp", "pp", "dp", "ep", "etp").defaults(dp=None)
+)
 def topology(
     cluster: Values,
     mesh: Values,
-    html: output("write the hierarchy as plotly HTML") = None,
+    html: output("write the hierarchy as a plotly page (opens offline)") = None,
+    png: png_output("write the hierarchy as PNG (needs kaleido and a Chrome/Chromium)") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Rank placement: which ranks form each axis's groups and which links they cross.
 
-    --dp defaults to what fills --gpus or the cluster.
+    The layout defaults to the other commands' (tp 8, pp 16); --dp defaults to what fills
+    --gpus or the cluster.
     """
     from planner import api
 
     sizes = {axis: size for axis, size in mesh.items() if size is not None}
     report = api.topology(cluster.cluster, sizes, order=cluster.order, gpus=cluster.gpus)
-    if html:
-        from commands.outputs import atomic_path
-        from plots.topology import write_topology_html
+    if html or png:
+        from commands.outputs import write_pages
+        from plots.topology import topology_figure
 
-        with atomic_path(html) as temporary:
-            write_topology_html(report, temporary)
+        write_pages(topology_figure(report), html, png)
     if as_json:
         emit_json(report)
         return
-    from rich.table import Table
-
-    table = Table(
-        title=f"{report.cluster}: {report.num_gpus} GPUs, order {', '.join(report.order)}"
+    console = make_console()
+    console.print(
+        f"{report.cluster}: {report.num_gpus:,} GPUs, order {', '.join(report.order)}; "
+        "bottleneck: the slowest link's GB/s per rank",
+        markup=False,
+        highlight=False,
     )
-    for name in (
-        "axis",
-        "size",
-        "groups",
-        "example ranks",
-        "tiers crossed",
-        "bottleneck GB/s per rank",
-    ):
-        table.add_column(name)
+    table = compact_table(
+        "axis", "size", "groups", "example ranks", "tiers crossed", "GB/s",
+        left=("axis",), wrap=("example ranks", "tiers crossed"),
+    )  # fmt: skip
     for axis in report.axes:
+        more = len(axis.example_ranks) - 8
         ranks = ", ".join(str(r) for r in axis.example_ranks[:8]) + (
-            " …" if len(axis.example_ranks) > 8 else ""
+            f" (+{more:,} more)" if more > 0 else ""
         )
         table.add_row(
             axis.axis,
-            str(axis.group_size),
-            str(axis.num_groups),
+            f"{axis.group_size:,}",
+            f"{axis.num_groups:,}",
             ranks,
             " → ".join(axis.tiers) or "-",
             f"{axis.bottleneck_bytes_per_s_per_rank / 1e9:,.1f}"
             if axis.bottleneck_bytes_per_s_per_rank
             else "-",
         )
-    console = make_console()
     console.print(table)
     for note in report.notes:
         console.print(f"note: {note}")
     wrote(html)
+    wrote(png)

@@ -66,6 +66,17 @@ def atomic_path(path: str | os.PathLike):
         raise
 
 
+def write_pages(figure, html: str | None, png: str | None) -> None:
+    """Write a plotly ``figure`` as standalone HTML (plotly.js inlined: it opens offline)
+    and/or PNG, each file whole or not at all."""
+    from plots.schedule import write_figure
+
+    for path, kind in ((html, "html_path"), (png, "png_path")):
+        if path:
+            with atomic_path(path) as temporary:
+                write_figure(figure, **{kind: temporary})
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` whole (temporary file + rename)."""
     with atomic_path(path) as temporary, open(temporary, "w", encoding="utf-8") as handle:

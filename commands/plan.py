@@ -3,26 +3,34 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from commands.common import GIB, JsonFlag, app, emit_json, fits_line, make_console
 from commands.flags import (
     CLUSTER,
+    DEFAULT_LAYOUT,
     JOB,
-    LAYOUT,
     MEM_HEADROOM,
     MFU_DTYPE,
+    OBJECTIVE_HELP,
     PINS,
+    RANK,
+    Choice,
     Count,
+    ListOf,
     Name,
+    Objective,
+    ObjectiveName,
+    Trainer,
     Values,
     build_job,
     build_layout,
     option,
     output,
     pinned,
+    png_output,
     uses,
 )
 from commands.flags import (
@@ -53,21 +61,18 @@ def plan(
     cluster: Values,
     pins: Values,
     top: Annotated[int, option(Count(1), "results to show")] = 5,
-    objective: Annotated[
-        str,
-        option(
-            Name("step_time, memory, mfu or time-to-train"),
-            "step_time, memory, mfu or time-to-train (needs --train-tokens)",
-        ),
-    ] = "step_time",
+    objective: Annotated[Objective, option(ObjectiveName(), OBJECTIVE_HELP)] = (
+        Objective.step_time
+    ),
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     mfu_dtype: MFU_DTYPE.annotation = MFU_DTYPE.default,
     profile: ProfileFlag = "none",
+    rank: RANK.annotation = RANK.default,
     explain: ExplainFlag = False,
     emit: Annotated[
-        str | None,
+        Trainer | None,
         option(
-            Name("torchtitan or megatron"),
+            Choice(Trainer),
             "the winner's settings for a trainer: megatron (arguments) or torchtitan (config "
             "overrides); the search keeps to what that trainer runs; printed alone on stdout "
             "(the table goes to stderr) unless --emit-out is given; also in --json",
@@ -75,7 +80,24 @@ def plan(
     ] = None,
     emit_out: output("write the --emit settings to this file") = None,
     csv: output("write every feasible row as CSV") = None,
-    html: output("write step time vs memory of all feasible layouts as HTML") = None,
+    html: output("write step time vs memory of the feasible layouts as a page (offline)") = None,
+    png: png_output("write that page as PNG (needs kaleido and a Chrome/Chromium)") = None,
+    runs: Annotated[
+        Any,
+        option(
+            ListOf(Name("runs files (JSON or CSV in the runs schema) or the catalog train")),
+            "the page marks the published layouts of these runs that trained this model at "
+            "this GPU count and sequence length: runs files or the catalog train (default "
+            "train), comma-separated",
+        ),
+    ] = None,
+    mark: Annotated[
+        str | None,
+        option(
+            Name("axis=degree pairs, e.g. tp=8,pp=16,dp=128"),
+            "a layout the page marks too, by its degrees, e.g. tp=8,pp=16,dp=128",
+        ),
+    ] = None,
     train_tokens: TrainTokensFlag = None,  # time to train (issue 19)
     gpu_hour_cost: GpuHourCostFlag = None,
     as_json: JsonFlag = False,
@@ -90,7 +112,9 @@ def plan(
     if gpus is None and cluster.cluster == api.DEFAULT_PLAN["cluster"]:
         gpus = api.DEFAULT_PLAN["gpus"]
     query = build_job(job)
+    named = api.parse_mark(mark) if mark else None  # checked before the search runs
     space_fields = pinned(pins)
+    emit = enum_value(emit)
     if emit:
         space_fields["schedule"] = _trainer_space(emit, query, space_fields, as_json)
     space = api.build_search_space(**space_fields)
@@ -101,7 +125,7 @@ def plan(
             cluster.cluster,
             gpus,
             space,
-            objective.replace("-", "_"),
+            enum_value(objective),
             mem_headroom,
             top,
             enum_value(mfu_dtype),
@@ -109,19 +133,19 @@ def plan(
             progress=advance,
             profile=profile,
             training=training,
+            rank=enum_value(rank),
         )
     if csv:
         from commands.outputs import atomic_path
 
         with atomic_path(csv) as temporary:
             table.to_csv(temporary, index=False)
-    if html:
-        from commands.outputs import atomic_path
+    if html or png:
+        from commands.outputs import write_pages
         from plots.plan import plan_figure
 
-        figure = plan_figure(table, result, api.plan_page_sample(table))
-        with atomic_path(html) as temporary:
-            figure.write_html(temporary, include_plotlyjs=True, full_html=True)
+        marks = api.plan_page_marks(table, query, result, runs, named)
+        write_pages(plan_figure(table, result, api.plan_page_sample(table), marks), html, png)
     emitted = api.emit_settings(result.results[0], emit, query) if emit else None
     if emit_out and emitted is not None:
         from commands.outputs import atomic_path
@@ -142,27 +166,57 @@ def plan(
         console.print(f"note ({emit}): {note}", markup=False, highlight=False)
     if alone:
         sys.stdout.write(emitted.text + "\n")
-    for path in (csv, html, emit_out):
+    for path in (csv, html, png, emit_out):
         if path:
-            console.print(f"wrote {path}", markup=False, highlight=False)
+            console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 class _progress:
-    """A rich progress bar on a terminal while the search screens (silent otherwise)."""
+    """A rich bar per phase of the search on a terminal (silent otherwise): each phase
+    (:data:`planner.progress.PHASES`) advances per chunk of rows it evaluated, and its time
+    left is estimated from that phase's own rate."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled and sys.stderr.isatty()
         self.bar = None
+        self.tasks: dict[str, int] = {}
 
     def __enter__(self):
         if not self.enabled:
             return None
-        from rich.progress import Progress
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        self.bar = Progress(transient=True)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[unit]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self.bar.start()
-        task = self.bar.add_task("screening layouts", total=1.0)
-        return lambda fraction: self.bar.update(task, completed=fraction)
+        return self.advance
+
+    def advance(self, phase: str, done: int, total: int) -> None:
+        from planner.api import PROGRESS_PHASES
+
+        if phase not in self.tasks:
+            for task in self.tasks.values():  # the earlier phases are over
+                self.bar.update(task, completed=self.bar.tasks[task].total)
+            self.tasks[phase] = self.bar.add_task(
+                phase, total=max(total, 1), unit=PROGRESS_PHASES.get(phase, "")
+            )
+        self.bar.update(self.tasks[phase], completed=done, total=max(total, 1))
 
     def __exit__(self, *exc):
         if self.bar is not None:
@@ -196,6 +250,18 @@ def _trainer_space(trainer: str, job, space_fields: dict, quiet: bool) -> list[s
     return schedules
 
 
+def _cp_algorithm_line(results: list[dict]) -> str:
+    """Each CP row's context-parallel algorithm, by rank ("" when no row has CP)."""
+    by_name: dict[str, list[str]] = {}
+    for entry in results:
+        if entry["layout"]["cp"] > 1:
+            by_name.setdefault(entry["layout"]["cp_algorithm"], []).append(str(entry["rank"]))
+    if not by_name:
+        return ""
+    return "cp algorithm: " + "; ".join(f"{name} #{', #'.join(ranks)}"
+                                        for name, ranks in by_name.items())  # fmt: skip
+
+
 def _print_plan(result, explain: bool, console=None) -> None:
     from rich import box
     from rich.table import Table
@@ -203,7 +269,7 @@ def _print_plan(result, explain: bool, console=None) -> None:
     console = console or make_console()
     q = result.query
     console.print(
-        f"{q['model']} on {q['gpus']:,} GPUs of {q['cluster']}, seq {q['seq_len']:,}, "
+        f"{q['model']} on {q['num_gpus']:,} GPUs of {q['cluster']}, seq {q['seq_len']:,}, "
         f"{q['global_batch_tokens']:,} tokens per step: {result.candidates_evaluated:,} layouts "
         f"screened, {result.feasible:,} feasible"
     )
@@ -215,11 +281,10 @@ def _print_plan(result, explain: bool, console=None) -> None:
     etp = any((entry["layout"].get("etp") or entry["layout"]["tp"]) != entry["layout"]["tp"]
               for entry in result.results)  # fmt: skip
     degrees_header = "tp/cp/pp/dp" + ("/ep" if ep else "") + ("/etp" if etp else "")
-    with_cp = any(entry["layout"]["cp"] > 1 for entry in result.results)
     columns = (
         "#",
+        "t#",
         degrees_header,
-        *(("cpa",) if with_cp else ()),
         "sp",
         "schedule",
         "mbs",
@@ -233,7 +298,7 @@ def _print_plan(result, explain: bool, console=None) -> None:
     timed = result.results[0].get("time_to_train") is not None
     columns += ("days", "good%") if timed else ()
     for column in columns:
-        left = column in (degrees_header, "cpa", "schedule", "recomp")
+        left = column in (degrees_header, "schedule", "recomp")
         wraps = column in ("schedule", "recomp")
         table.add_column(
             column,
@@ -241,13 +306,7 @@ def _print_plan(result, explain: bool, console=None) -> None:
             no_wrap=not wraps,
             overflow="fold" if wraps else "ellipsis",
         )
-    short = {
-        "interleaved-1f1b": "int-1f1b",
-        "selective": "sel",
-        "hierarchical": "hier",
-        "all-gather": "ag",
-        "ulysses": "uly",
-    }
+    short = {"interleaved-1f1b": "int-1f1b", "selective": "sel"}
     for entry in result.results:
         lay = entry["layout"]
         axes = ("tp", "cp", "pp", "dp", "ep") if ep else ("tp", "cp", "pp", "dp")
@@ -255,12 +314,8 @@ def _print_plan(result, explain: bool, console=None) -> None:
         degrees = [str(lay[a]) for a in axes] + ([str(lay["etp"] or lay["tp"])] if etp else [])
         table.add_row(
             str(entry["rank"]),
+            (TIE_MARK if entry["equivalent_to_best"] else "") + str(entry["rank_by_time"]),
             "/".join(degrees),
-            *(
-                (short.get(lay["cp_algorithm"], lay["cp_algorithm"]) if lay["cp"] > 1 else "-",)
-                if with_cp
-                else ()
-            ),
             "y" if lay["sequence_parallel"] and lay["tp"] > 1 else "n",
             short.get(lay["schedule"], lay["schedule"]) + vpp,
             str(lay["micro_batch_size"]),
@@ -273,6 +328,10 @@ def _print_plan(result, explain: bool, console=None) -> None:
             *_time_to_train_cells(entry.get("time_to_train")),
         )
     console.print(table)
+    cp_line = _cp_algorithm_line(result.results)
+    if cp_line:
+        console.print(cp_line, markup=False, highlight=False)
+    console.print(_rank_legend(result), markup=False, highlight=False)
     if timed:
         console.print("#1 " + time_to_train_line(result.results[0]["time_to_train"]))
     if explain:
@@ -287,6 +346,20 @@ def _print_plan(result, explain: bool, console=None) -> None:
                 console.print(line)
 
 
+#: Marks a row within the model's ratio error of the fastest (a tie) in the plan table.
+TIE_MARK = "="
+
+
+def _rank_legend(result) -> str:
+    """What ``#``, ``=`` and ``t#`` mean for this plan (its ranking mode and band)."""
+    q = result.query
+    band = q.get("ratio_error_band")
+    tie = (f"{TIE_MARK}: within the model's {band:.1%} ratio error of the fastest (a tie)"
+           if band is not None else "no measured ratio error: no ties")  # fmt: skip
+    order = "ties first, by the preference rules" if q.get("rank") == "robust" else "by time"
+    return f"ranked {order}; t#: rank by predicted step time, {tie}"
+
+
 def _time_to_train_cells(section: dict | None) -> tuple[str, ...]:
     if section is None:
         return ()
@@ -294,7 +367,7 @@ def _time_to_train_cells(section: dict | None) -> tuple[str, ...]:
 
 
 @app.command()
-@uses(job=JOB, cluster=CLUSTER, layout=LAYOUT.defaults(tp=8, pp=16, dp=128))
+@uses(job=JOB, cluster=CLUSTER, layout=DEFAULT_LAYOUT)
 def estimate(
     job: Values,
     cluster: Values,
@@ -305,9 +378,12 @@ def estimate(
     explain: Annotated[bool, typer.Option("--explain", help="each term's formula")] = False,
     train_tokens: TrainTokensFlag = None,  # time to train (issue 19)
     gpu_hour_cost: GpuHourCostFlag = None,
+    html: output("write the layout's timeline and breakdowns as a page (offline)") = None,
+    png: png_output("write that page as PNG (needs kaleido and a Chrome/Chromium)") = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Predict one fully given layout: step time breakdown, MFU, memory per GPU."""
+    """Predict one fully given layout: step time breakdown, MFU, memory per GPU; --html
+    draws its pipeline timeline (each stage's F/B/W in ms) and its time and memory parts."""
     from planner import api
 
     query = build_job(job)
@@ -318,6 +394,12 @@ def estimate(
         order=cluster.order, profile=profile, training=training,
     )  # fmt: skip
     warnings = api.layout_warnings(chosen, cluster.cluster)
+    if html or png:
+        from commands.outputs import write_pages
+        from plots.estimate import estimate_figure
+
+        timeline = api.layout_timeline(query, chosen, cluster.cluster, result, profile)
+        write_pages(estimate_figure(result, timeline), html, png)
     if as_json:
         emit_json({**result.model_dump(mode="json"), "warnings": warnings})
         return
@@ -361,3 +443,6 @@ def estimate(
         if result.time_to_train is not None:
             for line in api.explain_time_to_train(result.time_to_train):
                 console.print(line)
+    for path in (html, png):
+        if path:
+            console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from commands.common import JsonFlag, app, emit_json, make_console
+from commands.flags import Count, option
 
 runs_app = typer.Typer(help="Predict published (or your own) training runs and measure the error.")
 app.add_typer(runs_app, name="runs")
@@ -76,7 +77,7 @@ def runs_check(
     source: Annotated[str | None, typer.Option(help="rows whose source contains this")] = None,
     accelerator: Annotated[str | None, typer.Option(help="rows on this accelerator")] = None,
     profile: ProfileFlag = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="the first N rows only")] = None,
+    limit: Annotated[int | None, option(Count(1), "the first N rows only")] = None,
     cluster: Annotated[
         str | None,
         typer.Option(

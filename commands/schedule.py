@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from commands.common import JsonFlag, app, emit_json, make_console, wrote
-from commands.flags import Count, ListOf, Number, ScheduleName, option, output
+from commands.common import JsonFlag, app, compact_table, emit_json, make_console, wrote
+from commands.flags import Count, ListOf, Number, ScheduleName, option, output, png_output
 
 # ----- pipeline schedules --------------------------------------------------------------
 
@@ -17,41 +17,42 @@ def schedule(
     name: Annotated[
         str, option(ScheduleName(), "the schedule", "--schedule", show_allowed=True)
     ] = "1f1b",
-    pp: Annotated[int, option(Count(1), "pipeline ranks")] = 4,
-    microbatches: Annotated[int, option(Count(1), "micro-batches per step")] = 8,
+    pp: Annotated[int, option(Count(1), "pipeline ranks (pp)")] = 4,
+    microbatches: Annotated[
+        int,
+        option(Count(1), "micro-batches per step", "--num-microbatches", "--microbatches"),
+    ] = 8,
     vpp: Annotated[
         int | None, option(Count(1), "chunks per rank (default: the schedule's)")
     ] = None,
-    f: Annotated[float, option(TIME, "forward time per rank per micro-batch", "--f")] = 1.0,
-    b: Annotated[float, option(TIME, "input-gradient time per rank per micro-batch", "--b")] = 1.0,
-    w: Annotated[float, option(TIME, "weight-gradient time per rank per micro-batch", "--w")] = 1.0,
-    comm: Annotated[float, option(TIME, "point-to-point time per hop")] = 0.0,
-    overlap_fb: Annotated[float, option(Number(0, 1), "DualPipe F&B overlap, 0..1")] = 0.0,
+    f: Annotated[
+        float,
+        option(TIME, "forward time per rank per micro-batch (any time unit: the chart's)", "--f"),
+    ] = 1.0,
+    b: Annotated[float, option(TIME, "input-gradient (B) time, same unit as --f", "--b")] = 1.0,
+    w: Annotated[float, option(TIME, "weight-gradient (W) time, same unit as --f", "--w")] = 1.0,
+    comm: Annotated[float, option(TIME, "point-to-point time per hop, same unit as --f")] = 0.0,
+    overlap_fb: Annotated[
+        float, option(Number(0, 1), "DualPipe: fraction of an overlapped F&B pair hidden, 0 to 1")
+    ] = 0.0,
     microbatch_group_size: Annotated[
-        int | None, option(Count(1), "interleaved: Llama 3's N")
+        int | None,
+        option(Count(1), "interleaved-1f1b: micro-batches per round, Llama 3's N (default pp)"),
     ] = None,
     compare: Annotated[
         Any,
         option(
             ListOf(ScheduleName()),
             "comma-separated schedules to compare, e.g. 1f1b,zb-h1,zbv,dualpipev",
+            show_allowed=True,
         ),
     ] = None,
     html: output("write a plotly timeline as HTML") = None,
-    png: output("write the timeline as PNG (needs kaleido + Chromium)") = None,
+    png: png_output("write the timeline as PNG (needs kaleido and a Chrome/Chromium)") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Generate, simulate and draw a pipeline schedule (or compare several)."""
-    from hwspecs.errors import PlanError
     from planner import api
-
-    if png and not png.lower().endswith(".png"):
-        raise PlanError(
-            f"--png takes a file path ending in .png; got '{png}'",
-            field="--png",
-            allowed="a file path ending in .png",
-            got=png,
-        )
 
     names = compare or [name]
     reports = [
@@ -70,14 +71,10 @@ def schedule(
         for n in names
     ]
     if html or png:
-        from commands.outputs import atomic_path
-        from plots.schedule import schedule_figure, write_figure
+        from commands.outputs import write_pages
+        from plots.schedule import schedule_figure
 
-        figure = schedule_figure(reports)
-        for path, kind in ((html, "html_path"), (png, "png_path")):
-            if path:
-                with atomic_path(path) as temporary:
-                    write_figure(figure, **{kind: temporary})
+        write_pages(schedule_figure(reports), html, png)
     if as_json:
         emit_json(reports[0] if len(reports) == 1 else [r.model_dump(mode="json") for r in reports])
         return
@@ -85,21 +82,16 @@ def schedule(
 
     console = make_console()
     if len(reports) > 1:
-        from rich.table import Table
-
-        table = Table(
-            title=f"pp {pp}, {microbatches} micro-batches, F {f} B {b} W {w}, comm {comm}"
+        console.print(
+            f"pp {pp}, {microbatches} micro-batches, F {f} B {b} W {w}, comm {comm}; peak "
+            "act.: micro-batches of activations held on rank 0; copies: parameter copies",
+            markup=False,
+            highlight=False,
         )
-        for column in (
-            "schedule",
-            "vpp",
-            "step time",
-            "bubble",
-            "bubble %",
-            "peak act. (rank 0)",
-            "param copies",
-        ):
-            table.add_column(column, justify="left" if column == "schedule" else "right")
+        table = compact_table(
+            "schedule", "vpp", "step time", "bubble", "bubble %", "peak act.", "copies",
+            wrap=("schedule",),
+        )  # fmt: skip
         for report in reports:
             table.add_row(
                 report.schedule,

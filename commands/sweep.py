@@ -4,19 +4,37 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import typer
-
-from commands.common import JsonFlag, app, emit_json, make_console
-from commands.flags import MEM_HEADROOM, POSITIVE, ListOf, option, output
+from commands.common import JsonFlag, app, compact_table, emit_json, make_console
+from commands.flags import (
+    CLUSTER,
+    MEM_HEADROOM,
+    OBJECTIVE_HELP,
+    POSITIVE,
+    ListOf,
+    Name,
+    Objective,
+    ObjectiveName,
+    Values,
+    option,
+    output,
+    png_output,
+    uses,
+    value,
+)
 from commands.time_to_train import GpuHourCostFlag, TrainTokensFlag, build_training
 
 
 @app.command()
+@uses(cluster=CLUSTER.only("cluster", "accelerator"))
 def sweep(
-    model: Annotated[str, typer.Option(help="catalog model, model TOML or HF config.json")] = (
-        "llama3-405b"
-    ),
-    cluster: Annotated[str, typer.Option(help="catalog cluster or TOML path")] = "llama3-h100-24k",
+    cluster: Values,
+    model: Annotated[
+        str,
+        option(
+            Name("a catalog model, a model TOML or a HF config.json"),
+            "catalog model, model TOML or HF config.json",
+        ),
+    ] = "llama3-405b",
     gpus: Annotated[
         Any,
         option(ListOf(POSITIVE), "GPU counts to sweep, e.g. 1024,2048,4096 (or one count)"),
@@ -26,16 +44,16 @@ def sweep(
         option(ListOf(POSITIVE), "sequence lengths to sweep, e.g. 4096,8192 (or one)"),
     ] = None,
     global_batch_tokens: Annotated[
-        int | None, typer.Option(min=1, help="tokens per step (default 16M)")
+        int | None, option(POSITIVE, "tokens per step (16Mi = 16,777,216; default 16Mi)")
     ] = None,
-    objective: Annotated[
-        str, typer.Option(help="step_time, memory, mfu or time-to-train (needs --train-tokens)")
-    ] = "step_time",
+    objective: Annotated[Objective, option(ObjectiveName(), OBJECTIVE_HELP)] = (
+        Objective.step_time
+    ),
     mem_headroom: MEM_HEADROOM.annotation = MEM_HEADROOM.default,
     train_tokens: TrainTokensFlag = None,
     gpu_hour_cost: GpuHourCostFlag = None,
     html: output("write the sweep's plots as HTML") = None,
-    png: output("write them as PNG (needs kaleido)") = None,
+    png: png_output("write them as PNG (needs kaleido and a Chrome/Chromium)") = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Plan at each GPU count (--gpus 1024,…) or sequence length (--seq-len …): best step
@@ -43,57 +61,47 @@ def sweep(
     from hwspecs.errors import PlanError
     from planner import api
 
-    try:
-        gpu_values, seq_values = gpus, seq_len
-        swept = [(name, v) for name, v in (("gpus", gpu_values), ("seq_len", seq_values))
-                 if v is not None and len(v) > 1]  # fmt: skip
-        if len(swept) != 1:
-            raise PlanError(
-                "sweep one quantity: give --gpus or --seq-len a list of two or more values"
-            )
-        quantity, values = swept[0]
-        fixed_gpus = gpu_values[0] if gpu_values and quantity != "gpus" else None
-        if fixed_gpus is None and quantity != "gpus" and cluster == api.DEFAULT_PLAN["cluster"]:
-            fixed_gpus = api.DEFAULT_PLAN["gpus"]
-        fixed_seq = seq_values[0] if seq_values and quantity != "seq_len" else 8192
-        job_fields = {
-            "model": model,
-            "seq_len": fixed_seq,
-            "global_batch_tokens": global_batch_tokens or api.DEFAULT_PLAN["global_batch_tokens"],
-        }
-        training = build_training(cluster, train_tokens, gpu_hour_cost)
-        result = api.sweep(
-            job_fields, cluster, quantity, values, fixed_gpus, None, objective, mem_headroom,
-            training,
-        )  # fmt: skip
-        if html or png:
-            from plots.schedule import write_figure
-            from plots.sweep import sweep_figure
+    cluster, objective = cluster.cluster, value(objective)
+    gpu_values, seq_values = gpus, seq_len
+    swept = [(name, v) for name, v in (("gpus", gpu_values), ("seq_len", seq_values))
+             if v is not None and len(v) > 1]  # fmt: skip
+    if len(swept) != 1:
+        raise PlanError("sweep one quantity: give --gpus or --seq-len a list of two or more values")
+    quantity, values = swept[0]
+    fixed_gpus = gpu_values[0] if gpu_values and quantity != "gpus" else None
+    if fixed_gpus is None and quantity != "gpus" and cluster == api.DEFAULT_PLAN["cluster"]:
+        fixed_gpus = api.DEFAULT_PLAN["gpus"]
+    fixed_seq = seq_values[0] if seq_values and quantity != "seq_len" else 8192
+    job_fields = {
+        "model": model,
+        "seq_len": fixed_seq,
+        "global_batch_tokens": global_batch_tokens or api.DEFAULT_PLAN["global_batch_tokens"],
+    }
+    training = build_training(cluster, train_tokens, gpu_hour_cost)
+    result = api.sweep(
+        job_fields, cluster, quantity, values, fixed_gpus, None, objective, mem_headroom,
+        training,
+    )  # fmt: skip
+    if html or png:
+        from commands.outputs import write_pages
+        from plots.sweep import sweep_figure
 
-            write_figure(sweep_figure(result), html, png)
-    except PlanError as error:
-        if as_json:
-            emit_json({"error": str(error)})
-            raise typer.Exit(2) from None
-        raise
+        write_pages(sweep_figure(result), html, png)
     if as_json:
         emit_json(result)
         return
     _print_sweep(result)
     for path in (html, png):
         if path:
-            make_console().print(f"wrote {path}")
+            make_console().print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_sweep(result) -> None:
-    from rich.table import Table
-
-    table = Table(show_edge=False, padding=(0, 1))
     label = {"gpus": "GPUs", "seq_len": "seq"}[result.quantity]
-    for column in (label, "tp/cp/pp/dp/ep", "schedule", "step s", "MFU%", "Mtok/s", "days",
-                   "good%"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("tp/cp/pp/dp/ep", "schedule")
-                         else "right", no_wrap=True)  # fmt: skip
+    table = compact_table(
+        label, "tp/cp/pp/dp/ep", "schedule", "step s", "MFU%", "Mtok/s", "days", "good%",
+        left=("tp/cp/pp/dp/ep",), wrap=("schedule",),
+    )  # fmt: skip
     for point in result.points:
         if point.layout is None:
             table.add_row(f"{point.value:,}", "no layout fits", *[""] * 6)

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import typer
+from commands.flags import Name, Number, option
 
 TrainTokensFlag = Annotated[
     str | None,
-    typer.Option(
-        help="token budget to train (e.g. 15T, 15.6T, 300B, 2e12): adds days, GPU-hours, "
-        "energy, cost and goodput under failures"
+    option(
+        Name("a token count, e.g. 15T, 15.6T, 300B or 2e12"),
+        "token budget to train, in tokens (e.g. 15T, 15.6T, 300B, 2e12): adds days, "
+        "GPU-hours, energy, cost and goodput under failures",
     ),
 ]
 GpuHourCostFlag = Annotated[
     float | None,
-    typer.Option(min=0.0, help="price of one GPU-hour (any currency): adds the cost"),
+    option(Number(0), "price of one GPU-hour (any currency, per GPU-hour): adds the cost"),
 ]
 
 

@@ -80,7 +80,9 @@ def validate(
             "calibrated cluster TOML; calibrates first if omitted",
         ),
     ] = None,
-    timeout_s: Annotated[float, option(Number(0, low_open=True), "time limit per layout")] = 180.0,
+    timeout_s: Annotated[
+        float, option(Number(0, low_open=True), "time limit per layout, in seconds")
+    ] = 180.0,
     list_layouts: Annotated[
         bool, typer.Option("--list", help="list the layout names and exit")
     ] = False,

@@ -11,13 +11,14 @@ from __future__ import annotations
 import difflib
 import functools
 import sys
+import warnings
 from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from hwspecs.errors import PlanError, unknown_name_error, validation_error
-from hwspecs.schema import Accelerator, Cluster, LinkTier, Reliability
+from hwspecs.errors import PlanError, UnsourcedFigures, unknown_name_error, validation_error
+from hwspecs.schema import SOURCES_OPTIONAL, Accelerator, Cluster, LinkTier, Reliability
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -62,16 +63,48 @@ def validation_error_line(error: ValidationError, source: str, model=None) -> st
         if item["type"] == "missing":
             message = "missing (required)"
         elif item["type"] not in ("extra_forbidden",):  # a bad value: our wording of it
-            message = str(validation_error(_single(error, item), None, model)).split(": ", 1)[-1]
+            message = str(validation_error(_single(error, item), None, model))
+            message = message.removeprefix(f"{where}: ").removeprefix(f"{where} ")
         if item["type"] == "extra_forbidden":
             parent, key = tuple(item["loc"][:-1]), str(item["loc"][-1])
-            candidates = missing.get(parent) or (
-                list(model.model_fields) if model is not None and not parent else []
-            )
-            close = difflib.get_close_matches(key, candidates, n=1)
-            message = "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")
+            known = _field_names(model, parent)
+            close = difflib.get_close_matches(key, missing.get(parent) or known, n=1)
+            close = close or difflib.get_close_matches(key, known, n=1)
+            message = "unknown key" + (
+                f" (did you mean '{close[0]}'?)" if close
+                else f" (allowed: {', '.join(known)})" if known else ""
+            )  # fmt: skip
         parts.append(f"field '{where}': {message}")
     return f"{source}: " + "; ".join(parts)
+
+
+def _field_names(model, loc: tuple) -> list[str]:
+    """The field names of the table at ``loc`` inside ``model`` (``("tiers", 0)``: a tier's);
+    empty where it is not a model (a dict of figures) or ``model`` is None."""
+    for part in loc:
+        if model is None:
+            return []
+        if isinstance(part, int):  # an item of a list: the list's model is already found
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        model = next(
+            (kind for kind in (field.annotation, *_nested_args(field.annotation))
+             if isinstance(kind, type) and issubclass(kind, BaseModel)),
+            None,
+        )  # fmt: skip
+    return list(model.model_fields) if model is not None else []
+
+
+def _nested_args(annotation) -> list:
+    """Every type inside ``annotation`` (``list[ClusterTier] | None`` → ClusterTier, …)."""
+    import typing
+
+    found = []
+    for arg in typing.get_args(annotation):
+        found += [arg, *_nested_args(arg)]
+    return found
 
 
 def read_toml(path: Path) -> dict:
@@ -89,10 +122,11 @@ def read_toml(path: Path) -> dict:
         raise PlanError(f"{path}: cannot read: {error.strerror}") from None
 
 
-def parse_spec(data: dict, model: type[SpecT], source: str) -> SpecT:
-    """Validate ``data`` as ``model``; errors become one-line PlanErrors."""
+def parse_spec(data: dict, model: type[SpecT], source: str, context: dict | None = None) -> SpecT:
+    """Validate ``data`` as ``model``; errors become one-line PlanErrors. ``context``:
+    pydantic's validation context (:data:`hwspecs.schema.SOURCES_OPTIONAL` for a user's file)."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as error:
         first = ".".join(str(part) for part in error.errors()[0]["loc"]).split(".")[0]
         raise PlanError(validation_error_line(error, source, model), field=first or None) from None
@@ -110,13 +144,16 @@ def catalog_names(kind: str) -> list[str]:
 
 @functools.cache
 def _load(kind: str, name: str, model: type[SpecT]) -> SpecT:
-    if looks_like_path(name):
-        path = Path(name).expanduser()
-    else:
+    if not looks_like_path(name):  # a catalog file: every number cites its source
         path = DATA_DIR / KIND_DIRS[kind] / f"{name}.toml"
         if not path.exists():
             raise unknown_name_error(kind, name, catalog_names(kind))
-    return parse_spec(read_toml(path), model, str(path) if looks_like_path(name) else name)
+        return parse_spec(read_toml(path), model, name)
+    path = Path(name).expanduser()  # a user's own file: sources optional, a warning if absent
+    spec = parse_spec(read_toml(path), model, str(path), SOURCES_OPTIONAL)
+    if getattr(spec, "unsourced", ()):
+        warnings.warn(UnsourcedFigures(str(path), spec.unsourced), stacklevel=2)
+    return spec
 
 
 def load_accelerator(name: str) -> Accelerator:
@@ -129,8 +166,50 @@ def load_link(name: str) -> LinkTier:
     return _load("link", name, LinkTier)
 
 
+#: ``node:ACCELERATOR`` names one node of an accelerator (``--accelerator h100-sxm``).
+ONE_NODE_PREFIX = "node:"
+
+
+def one_node_name(accelerator: str) -> str:
+    """The cluster name of one node (one scale-up domain) of ``accelerator``."""
+    return f"{ONE_NODE_PREFIX}{accelerator}"
+
+
+@functools.cache
+def one_node_cluster(accelerator: str) -> Cluster:
+    """One scale-up domain of ``accelerator`` as a cluster: its ``scale_up_domain_size``
+    devices on its ``scale_up_link`` (8 H100 on NVLink 4), each figure cited from the
+    accelerator's own sources."""
+    spec = load_accelerator(accelerator)
+    if spec.scale_up_link is None:
+        raise PlanError(
+            f"--accelerator {accelerator}: its file names no scale_up_link, so one node of it "
+            "is not defined; give a cluster TOML (--cluster)",
+            field="accelerator",
+        )
+    size = spec.scale_up_domain_size
+    cited = spec.source_of("scale_up_domain_size") or f"accelerator {spec.id}"
+    return Cluster(
+        id=one_node_name(spec.id),
+        name=f"one node of {spec.name} ({size} on {spec.scale_up_link})",
+        accelerator=spec.id,
+        num_gpus=size,
+        gpus_per_node=size,
+        scale_up_domain_size=size,
+        tiers=[{"name": "scale-up", "link": spec.scale_up_link, "group_size": size}],
+        notes=f"one scale-up domain of {spec.id} (--accelerator {spec.id})",
+        sources={key: cited for key in ("num_gpus", "gpus_per_node", "scale_up_domain_size",
+                                        "tiers.0")},
+    )  # fmt: skip
+
+
 def load_cluster(name: str) -> Cluster:
-    """A cluster by catalog slug (``dgx-h100``) or TOML path; its accelerator and links must exist."""
+    """A cluster by catalog slug (``dgx-h100``), TOML path or ``node:ACCELERATOR`` (one
+    scale-up domain, :func:`one_node_cluster`); its accelerator and links must exist."""
+    if name.startswith(ONE_NODE_PREFIX):
+        cluster = one_node_cluster(name[len(ONE_NODE_PREFIX) :])
+        load_link(cluster.tiers[0].link)
+        return cluster
     cluster = _load("cluster", name, Cluster)
     load_accelerator(cluster.accelerator)
     for tier in cluster.tiers:

@@ -29,6 +29,18 @@ class PlanError(ValueError):
         self.got = got
 
 
+class UnsourcedFigures(UserWarning):
+    """A user's own spec file gives numbers without a source: they are used as given, and
+    the CLI says which (``warning: FILE: no source for a, b``)."""
+
+    def __init__(self, path: str, fields: Sequence[str]):
+        self.path, self.fields = path, tuple(fields)
+        super().__init__(
+            f"{path}: no source for {', '.join(self.fields)} (used as given; cite each in "
+            "[sources] to keep the file checkable)"
+        )
+
+
 def closest_match_hint(name: str, choices: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest of ``choices``, or an empty string."""
     matches = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.5)

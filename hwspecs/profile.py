@@ -30,6 +30,22 @@ class ProfileTerm(BaseModel):
         return self
 
 
+class RatioErrorFit(BaseModel):
+    """The error of the ratio of two layouts' predicted step times (the band the search
+    ranks under; :mod:`planner.runs.ratio_error`): the profile's (held-out predictions) and
+    the ideal model's, on the same pairs of runs."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    band: float = Field(ge=0)
+    ideal_band: float | None = Field(None, ge=0)
+    num_pairs: int = Field(ge=1)
+    num_sources: int = Field(ge=1)
+    coverage: float = Field(0.8, gt=0, lt=1)
+    unit: str = ""
+    method: str = ""
+
+
 class ProfileFit(BaseModel):
     """How a profile was fitted and how well it predicts rows it was not fitted on."""
 
@@ -48,6 +64,8 @@ class ProfileFit(BaseModel):
     #: percentiles of the ratio, the band an estimate carries.
     step_time_ratio_p10: float = 1.0
     step_time_ratio_p90: float = 1.0
+    #: Absent from a profile fitted before it was measured: the search then ranks by time.
+    ratio_error: RatioErrorFit | None = None
 
 
 class EfficiencyProfile(BaseModel):

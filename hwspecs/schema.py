@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
 #: A pipeline runtime's compute actions: a forward, a full backward, or a split backward's
@@ -69,20 +69,33 @@ def numeric_field_paths(model: BaseModel, prefix: str = "") -> list[str]:
     return paths
 
 
+#: Validation context under which numbers may lack a source (a user's own file): they are
+#: listed in :attr:`SourcedSpec.unsourced` instead of failing.
+SOURCES_OPTIONAL = {"sources": "optional"}
+
+
 class SourcedSpec(SpecModel):
-    """A spec whose every numeric field must be cited in ``sources``."""
+    """A spec whose every numeric field must be cited in ``sources`` (a catalog file); a
+    user's own file, validated with :data:`SOURCES_OPTIONAL`, may leave some uncited."""
 
     sources: dict[str, str] = Field(
         default_factory=dict,
         description="dotted numeric field name -> citation (or 'default: why')",
     )
+    _unsourced: tuple[str, ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
-    def _every_number_has_a_source(self) -> SourcedSpec:
+    def _every_number_has_a_source(self, info: ValidationInfo) -> SourcedSpec:
         missing = [path for path in numeric_field_paths(self) if not self._source_for(path)]
-        if missing:
+        if missing and (info.context or {}).get("sources") != "optional":
             raise ValueError(f"numbers without a source in [sources]: {', '.join(missing)}")
+        self._unsourced = tuple(missing)
         return self
+
+    @property
+    def unsourced(self) -> tuple[str, ...]:
+        """Dotted names of the numbers given without a source (only in a user's own file)."""
+        return self._unsourced
 
     def _source_for(self, path: str) -> str | None:
         """The citation for ``path``, falling back to a parent path (``tiers.0``)."""

@@ -16,8 +16,9 @@ def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -
     if len(results) >= 2:
         first, second = results[0], results[1]
         gap = second["step_time_s"] - first["step_time_s"]
-        lines.append(
-            f"winner beats the runner-up by {gap * 1e3:,.1f} ms per step "
+        verb = "beats the runner-up by" if gap >= 0 else "ties with a faster runner-up, by"
+        lines.append(  # a faster runner-up: a tie ordered by the rules (planner/rank.py)
+            f"winner {verb} {abs(gap) * 1e3:,.1f} ms per step "
             f"({first['step_time_s']:.3f} s vs {second['step_time_s']:.3f} s)"
         )
         terms = sorted(

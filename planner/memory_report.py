@@ -43,7 +43,13 @@ class StageMemory(BaseModel):
     logits_buffers: float
     comm_buffers: float
     runtime_overhead: float
-    total_bytes: float
+    #: This rank's parts summed (the JSON key of the quantity in every command).
+    memory_per_gpu_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        """The same as ``memory_per_gpu_bytes`` (the key every command's JSON uses)."""
+        return self.memory_per_gpu_bytes
 
 
 class ExplainTerm(BaseModel):
@@ -63,7 +69,8 @@ class MemoryReport(BaseModel):
     layout: Layout
     seq_len: int
     num_microbatches: int
-    total_bytes: float
+    #: The peak rank's bytes (``plan``/``estimate`` name it the same).
+    memory_per_gpu_bytes: float
     capacity_bytes: int | None
     #: The fraction of HBM kept free, and what that leaves (:func:`usable_memory_bytes`).
     mem_headroom: float
@@ -75,8 +82,13 @@ class MemoryReport(BaseModel):
     per_stage: list[StageMemory]
     explain: list[ExplainTerm]
     recipe: str = "full"
-    #: The peak rank's bytes split by a fine-tuning recipe's parts (sums to total_bytes).
+    #: The peak rank's bytes split by a fine-tuning recipe's parts (sums to memory_per_gpu_bytes).
     recipe_breakdown_bytes: dict[str, float] | None = None
+
+    @property
+    def total_bytes(self) -> float:
+        """The same as ``memory_per_gpu_bytes`` (the key every command's JSON uses)."""
+        return self.memory_per_gpu_bytes
 
 
 def memory_report(
@@ -103,7 +115,7 @@ def memory_report(
                 num_params=round(dense + expert),
                 num_expert_params=round(expert),
                 inflight_microbatches=float(memory["rank_units"][0, slot]),
-                total_bytes=math.fsum(parts[part] for part in MEMORY_PARTS),
+                memory_per_gpu_bytes=math.fsum(parts[part] for part in MEMORY_PARTS),
                 **{part: parts[part] for part in MEMORY_PARTS},
             )
         )
@@ -135,7 +147,7 @@ def memory_report(
         layout=layout,
         seq_len=job.seq_len,
         num_microbatches=m,
-        total_bytes=peak.total_bytes,
+        memory_per_gpu_bytes=peak.total_bytes,
         capacity_bytes=capacity,
         mem_headroom=mem_headroom,
         usable_bytes=usable,

@@ -79,6 +79,30 @@ def stage_durations(
     return f, b, w, rank_total
 
 
+def scaled_stage_durations(
+    job: Job, layout: Layout, accelerator: Accelerator, busiest_rank_s: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(F, B + recompute, W) per virtual stage for one micro-batch, scaled so the busiest
+    rank's F + B + recompute + W is ``busiest_rank_s`` (the row's own, host costs included):
+    what the event simulator runs, for the refined step time and the drawn timeline."""
+    f, b, w, rank_total = stage_durations(job, layout, accelerator)
+    if get_schedule(layout.schedule).bidirectional:  # per micro-batch: its two stages' mean
+        rank_total = (rank_total + rank_total[::-1]) / 2
+    busiest = float(rank_total.max()) or 1.0
+    scale = busiest_rank_s / busiest
+    return f * scale, b * scale, w * scale
+
+
+def busiest_rank_s(row) -> float:
+    """A row's busiest-rank F + B + recompute + W per micro-batch (seconds)."""
+    return (
+        float(row["forward_s"])
+        + float(row["input_grad_s"])
+        + float(row["recompute_per_microbatch_s"])
+        + float(row["weight_grad_s"])
+    )
+
+
 def simulated_pipeline_time(
     job: Job, layout: Layout, accelerator: Accelerator, row: dict, num_microbatches: int
 ) -> float:
@@ -86,19 +110,9 @@ def simulated_pipeline_time(
     scaled to the row's busiest-rank F, B (+ recompute), W per micro-batch."""
     if layout.pp == 1:
         return float(row["pipeline_time_s"])
-    f, b, w, rank_total = stage_durations(job, layout, accelerator)
-    if get_schedule(layout.schedule).bidirectional:  # per micro-batch: its two stages' mean
-        rank_total = (rank_total + rank_total[::-1]) / 2
-    busiest = float(rank_total.max()) or 1.0
-    target = (
-        float(row["forward_s"])
-        + float(row["input_grad_s"])
-        + float(row["recompute_per_microbatch_s"])
-        + float(row["weight_grad_s"])
-    )
-    scale = target / busiest
+    f, b, w = scaled_stage_durations(job, layout, accelerator, busiest_rank_s(row))
     actions = generate_schedule(layout.schedule, layout.pp, num_microbatches, layout.vpp)
-    return simulate(actions, f * scale, b * scale, w * scale).step_time
+    return simulate(actions, f, b, w).step_time
 
 
 def refine(
@@ -120,27 +134,3 @@ def refine(
             }
         )
     return out
-
-
-def refine_table(
-    job: Job, accelerator: Accelerator, table, top: int, objective: str, layout_of_row
-):
-    """The ranked search table with its first ``top`` rows simulated: columns
-    ``pipeline_time_simulated_s`` and ``step_time_simulated_s`` (NaN below them); under the
-    step-time objective those rows are re-ranked by their simulated step time."""
-    table = table.copy()
-    table["pipeline_time_simulated_s"] = np.nan
-    table["step_time_simulated_s"] = np.nan
-    count = min(top, len(table))
-    if not count:
-        return table
-    head = table.iloc[:count]
-    rows = head.to_dict("records")
-    refined = refine(job, accelerator, [layout_of_row(row) for row in rows], rows)
-    for key in ("pipeline_time_simulated_s", "step_time_simulated_s"):
-        table.loc[table.index[:count], key] = [r[key] for r in refined]
-    if objective == "step_time":
-        order = np.argsort(table["step_time_simulated_s"].to_numpy()[:count], kind="stable")
-        table = table.take(np.concatenate([order, np.arange(count, len(table))]))
-        table = table.reset_index(drop=True)
-    return table

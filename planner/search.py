@@ -27,7 +27,9 @@ from planner.cp_search import (
 )
 from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
-from planner.refine import DEFAULT_REFINE_TOP, refine_table
+from planner.progress import report
+from planner.rank import RankSettings, rank_columns
+from planner.refine import DEFAULT_REFINE_TOP
 from planner.spec.job import Job
 from planner.spec.layout import CP_ALGORITHMS, CpAlgorithm, Layout
 from planner.spec.rules import RULES, schedule_rules
@@ -264,14 +266,17 @@ def search(
     progress=None,
     refine_top: int = DEFAULT_REFINE_TOP,
     training=None,
+    rank_settings: RankSettings | None = None,
 ) -> SearchResult:
     """Screen, evaluate and rank every layout of ``job`` on the first ``gpus`` of ``cluster``;
-    the first ``refine_top`` rows are re-timed by the event simulator (:mod:`planner.refine`).
+    the first ``refine_top`` rows are re-timed by the event simulator (:mod:`planner.refine`)
+    and ``rank_settings`` (:class:`planner.rank.RankSettings`; None: by time) orders the rows.
 
     With ``training`` (a :class:`planner.cost.goodput.TrainingRun`) every row gains
     ``expected_wall_time_s`` and ``goodput`` (:func:`planner.cost.goodput.
     time_to_train_columns`), which objective ``time_to_train`` ranks by."""
     space = space or SearchSpace()
+    report(progress, "enumerating layouts", 0, 0)  # how many: not known before
     grid, cells, grid_shape = screening_grid(job, cluster, gpus, space, order)
     copies = len(space.zero_stage) * len(space.recompute)  # rows per screened grid row
     total = len(cells) * copies
@@ -289,20 +294,18 @@ def search(
     grid = {key: value[alive] for key, value in grid.items()}
     cols = expand_rows(grid, cells[alive], grid_shape, space)
     cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), ("auto",))
-    if progress:
-        progress(0.3)
+    report(progress, "enumerating layouts", total, total)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     screened = (  # rows that do not fit are not timed
-        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype, True)
+        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype, True, progress)
         if len(cols["tp"])
         else None
     )
-    if progress:
-        progress(0.9)
     smallest = None
     table = pd.DataFrame(columns=LAYOUT_COLUMNS)
     if screened:
         memory_out, placeable, rows, timed = screened
+        report(progress, "ranking", 0, len(rows))
         del screened
         placeable = placeable.copy()  # as evaluate_columns reports it: the timed rows' own
         placeable[rows] = timed["valid"]
@@ -352,7 +355,14 @@ def search(
                 source.pop(key, None)
         columns.update({key: value[ranking] for key, value in extra.items()})
         del memory_out, merged, cols
-        columns = _refined(job, accelerator, columns, refine_top, objective)
+        report(progress, "ranking", len(rows), len(rows))
+        count = min(refine_top, len(columns["tp"]))
+        report(progress, "simulating the top rows", 0, count)
+        columns = rank_columns(
+            job, accelerator, columns, refine_top, objective, rank_settings,
+            cluster.scale_up_domain_size, usable, lambda row: layout_of_row(row, job.model.is_moe),
+        )  # fmt: skip
+        report(progress, "simulating the top rows", count, count)
         table = pd.DataFrame(columns, copy=False)  # one block per column: no stacking copy
     return SearchResult(
         candidates_evaluated=total,
@@ -361,27 +371,6 @@ def search(
         table=table,
         smallest_memory=smallest,
     )
-
-
-def _refined(job: Job, accelerator, columns: dict, top: int, objective: str) -> dict:
-    """The ranked columns with their first ``top`` rows re-timed by the event simulator
-    (:func:`planner.refine.refine_table` on those rows only; the rows below keep their
-    order and NaN simulated times)."""
-    count = min(top, len(columns["tp"]))
-    head = pd.DataFrame({key: value[:count] for key, value in columns.items()})
-    head["position"] = np.arange(count)
-    head = refine_table(
-        job, accelerator, head, top, objective,
-        lambda row: layout_of_row(row, job.model.is_moe),
-    )  # fmt: skip
-    order = head["position"].to_numpy()
-    for value in columns.values():
-        value[:count] = value[:count][order]
-    for key in ("pipeline_time_simulated_s", "step_time_simulated_s"):
-        simulated = np.full(len(columns["tp"]), np.nan)
-        simulated[:count] = head[key].to_numpy()
-        columns[key] = simulated
-    return columns
 
 
 def layout_of_row(row: dict, is_moe: bool) -> Layout:

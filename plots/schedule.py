@@ -48,7 +48,6 @@ def panel_title(report: ScheduleReport) -> str:
 
 def schedule_figure(reports: list[ScheduleReport]) -> go.Figure:
     """One timeline panel per report, stacked, sharing the time axis."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     if not reports:
@@ -62,50 +61,9 @@ def schedule_figure(reports: list[ScheduleReport]) -> go.Figure:
         row_heights=heights,
         subplot_titles=[panel_title(report) for report in reports],
     )
-    shown: set[str] = set()
+    shown: set[tuple[str, int]] = set()
     for row, report in enumerate(reports, start=1):
-        labelled = len(report.timeline) <= LABELLED_BARS
-        for (kind, group), bars in _bar_groups(report).items():
-            color = KIND_COLORS[kind]
-            pattern = _pattern(report, group)
-            fig.add_trace(
-                go.Bar(
-                    orientation="h",
-                    y=[item.rank for item in bars],
-                    x=[item.end - item.start for item in bars],
-                    base=[item.start for item in bars],
-                    marker={
-                        "color": color,
-                        "line": {"color": "white", "width": 0.5},
-                        "pattern": {"shape": pattern, "fgcolor": "white", "solidity": 0.3},
-                    },
-                    text=[str(item.microbatch) for item in bars] if labelled else None,
-                    textposition="inside",
-                    insidetextanchor="middle",
-                    customdata=[
-                        (item.microbatch, item.stage_index, item.start, item.end) for item in bars
-                    ],
-                    hovertemplate=(
-                        f"{KIND_NAMES[kind]} ({kind})<br>rank %{{y}}<br>micro-batch "
-                        "%{customdata[0]}<br>stage %{customdata[1]}<br>"
-                        "%{customdata[2]:.4g} → %{customdata[3]:.4g}<extra></extra>"
-                    ),
-                    name=f"{kind}: {KIND_NAMES[kind]}{_group_name(report, group)}",
-                    legendgroup=kind,
-                    showlegend=(kind, group) not in shown,
-                ),
-                row=row,
-                col=1,
-            )
-            shown.add((kind, group))
-        fig.update_yaxes(
-            autorange="reversed",
-            tickmode="array",
-            tickvals=list(range(report.pp)),
-            ticktext=[f"rank {rank}" for rank in range(report.pp)],
-            row=row,
-            col=1,
-        )
+        add_timeline(fig, report, row, 1, shown)
     fig.update_xaxes(title_text="time", row=len(reports), col=1)
     title = (
         panel_title(reports[0])
@@ -123,10 +81,62 @@ def schedule_figure(reports: list[ScheduleReport]) -> go.Figure:
         template="plotly_white",
         uniformtext={"minsize": 9, "mode": "hide"},
     )
-    fig.layout.meta = {"png_width": _png_width(reports)}
+    fig.layout.meta = {"png_width": png_width(reports)}
     if len(reports) == 1:  # the figure title already says it
         fig.layout.annotations = ()
     return fig
+
+
+def add_timeline(
+    fig, report: ScheduleReport, row: int, col: int, shown: set, unit: str = ""
+) -> None:
+    """Draw ``report``'s timeline into the subplot at (``row``, ``col``): one bar per action,
+    coloured by kind, hatched by chunk or direction; ``shown``: the legend entries already
+    drawn (updated); ``unit``: the time unit for hover (``" ms"``)."""
+    import plotly.graph_objects as go
+
+    labelled = len(report.timeline) <= LABELLED_BARS
+    for (kind, group), bars in _bar_groups(report).items():
+        color = KIND_COLORS[kind]
+        pattern = _pattern(report, group)
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                y=[item.rank for item in bars],
+                x=[item.end - item.start for item in bars],
+                base=[item.start for item in bars],
+                marker={
+                    "color": color,
+                    "line": {"color": "white", "width": 0.5},
+                    "pattern": {"shape": pattern, "fgcolor": "white", "solidity": 0.3},
+                },
+                text=[str(item.microbatch) for item in bars] if labelled else None,
+                textposition="inside",
+                insidetextanchor="middle",
+                customdata=[
+                    (item.microbatch, item.stage_index, item.start, item.end) for item in bars
+                ],
+                hovertemplate=(
+                    f"{KIND_NAMES[kind]} ({kind})<br>rank %{{y}}<br>micro-batch "
+                    "%{customdata[0]}<br>stage %{customdata[1]}<br>"
+                    f"%{{customdata[2]:.4g}} → %{{customdata[3]:.4g}}{unit}<extra></extra>"
+                ),
+                name=f"{kind}: {KIND_NAMES[kind]}{_group_name(report, group)}",
+                legendgroup=kind,
+                showlegend=(kind, group) not in shown,
+            ),
+            row=row,
+            col=col,
+        )
+        shown.add((kind, group))
+    fig.update_yaxes(
+        autorange="reversed",
+        tickmode="array",
+        tickvals=list(range(report.pp)),
+        ticktext=[f"rank {rank}" for rank in range(report.pp)],
+        row=row,
+        col=col,
+    )
 
 
 def _bar_groups(report: ScheduleReport) -> dict[tuple[str, int], list]:
@@ -156,7 +166,7 @@ def _group_name(report: ScheduleReport, group: int) -> str:
     return ""
 
 
-def _png_width(reports: list[ScheduleReport]) -> int:
+def png_width(reports: list[ScheduleReport]) -> int:
     """Wide enough for every in-bar label at the default font size (1,000 to 6,000 px)."""
     busiest = max(
         max(sum(1 for item in report.timeline if item.rank == rank) for rank in range(report.pp))

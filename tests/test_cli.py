@@ -195,7 +195,7 @@ def test_topology_html(capsys, tmp_path):
             ["nvls"],
         ),
         (["collective", "--op", "all-reduce", "--bytes", "lots", "--ranks", "8"], ["lots"]),
-        (["topology", "--cluster", "dgx-h100", "--tp", "3"], ["3"]),
+        (["topology", "--cluster", "dgx-h100", "--tp", "3", "--pp", "1"], ["3"]),
         (["comm", "--cluster", "dgx-h100", "--tp", "8", "--pp", "16", "--dp", "128"], ["16384"]),
     ],
 )
@@ -253,6 +253,6 @@ def test_weight_pass_memory_flag_counts_torchs_retained_graph(capsys):
             "--dp", "8", "--schedule", "zb-h1")  # fmt: skip
     inputs = run_json(capsys, *args)
     graph = run_json(capsys, *args, "--weight-pass-memory", "graph")
-    assert graph["total_bytes"] > inputs["total_bytes"]
+    assert graph["memory_per_gpu_bytes"] > inputs["memory_per_gpu_bytes"]
     code, _, err = run(capsys, *args, "--weight-pass-memory", "all")
     assert code == 2 and "weight-pass-memory" in err

@@ -385,23 +385,36 @@ def test_unknown_key_is_rejected_with_its_name(tmp_path: Path) -> None:
         load_accelerator(path)
 
 
-def test_number_without_source_is_rejected_with_its_name(tmp_path: Path) -> None:
+def test_number_without_source_in_a_users_file_is_used_with_a_warning(tmp_path: Path) -> None:
+    from hwspecs.errors import UnsourcedFigures
+
     path = write_user_accelerator(
         tmp_path,
         extra="fp8_tflops = 200.0\nhbm_bandwidth_efficiency = 0.9",
         extra_source='hbm_bandwidth_efficiency = "mine"',
     )
-    with pytest.raises(PlanError, match="fp8_tflops"):
-        load_accelerator(path)
+    with pytest.warns(UnsourcedFigures, match=r"no source for fp8_tflops \("):
+        assert load_accelerator(path).fp8_tflops == 200.0
+
+
+def test_number_without_source_in_a_catalog_file_is_rejected_with_its_name() -> None:
+    from hwspecs.catalog import DATA_DIR, parse_spec, read_toml
+
+    data = read_toml(DATA_DIR / "accelerators" / "h100-sxm.toml")
+    del data["sources"]["bf16_tflops"]
+    with pytest.raises(PlanError, match="without a source in \\[sources\\]: bf16_tflops"):
+        parse_spec(data, Accelerator, "h100-sxm")
 
 
 def test_defaulted_number_needs_no_source_but_a_given_one_does(tmp_path: Path) -> None:
     # Left at its documented schema default, hbm_bandwidth_efficiency needs no source...
     assert load_accelerator(write_user_accelerator(tmp_path)).hbm_bandwidth_efficiency == 0.8
-    # ...but a value the file gives must carry one.
+    # ...but a value the file gives is named when it carries none.
+    from hwspecs.errors import UnsourcedFigures
+
     other = tmp_path / "other"
     other.mkdir()
-    with pytest.raises(PlanError, match="hbm_bandwidth_efficiency"):
+    with pytest.warns(UnsourcedFigures, match="hbm_bandwidth_efficiency"):
         load_accelerator(write_user_accelerator(other, extra="hbm_bandwidth_efficiency = 0.9"))
 
 

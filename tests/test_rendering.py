@@ -29,6 +29,49 @@ def assert_fits(out: str, width: int) -> None:
     assert "…" not in out, next(line for line in lines if "…" in line)
 
 
+#: Every command's table, at its widest: the worst case of each (four-digit GiB, a long
+#: catalog name, DeepSeek-V3's five degrees are covered by the plan test above).
+COMMAND_TABLES = {
+    "memory": ("memory",),
+    "memory-one-gpu": ("memory", "--tp", "1", "--pp", "1", "--dp", "1", "--explain"),
+    "memory-qlora": ("memory", "--model", "llama3-70b", "--recipe", "qlora", "--tp", "1",
+                     "--pp", "1", "--dp", "8", "--seq-len", "4096"),
+    "bytes-per-param": ("bytes-per-param", "--recipe", "qlora", "--model", "llama3-8b"),
+    "comm": ("comm",),
+    "comm-moe": ("comm", "--model", "deepseek-v3", "--cluster", "dgx-h800", "--gpus", "2048",
+                 "--tp", "1", "--pp", "16", "--dp", "128", "--ep", "64", "--seq-len", "4096",
+                 "--global-batch-size", "15360"),
+    "topology": ("topology",),
+    "collective": ("collective", "--op", "all-reduce", "--bytes", "1GiB", "--ranks", "4096"),
+    "schedule-compare": ("schedule", "--compare", "1f1b,interleaved-1f1b,zb-h1,zb-h2,zbv,"
+                         "dualpipe,dualpipev", "--pp", "8", "--num-microbatches", "16"),
+    "sweep": ("sweep", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8,16",
+              "--seq-len", "4096"),
+    "catalog-list": ("catalog", "list"),
+    "catalog-cluster": ("catalog", "show", "dgx-h100"),
+    "catalog-model": ("catalog", "show", "deepseek-v3"),
+    "catalog-link": ("catalog", "show", "nvlink4"),
+    "catalog-accelerator": ("catalog", "show", "h100-sxm"),
+    "runs": ("runs", "check", "--limit", "3"),
+}  # fmt: skip
+
+
+def assert_numbers_whole(out: str, width: int) -> None:
+    """Lines fit ``width`` and no number is cut (a digit, point or % right before …)."""
+    for line in out.splitlines():
+        assert len(line) <= width, line
+        assert re.search(r"[\d.,%]…", line) is None, line
+
+
+@pytest.mark.parametrize("argv", COMMAND_TABLES.values(), ids=COMMAND_TABLES.keys())
+def test_every_command_table_fits_80_columns_with_every_number_whole(capsys, monkeypatch, argv):
+    out = render(capsys, monkeypatch, 80, *argv)
+    assert_numbers_whole(out, 80)
+    wide = render(capsys, monkeypatch, 200, *argv)  # the same numbers at any width
+    numbers = re.compile(r"-?\d[\d,]*\.\d+")
+    assert sorted(numbers.findall(out)) == sorted(numbers.findall(wide))
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -185,6 +228,50 @@ def test_misspelt_cluster_key_is_named_with_a_suggestion(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1
     assert "'gpus_per_nod': unknown key (did you mean 'gpus_per_node'?)" in err
     assert "more)" not in err
+
+
+def _template() -> str:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    return readme.split("### Your own cluster", 1)[1].split("```toml\n", 1)[1].split("```")[0]
+
+
+def test_own_cluster_without_sources_plans_with_a_warning_naming_them(tmp_path, capsys):
+    path = tmp_path / "unsourced.toml"
+    path.write_text(_template().split("[sources]")[0])
+    code = cli.main(["plan", "--cluster", str(path), "--model", "llama3-8b", "--top", "1",
+                     "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out)["query"]["cluster"] == "my-h100-cluster"
+    (line,) = [line for line in err.splitlines() if line.startswith("warning:")]
+    for field in ("num_gpus", "gpus_per_node", "scale_up_domain_size", "tiers.1.group_size"):
+        assert field in line
+
+
+def test_catalog_files_must_still_cite_every_number():
+    from hwspecs.catalog import DATA_DIR, parse_spec, read_toml
+    from hwspecs.errors import PlanError
+    from hwspecs.schema import Cluster
+
+    data = read_toml(DATA_DIR / "clusters" / "dgx-h100.toml")
+    del data["sources"]["num_gpus"]
+    with pytest.raises(PlanError, match="numbers without a source in \\[sources\\]: num_gpus"):
+        parse_spec(data, Cluster, "dgx-h100")
+
+
+def test_every_unknown_key_is_named_with_a_suggestion_nested_ones_too(tmp_path, capsys):
+    path = tmp_path / "typos.toml"
+    text = _template().replace("group_size = 64", "group_sise = 64")
+    path.write_text(text.replace("gpus_per_node = 8", "gpus_per_nod = 8"))
+    assert cli.main(["plan", "--cluster", str(path), "--model", "llama3-8b"]) == 2
+    err = capsys.readouterr().err
+    assert "'gpus_per_nod': unknown key (did you mean 'gpus_per_node'?)" in err
+    assert "'tiers.1.group_sise': unknown key (did you mean 'group_size'?)" in err
+    path.write_text(_template().replace('link = "nvlink4"', 'link = "nvlink4"\nspeed = 1'))
+    assert cli.main(["plan", "--cluster", str(path), "--model", "llama3-8b"]) == 2
+    err = capsys.readouterr().err
+    assert "'tiers.0.speed': unknown key (allowed: name, link, group_size, oversubscription)" in err
 
 
 @pytest.mark.parametrize(

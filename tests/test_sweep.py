@@ -24,10 +24,10 @@ def test_gpu_sweep_json_has_one_winner_per_point(capsys, tmp_path):
     result = json.loads(out)
     assert result["quantity"] == "gpus"
     points = result["points"]
-    assert [p["gpus"] for p in points] == [16, 32, 64]
+    assert [p["num_gpus"] for p in points] == [16, 32, 64]
     for point in points:
         layout = point["layout"]
-        assert layout["tp"] * layout["cp"] * layout["pp"] * layout["dp"] == point["gpus"]
+        assert layout["tp"] * layout["cp"] * layout["pp"] * layout["dp"] == point["num_gpus"]
         assert 0 < point["time_to_train"]["goodput"] <= 1
     # More GPUs: more interruptions per hour for the job (the same rate per GPU-hour).
     mtbf = [p["time_to_train"]["mean_time_between_interruptions_s"] for p in points]
@@ -40,7 +40,7 @@ def test_seq_len_sweep_keeps_the_gpu_count(capsys):
                        "--json")  # fmt: skip
     assert code == 0
     points = json.loads(out)["points"]
-    assert [(p["gpus"], p["seq_len"]) for p in points] == [(32, 2048), (32, 4096)]
+    assert [(p["num_gpus"], p["seq_len"]) for p in points] == [(32, 2048), (32, 4096)]
     assert all(p["time_to_train"] is None for p in points)
 
 

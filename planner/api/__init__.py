@@ -31,11 +31,13 @@ from planner.api.layout import (  # noqa: F401
     collective,
     comm,
     estimate,
+    layout_timeline,
     layout_warnings,
     memory,
     schedule,
     topology,
 )
+from planner.api.page import PageMark, parse_mark, plan_page_marks, plan_page_rows  # noqa: F401
 from planner.api.runs import FitReport, fit, runs_check  # noqa: F401
 from planner.api.search import (  # noqa: F401
     SWEEP_QUANTITIES,
@@ -76,6 +78,7 @@ _EXPORTS = {
     "TimeToTrain": "planner.cost.goodput",
     "TRAINER_ETP": "planner.handoff",
     "TRAINER_NAMES": "planner.handoff",
+    "PROGRESS_PHASES": "planner.progress",
     "COUNT_EXAMPLES": "planner.spec.units",
     "parse_count": "planner.spec.units",
     "parse_bytes": "planner.spec.units",
@@ -89,5 +92,5 @@ def __getattr__(name: str):
     import importlib
 
     module = importlib.import_module(_EXPORTS[name])
-    attribute = "estimate" if name == "estimate_layout" else name
+    attribute = {"estimate_layout": "estimate", "PROGRESS_PHASES": "PHASES"}.get(name, name)
     return getattr(module, attribute)

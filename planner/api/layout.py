@@ -10,11 +10,20 @@ from planner.api.inputs import (
 )
 
 
-def memory(job, layout, accelerator: str | None = None, mem_headroom: float | None = None):
-    """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.memory_report.memory_report`)."""
-    from hwspecs.catalog import load_accelerator
+def memory(
+    job,
+    layout,
+    accelerator: str | None = None,
+    mem_headroom: float | None = None,
+    cluster: str | None = None,
+):
+    """Memory per GPU for ``job`` under ``layout`` (see :func:`planner.memory_report.memory_report`),
+    checked against ``accelerator``'s HBM, or that of ``cluster``'s accelerator."""
+    from hwspecs.catalog import load_accelerator, load_cluster
     from planner.memory_report import memory_report
 
+    if accelerator is None and cluster is not None:
+        accelerator = load_cluster(cluster).accelerator
     spec = load_accelerator(accelerator) if accelerator else None
     return memory_report(job, layout, spec, _checked_headroom(mem_headroom))
 
@@ -164,3 +173,24 @@ def layout_warnings(layout, cluster: str) -> list[str]:
             "unless --allow-cross-node-tp)"
         )
     return warnings
+
+
+def layout_timeline(job, layout, cluster: str, result, profile: str | None = None):
+    """The pipeline of an estimate (``result``, of :func:`estimate`) as the event simulator
+    runs it: each virtual stage's own F, B (+ recompute) and W per micro-batch, scaled to the
+    estimate's busiest rank (:func:`planner.refine.scaled_stage_durations`), in milliseconds.
+    A :class:`planner.pipeline.report.ScheduleReport` whose times are ms; ``profile`` as the
+    estimate's."""
+    from hwspecs.catalog import load_accelerator, load_cluster
+    from planner.pipeline.report import schedule_report
+    from planner.refine import scaled_stage_durations
+
+    spec = load_cluster(cluster)
+    accelerator = load_accelerator(spec.accelerator)
+    job = with_profile(job, spec.accelerator, profile)
+    times = result.stage_times_s
+    busiest = times["forward"] + times["input_grad"] + times["recompute"] + times["weight_grad"]
+    f, b, w = scaled_stage_durations(job, layout, accelerator, busiest)
+    return schedule_report(
+        layout.schedule, layout.pp, result.num_microbatches, layout.vpp, 1e3 * f, 1e3 * b, 1e3 * w
+    )

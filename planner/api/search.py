@@ -14,6 +14,19 @@ from planner.api.inputs import (
 )
 from planner.api.layout import _with_time_to_train
 from planner.explain import cp_algorithm_lines, explain_plan
+from planner.rank import RANK_MODES, RankSettings, explain_ranking
+
+
+def rank_settings(rank: str, accelerator: str, profile) -> RankSettings:
+    """``--rank`` checked, with the band measured for ``profile`` on ``accelerator``
+    (:func:`planner.runs.ratio_error.ranking_band`)."""
+    from planner.runs.ratio_error import ranking_band
+
+    if rank not in RANK_MODES:
+        raise PlanError(f"unknown rank '{rank}'; choose one of: {', '.join(RANK_MODES)}",
+                        field="rank", allowed=list(RANK_MODES), got=rank)  # fmt: skip
+    band, source = ranking_band(accelerator, profile)
+    return RankSettings(mode=rank, band=band, band_source=source)
 
 
 class PlanResult(BaseModel):
@@ -54,12 +67,15 @@ def plan(
     refine_top: int | None = None,
     profile: str | None = None,
     training=None,
+    rank: str = "robust",
 ):
     """Search every layout and return the top ones with their full estimates; also the table.
     ``refine_top``: rows re-timed by the event simulator (default
     :data:`planner.refine.DEFAULT_REFINE_TOP`); ``profile``: see :func:`with_profile`;
     ``training`` (:func:`build_training`) adds each result's time to train and the
-    ``expected_wall_time_s`` column; objective ``time_to_train`` ranks by it."""
+    ``expected_wall_time_s`` column; objective ``time_to_train`` ranks by it. ``rank``:
+    ``robust`` (layouts within the measured ratio error of the fastest are ties, ordered by
+    :mod:`planner.rank`'s rules) or ``time`` (by predicted step time alone)."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.comm.mesh import resolve_order
     from planner.estimate import estimate as estimate_layout
@@ -77,6 +93,7 @@ def plan(
         raise PlanError(f"--gpus {gpus} exceeds cluster {spec.id}'s {spec.num_gpus} GPUs")
     accelerator = load_accelerator(spec.accelerator)
     job = with_profile(job, spec.accelerator, profile)
+    ranking = rank_settings(rank, spec.accelerator, job.efficiency_profile)
     mesh = resolve_order(order) if order else None
     from planner.refine import DEFAULT_REFINE_TOP
 
@@ -85,10 +102,10 @@ def plan(
     found = search(
         job, spec, accelerator, gpus, space, objective, mem_headroom, mesh, mfu_dtype, progress,
         DEFAULT_REFINE_TOP if refine_top is None else refine_top,
-        training=training,
+        training=training, rank_settings=ranking,
     )  # fmt: skip
     results = []
-    for rank, row in enumerate(found.table.head(top).to_dict("records"), start=1):
+    for place, row in enumerate(found.table.head(top).to_dict("records"), start=1):
         layout = layout_of_row(row, job.model.is_moe)
         detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
         if training is not None:
@@ -105,14 +122,20 @@ def plan(
             if simulated
             else None
         )
-        results.append({"rank": rank, **entry})
+        entry["rank_by_time"] = int(row["rank_by_time"])
+        entry["equivalent_to_best"] = bool(row["equivalent_to_best"])
+        entry["preference"] = str(row["preference"])
+        results.append({"rank": place, **entry})
     query = {
         "model": job.model.name,
         "cluster": spec.id,
-        "gpus": gpus,
+        "num_gpus": gpus,
         "seq_len": job.seq_len,
         "global_batch_tokens": job.global_batch_tokens,
         "objective": objective,
+        "rank": ranking.mode,
+        "ratio_error_band": ranking.band,
+        "ratio_error_source": ranking.band_source,
         "mem_headroom": mem_headroom,
         "precision": job.precision.recipe,
         "optimizer": job.precision.optimizer,
@@ -140,7 +163,8 @@ def plan(
         feasible=found.feasible,
         rejected=found.rejected,
         results=results,
-        explanation=_time_to_train_ranking(objective, results)
+        explanation=explain_ranking(found.table, ranking, objective)
+        + _time_to_train_ranking(objective, results)
         + explain_plan(found, results, accelerator, mem_headroom)
         + cp_algorithm_lines(job, spec, results, mesh),
     )
@@ -154,7 +178,7 @@ class SweepPoint(BaseModel):
     """The best layout at one value of the swept quantity (None figures: nothing fits)."""
 
     value: int
-    gpus: int
+    num_gpus: int
     seq_len: int
     feasible: int
     layout: dict | None = None
@@ -209,11 +233,13 @@ def sweep(
             if getattr(error, "reasons", None) is None:
                 raise
             gpus_here = point_gpus or load_cluster(cluster).num_gpus
-            points.append(SweepPoint(value=value, gpus=gpus_here, seq_len=job.seq_len, feasible=0))
+            points.append(
+                SweepPoint(value=value, num_gpus=gpus_here, seq_len=job.seq_len, feasible=0)
+            )
             continue
         point = {
             "value": value,
-            "gpus": result.query["gpus"],
+            "num_gpus": result.query["num_gpus"],
             "seq_len": job.seq_len,
             "feasible": result.feasible,
         }

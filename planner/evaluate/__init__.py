@@ -35,6 +35,7 @@ from planner.comm.traffic import AXES, chunks_column, placeable
 from planner.cost.compute import GpuRates
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
 from planner.evaluate.time import data_parallel_form, time_columns
+from planner.progress import report
 from planner.spec.job import Job
 
 #: Rows timed together: the timing's intermediate columns (per axis and link) stay near
@@ -117,6 +118,7 @@ def screen_columns(
     order=None,
     mfu_dtype: str = "bf16",
     memory_parts_of_timed_rows: bool = False,
+    progress=None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
     without spreading the timed rows back over all rows: (memory outputs of every row,
@@ -125,20 +127,23 @@ def screen_columns(
 
     ``memory_parts_of_timed_rows``: every memory output but ``memory_per_gpu_bytes`` is
     kept for the timed rows only (one per row of them), and the others' released before
-    the timing (the search reads no other row's parts)."""
+    the timing (the search reads no other row's parts). ``progress``: see
+    :mod:`planner.progress` (the memory screen, then each timed block)."""
     c = LayoutColumns.of(columns)
+    report(progress, "memory screen", 0, len(c))
     rates, bf16_rates, tuned = _rates(job, accelerator)
     shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
     memory = memory_columns(job, c, shapes, structs, tuned)
     valid = _placeable(job, cluster, c)
     rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= memory_limit_bytes))
+    report(progress, "memory screen", len(valid), len(valid))
     if memory_parts_of_timed_rows:
         for key in memory:
             if key != "memory_per_gpu_bytes":
                 memory[key] = memory[key][rows]
     c = c.take(rows)  # the timed rows' columns only
     timed = _timed_in_blocks(
-        job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+        job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress
     )
     return memory, valid, rows, timed
 
@@ -154,12 +159,13 @@ def _placeable(job: Job, cluster: Cluster, c: LayoutColumns) -> np.ndarray:
 
 
 def _timed_in_blocks(
-    job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
+    job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress=None
 ) -> dict[str, np.ndarray]:
     """:func:`planner.evaluate.time.time_columns` of the rows of ``c``, :data:`TIMED_BLOCK_ROWS`
     at a time, into one column per output."""
     n = len(c)
     timed: dict[str, np.ndarray] = {}
+    report(progress, "timing", 0, n)
     for start in range(0, n, TIMED_BLOCK_ROWS) if n else (0,):
         stop = min(start + TIMED_BLOCK_ROWS, n)
         sub = c.take(slice(start, stop))
@@ -171,6 +177,7 @@ def _timed_in_blocks(
             if key not in timed:
                 timed[key] = np.empty(n, dtype=value.dtype)
             timed[key][start:stop] = value
+        report(progress, "timing", stop, n)
     return timed
 
 

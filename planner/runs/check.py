@@ -52,6 +52,9 @@ class RowPrediction(BaseModel):
     source: str
     source_family: str
     group: str
+    #: The job a row trains (model, precision, sequence length): rows of one job in two
+    #: configuration groups compare two layouts (:mod:`planner.runs.ratio_error`).
+    job: str = ""
     accelerator: str
     precision: str
     stack: str
@@ -144,6 +147,7 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
         "source": row.source,
         "source_family": source_family(row),
         "group": row.group_key,
+        "job": f"{row.model.name} {precision_label(row)} {row.training.seq_len}",
         "accelerator": row.hardware.accelerator,
         "precision": precision_label(row),
         "stack": stack_label(row),

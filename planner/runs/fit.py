@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from planner.cost.profile import TERMS, profiled_step_time
 from planner.runs.check import FEATURE_COLUMNS, RowPrediction
+from planner.runs.ratio_error import ratio_error_fields
 
 #: Interior start of each term (the ideal values sit on their bounds).
 START = {
@@ -54,6 +55,8 @@ class FitResult(BaseModel):
     step_time_ratio_p10: float
     step_time_ratio_p90: float
     ideal_mape: float
+    #: The error of two layouts' time ratio (:mod:`planner.runs.ratio_error`); {} without pairs.
+    ratio_error: dict = {}
 
 
 def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
@@ -184,6 +187,11 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
         held = _held_out(cols, weights, names, groups, folds)
         kfold = _mape(held, measured)
     ratio = held / measured  # held-out: measured over predicted step time
+    jobs = np.array([r.job for r in rows])
+    groups = np.array([r.group for r in rows])
+    ratio_fields = ratio_error_fields(
+        held, cols["ideal_tokens"], measured, weights, families, jobs, groups
+    )
     return FitResult(
         accelerator=accelerator,
         stack=stack,
@@ -200,6 +208,7 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
         step_time_ratio_p10=float(np.percentile(ratio, 10)),
         step_time_ratio_p90=float(np.percentile(ratio, 90)),
         ideal_mape=_mape(cols["ideal_tokens"], measured),
+        ratio_error=ratio_fields,
     )
 
 
@@ -239,4 +248,7 @@ def profile_toml(result: FitResult, command: str, date: str) -> str:
     out += [f'  "{row_id}",' for row_id in result.training_ids]
     out += ["]", "", "[fit.loso_mape_by_source]"]
     out += [f'"{k}" = {round(v, 4)}' for k, v in result.loso_mape_by_source.items()]
+    if result.ratio_error:  # the band the search ranks under (planner/runs/ratio_error.py)
+        out += ["", "[fit.ratio_error]"]
+        out += [line(key, value) for key, value in result.ratio_error.items()]
     return "\n".join(out) + "\n"

@@ -1,0 +1,251 @@
+"""Rank under the model's own error: layouts within the band of the best are ties, and ties
+are ordered by a stated practitioner preference.
+
+The band is the measured error of the ratio of two layouts' predicted step times
+(:mod:`planner.runs.ratio_error`, stored in the profile: ``[fit.ratio_error]``). A row is
+**equivalent to the best** when its step time (the event simulator's where it was run,
+else the closed form) is at most ``(1 + band)`` times the fastest row's. Equivalent rows
+come first, ordered by these rules, in this order (each key: lower is preferred); rows
+all rules tie keep their order by time, and rows outside the band follow in time order:
+
+1. fewer axes above 1: the count of tp, cp, pp, dp, ep above 1.
+2. TP within the scale-up domain before CP or PP: with cp·pp > 1, log2(T / tp), where T is
+   the scale-up domain or the largest TP any feasible row has, whichever is smaller; plus
+   log2(tp / domain) for TP beyond the domain.
+3. PP only as deep as memory needs: log2(pp / pp_min), pp_min the shallowest pp that fits
+   among the feasible rows with the row's tp, cp, ep, etp, ZeRO stage, recompute and SP.
+4. CP only when the sequence needs it: log2(cp / cp_min), cp_min the smallest cp that fits
+   among the feasible rows with the row's tp, pp, ep, etp, ZeRO stage, recompute and SP
+   (memory); a CP that buys attention time beyond the band is outside the tie already.
+5. more memory headroom: whole GiB free below the usable memory, more first.
+6. the simpler schedule: its micro-batch rules + one for more than one chunk per rank + one
+   for a split backward (B and W) + parameter copies beyond one.
+
+A preference never overrides a difference larger than the band: two equivalent rows both
+lie within ``(1 + band)`` of the best, so of each other. With band 0 (or ``--rank time``)
+the order is the time order. Everything is numpy over the result rows (a group minimum by
+pandas), no loop per row.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+
+from planner.pipeline.schedules import SCHEDULES
+
+GIB = 2**30
+RANK_MODES = ("robust", "time")
+#: The preference rules, in the order they are read (see the module docstring).
+RULES = (
+    "fewer axes above 1",
+    "TP within the scale-up domain before CP or PP",
+    "PP only as deep as memory needs",
+    "CP only when the sequence needs it",
+    "more memory headroom",
+    "the simpler schedule",
+)
+#: ``preference`` of a row no rule placed: the fastest (the best by time and chosen),
+#: ordered by time among ties, outside the band, or every row under ``--rank time``.
+FASTEST, BY_TIME, OUTSIDE, TIME_RANK = "fastest", "time", "outside the band", "time rank"
+PREFERENCES = (*RULES, FASTEST, BY_TIME, OUTSIDE, TIME_RANK)
+MEMORY_MEASURES = ("etp", "zero_stage", "recompute", "sequence_parallel")
+
+
+class RankSettings(BaseModel):
+    """How the search ranks: ``robust`` (ties within the band, then the rules) or ``time``;
+    the band (None: no measured ratio error, ranked by time) and where it was measured."""
+
+    mode: Literal["robust", "time"] = "robust"
+    band: float | None = None
+    band_source: str = ""
+
+
+def schedule_complexity(name: str, vpp) -> np.ndarray:
+    """Rule 6's count for a schedule (numpy over vpp): its micro-batch rules, one for more
+    than one chunk per rank, one for a split backward, parameter copies beyond one."""
+    spec = SCHEDULES[name]
+    chunks = 1 if spec.bidirectional else (2 if spec.v_shape else np.asarray(vpp))
+    return (
+        len(spec.microbatch_rules)
+        + (np.asarray(chunks) > 1)
+        + int(spec.splits_backward)
+        + (spec.parameter_copies - 1)
+    )
+
+
+def _shallowest(columns: dict, axis: str, others: tuple[str, ...]) -> np.ndarray:
+    """Per row: the smallest ``axis`` degree among the rows sharing its ``others``."""
+    frame = pd.DataFrame({key: np.asarray(columns[key]) for key in (axis, *others)})
+    return frame.groupby(list(others), sort=False)[axis].transform("min").to_numpy()
+
+
+def preference_keys(columns: dict, scale_up_domain: int, usable_bytes: float) -> np.ndarray:
+    """Rows × rules: each rule's key per row (lower preferred), in :data:`RULES` order."""
+    tp, cp, pp, dp, ep = (np.asarray(columns[k]) for k in ("tp", "cp", "pp", "dp", "ep"))
+    axes = (tp > 1).astype(int) + (cp > 1) + (pp > 1) + (dp > 1) + (ep > 1)
+    reference = min(scale_up_domain, int(tp.max()))
+    tp_short = np.where(cp * pp > 1, np.log2(np.maximum(reference / tp, 1)), 0.0)
+    tp_first = tp_short + np.log2(np.maximum(tp / scale_up_domain, 1))
+    pp_depth = np.log2(pp / _shallowest(columns, "pp", ("tp", "cp", "ep", *MEMORY_MEASURES)))
+    cp_need = np.log2(cp / _shallowest(columns, "cp", ("tp", "pp", "ep", *MEMORY_MEASURES)))
+    free_gib = np.floor((usable_bytes - np.asarray(columns["memory_per_gpu_bytes"])) / GIB)
+    schedule = pd.Categorical(np.asarray(columns["schedule"]))
+    vpp = np.asarray(columns["vpp"])
+    simple = np.zeros(len(tp))
+    for code, name in enumerate(schedule.categories):  # one pass per schedule name
+        rows = schedule.codes == code
+        simple[rows] = schedule_complexity(name, vpp[rows])
+    return np.stack([axes, tp_first, pp_depth, cp_need, -free_gib, simple], axis=1).astype(float)
+
+
+def equivalent_to_best(step_time_s: np.ndarray, band: float) -> np.ndarray:
+    """Rows whose step time is within ``(1 + band)`` of the fastest row's."""
+    step_time_s = np.asarray(step_time_s, dtype=float)
+    if not len(step_time_s):
+        return np.zeros(0, dtype=bool)
+    return step_time_s <= np.nanmin(step_time_s) * (1 + band)
+
+
+def robust_order(step_time_s: np.ndarray, keys: np.ndarray, band: float, time_rank) -> np.ndarray:
+    """Row order: equivalent rows by the rules, then step time, then ``time_rank``; the
+    others after them by ``time_rank`` (their place in the time ranking)."""
+    equivalent = equivalent_to_best(step_time_s, band)
+    inside = np.flatnonzero(equivalent)
+    columns = [time_rank[inside], step_time_s[inside], *keys[inside].T[::-1]]
+    inside = inside[np.lexsort(columns)]
+    outside = np.flatnonzero(~equivalent)
+    return np.concatenate([inside, outside[np.argsort(time_rank[outside], kind="stable")]])
+
+
+def placing_rules(keys: np.ndarray, equivalent: np.ndarray, fastest: int) -> np.ndarray:
+    """Index into :data:`PREFERENCES` per ranked row (``keys`` and ``equivalent`` in rank
+    order): the first rule on which the row differs from the row ranked above it, all keys
+    equal: ordered by time; the winner: the rule that put it above the fastest row (at
+    ``fastest``), or the fastest itself; rows outside the band: outside."""
+    above = np.vstack([keys[:1], keys[:-1]])
+    differs = keys != above
+    first = np.where(differs.any(axis=1), differs.argmax(axis=1), PREFERENCES.index(BY_TIME))
+    if len(first):
+        first[0] = PREFERENCES.index(winner_rule(keys, 0, fastest))
+    return np.where(equivalent, first, PREFERENCES.index(OUTSIDE))
+
+
+def winner_rule(keys: np.ndarray, winner: int, fastest: int) -> str:
+    """The rule by which ``winner`` was ranked above ``fastest`` (or ``fastest``)."""
+    if winner == fastest:
+        return FASTEST
+    differs = np.flatnonzero(keys[winner] != keys[fastest])
+    return RULES[differs[0]] if len(differs) else BY_TIME
+
+
+SIMULATED = ("pipeline_time_simulated_s", "step_time_simulated_s")
+
+
+def simulate_rows(job, accelerator, columns: dict, rows: np.ndarray, layout_of_row) -> None:
+    """Re-time ``rows`` (positions) not yet simulated with the event simulator
+    (:func:`planner.refine.refine`), in place: the two :data:`SIMULATED` columns (NaN
+    for rows never simulated)."""
+    from planner.refine import refine
+
+    count = len(columns["tp"])
+    for key in SIMULATED:
+        if key not in columns:
+            columns[key] = np.full(count, np.nan)
+    rows = [int(r) for r in rows if np.isnan(columns["step_time_simulated_s"][r])]
+    records = [{key: _plain(value[r]) for key, value in columns.items()} for r in rows]
+    refined = refine(job, accelerator, [layout_of_row(record) for record in records], records)
+    for row, found in zip(rows, refined, strict=True):
+        for key in SIMULATED:
+            columns[key][row] = found[key]
+
+
+def effective_step_time(columns: dict) -> np.ndarray:
+    """Each row's step time for ranking: simulated where it was, else the closed form."""
+    simulated = columns["step_time_simulated_s"]
+    return np.where(np.isnan(simulated), columns["step_time_s"], simulated)
+
+
+def rank_columns(
+    job, accelerator, columns: dict, top: int, objective: str, settings: RankSettings | None,
+    scale_up_domain: int, usable_bytes: float, layout_of_row,
+) -> dict:  # fmt: skip
+    """The columns (in the objective's order) ranked as ``settings`` says.
+
+    The first ``top`` rows are simulated and, under the step-time objective, re-ordered by
+    their simulated time: that is the time ranking (``rank_by_time``). Robust (step-time
+    objective, a measured band): rows are ordered by :func:`robust_order` on the effective
+    step time; the new first ``top`` rows not yet simulated are simulated and the order
+    decided again. Adds ``rank_by_time``, ``equivalent_to_best`` and ``preference``."""
+    settings = settings or RankSettings(mode="time")
+    count = len(columns["tp"])
+    head = min(top, count)
+    simulate_rows(job, accelerator, columns, np.arange(head), layout_of_row)
+    order = np.arange(count)
+    if objective == "step_time":
+        order[:head] = np.argsort(columns["step_time_simulated_s"][:head], kind="stable")
+    columns = {key: value[order] for key, value in columns.items()}
+    columns["rank_by_time"] = np.arange(1, count + 1)
+    band = settings.band if settings.band is not None else 0.0
+    robust = settings.mode == "robust" and settings.band is not None and objective == "step_time"
+    if not robust or not count:
+        columns["equivalent_to_best"] = equivalent_to_best(effective_step_time(columns), band)
+        columns["preference"] = pd.Categorical([TIME_RANK] * count, categories=PREFERENCES)
+        return {**columns, "rank": columns["rank_by_time"].copy()}
+    keys = preference_keys(columns, scale_up_domain, usable_bytes)
+    rank = columns["rank_by_time"]
+    order = robust_order(effective_step_time(columns), keys, band, rank)
+    simulate_rows(job, accelerator, columns, order[:top], layout_of_row)
+    time_s = effective_step_time(columns)
+    order = robust_order(time_s, keys, band, rank)
+    columns = {key: value[order] for key, value in columns.items()}
+    equivalent = equivalent_to_best(time_s[order], band)
+    fastest = int(np.argmin(time_s[order]))
+    codes = placing_rules(keys[order], equivalent, fastest)
+    columns["equivalent_to_best"] = equivalent
+    columns["preference"] = pd.Categorical.from_codes(codes, categories=PREFERENCES)
+    return {**columns, "rank": np.arange(1, count + 1)}
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def layout_name(row) -> str:
+    """``TP8 CP1 PP16 DP128`` (and ``EP64``) with the schedule, for the explanation."""
+    degrees = " ".join(f"{axis.upper()}{int(row[axis])}" for axis in ("tp", "cp", "pp", "dp"))
+    return degrees + (f" EP{int(row['ep'])}" if int(row["ep"]) > 1 else "") + f" {row['schedule']}"
+
+
+def explain_ranking(table: pd.DataFrame, settings: RankSettings, objective: str) -> list[str]:
+    """How the plan was ranked: the layouts within the band, the rule that chose the winner
+    and what the fastest layout would gain by the model."""
+    if not len(table):
+        return []
+    within = int(table["equivalent_to_best"].sum())
+    if settings.band is None:
+        return [f"ranked by predicted step time: {settings.band_source}"]
+    band = f"{settings.band:.1%} ratio error ({settings.band_source})"
+    if settings.mode == "time":
+        return [f"ranked by predicted step time (--rank time); {within:,} layouts are within "
+                f"the model's {band} of the fastest"]  # fmt: skip
+    if objective != "step_time":
+        return [f"--rank robust orders the step-time objective; ranked by {objective}"]
+    winner = table.iloc[0]
+    fastest = table.iloc[int(np.argmin(effective_step_time(
+        {k: table[k].to_numpy() for k in ("step_time_s", "step_time_simulated_s")})))]  # fmt: skip
+    rule = str(winner["preference"])
+    head = f"{within:,} layouts within the model's {band} of the fastest; "
+    if rule == FASTEST:
+        return [head + f"chose the fastest, {layout_name(winner)} (no rule needed)"]
+    times = effective_step_time({k: np.array([winner[k], fastest[k]], dtype=float)
+                                 for k in ("step_time_s", "step_time_simulated_s")})  # fmt: skip
+    gain = times[0] / times[1] - 1
+    return [
+        head + f"chose {layout_name(winner)} (rule: {rule}); the fastest by the model, "
+        f"{layout_name(fastest)}, is {gain:.1%} faster ({times[1]:.3f} s vs {times[0]:.3f} s), "
+        f"inside the band"
+    ]

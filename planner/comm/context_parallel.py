@@ -7,8 +7,10 @@ forward passes again under full recomputation), with ``kv`` a rank's K and V per
 
 * **ring** (Liu et al. 2023 §3; Brandon et al. 2023; TransformerEngine
   ``AttnFuncWithCPAndKVP2P``, torch ``context_parallel``): forward sends cp − 1 K/V blocks of
-  ``b·(s/cp)·kv`` bytes to the next rank of the ring; backward cp − 1 steps of the K/V block
-  and its dK, dV (twice the bytes). Each step's transfer runs while the block already held
+  ``b·(s/cp)·kv`` bytes to the next rank of the ring; backward sends the K/V blocks again and
+  the dK, dV accumulated on the ranks each block visits, one step behind them (cp − 2 steps
+  carry both, the first the block alone, and the summed dK, dV go home after the last step,
+  exposed). Each step's transfer runs while the block already held
   is computed on, so a step exposes ``max(0, transfer − block compute)`` — the block being
   ``1/cp`` of the rank's attention (the zig-zag split balances the causal work) — plus the
   step's own kernels and rescaling (:func:`planner.cost.context_parallel.ring_step_overhead_s`).
@@ -178,13 +180,21 @@ def context_parallel_terms(job, tp, cp, b, m, layers, full, algorithm, inner, ra
     terms = []
     for name, algo, group in (("ring", RING, "cp_ring"), ("outer ring", HIERARCHICAL, "cp_outer")):
         steps = np.where(many & (algorithm == algo), ring_size - 1, 0)
+        # Backward: the K/V block leaves at steps 0 … cp−2 and the travelling dK, dV at steps
+        # 1 … cp−1, so cp−2 steps carry both, the first the block alone and the last sends
+        # the summed dK, dV home with no block left to compute beside it.
+        middle, ends = np.maximum(steps - 1, 0), np.where(steps > 0, 1, 0)
         terms += [
             Term("cp", "p2p", f"{name}: K/V block to the next rank, cp−1 steps per layer, fwd",
                  forward_passes * steps, block, RING_RULE, group=group, overlap_s=overlap_f,
                  extra_s=extra_f),
-            Term("cp", "p2p", f"{name}: K/V block and its dK, dV per step, bwd",
-                 backward_passes * steps, 2 * block, RING_RULE, group=group, overlap_s=overlap_b,
-                 extra_s=extra_b),
+            Term("cp", "p2p", f"{name}: K/V block and the travelling dK, dV, cp−2 steps, bwd",
+                 backward_passes * middle, 2 * block, RING_RULE, group=group,
+                 overlap_s=overlap_b, extra_s=extra_b),
+            Term("cp", "p2p", f"{name}: the first step's K/V block, bwd", backward_passes * ends,
+                 block, RING_RULE, group=group, overlap_s=overlap_b, extra_s=extra_b),
+            Term("cp", "p2p", f"{name}: the summed dK, dV home to their owner, bwd",
+                 backward_passes * ends, block, RING_RULE, group=group),
         ]  # fmt: skip
     for name, on, group in (
         ("Ulysses", many & (algorithm == ULYSSES), "cp"),
@@ -232,9 +242,11 @@ def ring_exposed_time(raw, count, one, overlap_s, extra_s):
 
 
 def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
-    """One ring step of ``layout``'s ring attention, forward and backward: the transfer's
-    seconds, the block attention it runs beside, the step's kernels and rescaling, and what
-    it exposes (the numbers :func:`ring_exposed_time` reads); None without a ring."""
+    """One ring step of ``layout``'s ring attention — forward, backward (a step carrying the
+    block and the travelling dK, dV), the backward's first step (the block alone) and the
+    dK, dV sent home after its last (exposed) —: the transfer's seconds, the block attention
+    it runs beside, the step's kernels and rescaling, and what it exposes (the numbers
+    :func:`ring_exposed_time` reads); None without a ring."""
     from planner.comm.collectives import algorithm_costs, choose
     from planner.comm.topology import place_groups
     from planner.cost.compute import GpuRates
@@ -259,7 +271,9 @@ def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
     costs = algorithm_costs("p2p", (group.neighbour_level,), group.group_size)
     passes = {}
     for name, sent, overlap, extra in (("forward", block, overlap_f, extra_f),
-                                       ("backward", 2 * block, overlap_b, extra_b)):  # fmt: skip
+                                       ("backward", 2 * block, overlap_b, extra_b),
+                                       ("backward_first", block, overlap_b, extra_b),
+                                       ("backward_home", block, 0.0, 0.0)):  # fmt: skip
         transfer = choose(costs, sent)[1].time_s(sent)
         passes[name] = {
             "bytes": sent, "transfer_s": transfer, "block_attention_s": overlap,

@@ -385,6 +385,14 @@ def axis_times_vectorized(
         for axes in split_by.values():
             for axis in axes:
                 axes[axis] = rowwise(axes[axis], axis)
+    # Links and axes in one order whatever terms the rows run (sums then add alike whether
+    # a row is evaluated alone or with others: the CP algorithms' terms reach links in
+    # different orders).
+    link_exposed, link_hidden = (
+        {link: {a: split_by[link][a] for a in AXES if a in split_by[link]}
+         for link in sorted(split_by)}
+        for split_by in (link_exposed, link_hidden)
+    )  # fmt: skip
     window = flat["m"] * (compute[0] + compute[1]) if compute is not None else np.zeros(count_rows)
     contention = sum(
         (sharing_delay(link_exposed[link], link_hidden[link], window) for link in link_exposed),

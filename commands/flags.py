@@ -276,6 +276,13 @@ class Recompute(str, Enum):
     full = "full"
 
 
+class CpAlgorithm(str, Enum):  # planner.spec.layout.CP_ALGORITHMS
+    all_gather = "all-gather"
+    ring = "ring"
+    ulysses = "ulysses"
+    hierarchical = "hierarchical"
+
+
 class Recipe(str, Enum):
     full = "full"
     lora = "lora"
@@ -521,6 +528,10 @@ LAYOUT = FlagGroup(
     (
         _flag("tp", DEGREE, "tensor-parallel degree", 1),
         _flag("cp", DEGREE, "context-parallel degree", 1),
+        _flag("cp_algorithm", Choice(CpAlgorithm),
+              "how CP exchanges K and V: all-gather (Llama 3), ring (ring attention), ulysses "
+              "(all-to-all), hierarchical (Ulysses inside the scale-up domain, ring across)",
+              CpAlgorithm.all_gather, show_allowed=True),
         _flag("pp", DEGREE, "pipeline-parallel degree", 1),
         _flag("dp", DEGREE, "data-parallel degree", 1),
         _flag("ep", DEGREE, "expert-parallel degree (MoE)", 1),
@@ -557,6 +568,8 @@ PINS = FlagGroup(
               show_allowed=True),
         _flag("zero_stage", ListOf(IntIn(0, 3)), "pin, e.g. 1 (0, 1, 2 or 3)"),
         _flag("recompute", ListOf(Choice(Recompute)), "pin: none, selective, full"),
+        _flag("cp_algorithm", ListOf(Choice(CpAlgorithm)),
+              "pin: all-gather, ring, ulysses, hierarchical (default: every one where cp > 1)"),
         _switch("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", "pin"),
         _switch("allow_cross_node_tp", "--allow-cross-node-tp/--no-cross-node-tp",
                 "let TP groups span nodes", False),

@@ -262,6 +262,18 @@ def _trainer_space(trainer: str, job, space_fields: dict, quiet: bool) -> list[s
     return schedules
 
 
+def _cp_algorithm_line(results: list[dict]) -> str:
+    """Each CP row's context-parallel algorithm, by rank ("" when no row has CP)."""
+    by_name: dict[str, list[str]] = {}
+    for entry in results:
+        if entry["layout"]["cp"] > 1:
+            by_name.setdefault(entry["layout"]["cp_algorithm"], []).append(str(entry["rank"]))
+    if not by_name:
+        return ""
+    return "cp algorithm: " + "; ".join(f"{name} #{', #'.join(ranks)}"
+                                        for name, ranks in by_name.items())  # fmt: skip
+
+
 def _print_plan(result, explain: bool, console=None, profile: str = "auto") -> None:
     from rich import box
     from rich.table import Table
@@ -328,6 +340,9 @@ def _print_plan(result, explain: bool, console=None, profile: str = "auto") -> N
             *_time_to_train_cells(entry.get("time_to_train")),
         )
     console.print(table)
+    cp_line = _cp_algorithm_line(result.results)
+    if cp_line:
+        console.print(cp_line, markup=False, highlight=False)
     console.print(_rank_legend(result), markup=False, highlight=False)
     auto = profile in ("auto", "shipped")
     console.print(profile_line(result.results[0], "#1 ", auto), markup=False, highlight=False)

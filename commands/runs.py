@@ -32,7 +32,8 @@ ProfileFlag = Annotated[
 ROW_FIELDS = ("id", "accelerator", "precision", "stack", "num_gpus", "measured_from",
               "measured_tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu", "error",
               "measured_step_time_s", "predicted_step_time_s", "measured_mfu", "predicted_mfu",
-              "predicted_mfu_causal", "published_mfu", "predicted_memory_gib", "reason")  # fmt: skip
+              "predicted_mfu_causal", "published_mfu", "predicted_memory_gib", "cp_algorithm",
+              "reason")  # fmt: skip
 
 
 def _write_csv(result, path: Path) -> None:
@@ -43,7 +44,16 @@ def _write_csv(result, path: Path) -> None:
         writer.writerow(ROW_FIELDS)
         for row in result.rows:
             data = row.model_dump()
+            layout = data.get("layout") or {}
+            data["cp_algorithm"] = layout.get("cp_algorithm") if layout.get("cp", 1) > 1 else None
             writer.writerow(["" if data[key] is None else data[key] for key in ROW_FIELDS])
+
+
+def _cp_cell(layout: dict | None) -> str:
+    """A row's context parallelism: its degree and algorithm ("-" without CP)."""
+    if not layout or layout.get("cp", 1) <= 1:
+        return "-"
+    return f"{layout['cp']} {layout.get('cp_algorithm', 'all-gather')}"
 
 
 def _stats_table(title: str, stats):
@@ -117,11 +127,13 @@ def runs_check(
         console.print(table)
     if rows:
         table = Table(title="rows")
-        for name in ("id", "GPUs", "measured tok/s", "predicted", "error", "MFU meas", "pred"):
-            table.add_column(name, justify="left" if name == "id" else "right")
+        for name in ("id", "GPUs", "CP", "measured tok/s", "predicted", "error", "MFU meas",
+                     "pred"):  # fmt: skip
+            table.add_column(name, justify="left" if name in ("id", "CP") else "right")
         for r in result.rows:
             if r.covered:
-                table.add_row(r.id, str(r.num_gpus), f"{r.measured_tokens_per_s_per_gpu:,.0f}",
+                table.add_row(r.id, str(r.num_gpus), _cp_cell(r.layout),
+                              f"{r.measured_tokens_per_s_per_gpu:,.0f}",
                               f"{r.predicted_tokens_per_s_per_gpu:,.0f}", f"{r.error:+.1%}",
                               f"{r.measured_mfu:.1%}", f"{r.predicted_mfu:.1%}")  # fmt: skip
         console.print(table)

@@ -96,7 +96,7 @@ def estimate(
     order=None,
 ) -> Estimate:
     """Predict one step of ``job`` under ``layout`` on ``cluster`` (its first ``gpus`` devices)."""
-    check_layout(layout, job.model, job.seq_len)
+    check_layout(layout, job.model, job.seq_len, cp_inner=_cp_inner(layout, cluster, order))
     if gpus is not None and gpus != layout.num_gpus:
         raise PlanError(f"tp·cp·pp·dp = {layout.num_gpus} GPUs, but --gpus is {gpus}")
     if layout.num_gpus > cluster.num_gpus:
@@ -160,3 +160,15 @@ def estimate(
         **profile_intervals(job.efficiency_profile, value),
         checkpoint_bytes_per_rank=float(value["checkpoint_bytes_per_rank"]),
     )
+
+
+def _cp_inner(layout: Layout, cluster: Cluster, order) -> int | None:
+    """Hierarchical CP's inner degree on ``cluster`` (None for the other algorithms)."""
+    if layout.cp_algorithm != "hierarchical":
+        return None
+    from planner.comm.context_parallel import cp_inner_degree
+    from planner.comm.topology import degrees
+    from planner.spec.layout import DEFAULT_MESH_ORDER
+
+    scale_up = cluster.scale_up_domain_size
+    return cp_inner_degree(degrees(layout), order or DEFAULT_MESH_ORDER, scale_up)

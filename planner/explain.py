@@ -75,6 +75,7 @@ def explain_estimate(result, job) -> list[str]:
                 f"exposed {result.time_breakdown_s[axis + '_exposed']:.3f} s"
             )
     lines += _moe_lines(result, job)
+    lines += _ring_lines(result, job)
     lines.append(
         f"link contention: {result.time_breakdown_s['link_contention']:.3f} s = Σ_links Σ_b "
         f"exposed[b] · min(1, hidden traffic of the other axes on that link / compute window "
@@ -124,6 +125,65 @@ def _moe_lines(result, job) -> list[str]:
             f"pairs and hide their all-to-alls behind the paired compute; it hides "
             f"{raw - exposed:.3f} s of the {raw:.3f} s EP all-to-all time"
         )
+    return lines
+
+
+def _ring_lines(result, job) -> list[str]:
+    """Ring attention's step: its transfer against the block attention it hides behind."""
+    from planner.comm.context_parallel import ring_step_overlap
+
+    step = ring_step_overlap(job, result.layout, result.cluster)
+    if step is None:
+        return []
+    lines = [
+        f"cp {result.layout.cp_algorithm}: a ring of {step['ring_ranks']} ranks over "
+        f"{step['tier']}, {step['steps']} steps per layer and pass; each step's transfer runs "
+        f"beside the block already held (exposed = max(0, transfer − block) + kernels/rescale)"
+    ]
+    for name in ("forward", "backward"):
+        p = step[name]
+        hidden = "hidden" if p["transfer_s"] <= p["block_attention_s"] else "exposed"
+        lines.append(
+            f"  {name} step: {p['bytes'] / 1e6:,.2f} MB in {p['transfer_s'] * 1e3:.3f} ms vs "
+            f"block attention {p['block_attention_s'] * 1e3:.3f} ms ({hidden}), kernels and "
+            f"rescale {p['step_overhead_s'] * 1e3:.3f} ms → {p['exposed_s'] * 1e3:.3f} ms exposed"
+        )
+    home = step["backward_home"]
+    lines.append(
+        f"  after the backward's last step the summed dK, dV go home: {home['bytes'] / 1e6:,.2f} "
+        f"MB in {home['transfer_s'] * 1e3:.3f} ms, exposed"
+    )
+    return lines
+
+
+def cp_algorithm_lines(job, cluster, results: list[dict], order=None) -> list[str]:
+    """The winning layout under each context-parallel algorithm the rules allow: which
+    algorithm wins on it and by how much (the same estimate as the winner's, each algorithm
+    in turn)."""
+    from hwspecs.errors import PlanError
+    from planner.estimate import estimate
+    from planner.spec.layout import CP_ALGORITHMS, Layout
+
+    if not results or results[0]["layout"]["cp"] <= 1:
+        return []
+    fields = dict(results[0]["layout"])
+    chosen = fields["cp_algorithm"]
+    times, refused = {}, {}
+    for name in CP_ALGORITHMS:
+        try:
+            layout = Layout(**{**fields, "cp_algorithm": name})
+            times[name] = estimate(job, layout, cluster, order=order).step_time_s
+        except PlanError as error:
+            refused[name] = str(error)
+    lead = times[chosen]
+    degrees = "/".join(str(fields[k]) for k in ("tp", "cp", "pp", "dp"))
+    lines = [f"context-parallel algorithms on the winning layout (tp/cp/pp/dp {degrees}):"]
+    for name, seconds in sorted(times.items(), key=lambda item: item[1]):
+        change = "chosen" if name == chosen else f"{100 * (seconds / lead - 1):+.1f}%"
+        if name != chosen and seconds == lead:
+            change = f"the same as {chosen} here"
+        lines.append(f"  {name}: {seconds:.3f} s ({change})")
+    lines += [f"  {name}: not allowed ({why.split('; ')[0]})" for name, why in refused.items()]
     return lines
 
 

@@ -18,13 +18,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwspecs.schema import Cluster
 from planner.columns.codes import Labels
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
+from planner.cp_search import (
+    CP_DOMINATED,
+    degenerate_hierarchy,
+    dominated_cp_rows,
+    hierarchical_inner_degrees,
+    with_cp_algorithm,
+)
 from planner.evaluate import in_output_order, screen_columns
 from planner.pipeline.schedules import SCHEDULES
 from planner.progress import report
 from planner.rank import RankSettings, rank_columns
 from planner.refine import DEFAULT_REFINE_TOP
 from planner.spec.job import Job
-from planner.spec.layout import Layout
+from planner.spec.layout import CP_ALGORITHMS, CpAlgorithm, Layout
 from planner.spec.rules import RULES, schedule_rules
 
 GIB = 2**30
@@ -43,6 +50,7 @@ LAYOUT_COLUMNS = (
     "zero_stage",
     "recompute",
     "sequence_parallel",
+    "cp_algorithm",
 )
 
 
@@ -64,6 +72,8 @@ class SearchSpace(BaseModel):
     zero_stage: list[int] = Field(default_factory=lambda: [0, 1, 2, 3])
     recompute: list[str] = Field(default_factory=lambda: ["none", "selective", "full"])
     sequence_parallel: list[bool] = Field(default_factory=lambda: [True, False])
+    #: Context-parallel algorithms searched where cp > 1 (cp = 1 rows: the first of them).
+    cp_algorithm: list[CpAlgorithm] = Field(default_factory=lambda: list(CP_ALGORITHMS))
     allow_cross_node_tp: bool = False
     max_cp: int = 64
     max_interleave: int = 8
@@ -117,7 +127,7 @@ def _with_expert_tp(t, c, p, x, d, is_moe: bool, pinned: list[int] | None):
 
 
 def screening_grid(
-    job: Job, cluster: Cluster, gpus: int, space: SearchSpace
+    job: Job, cluster: Cluster, gpus: int, space: SearchSpace, order=None
 ) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[int, ...]]:
     """The knobs the screening rules read, as numpy columns over their combinations.
 
@@ -139,6 +149,9 @@ def screening_grid(
         keep = np.isin(d, space.dp)
         t, c, p, x, d = t[keep], c[keep], p[keep], x[keep], d[keep]
     t, c, p, x, d, et = _with_expert_tp(t, c, p, x, d, model.is_moe, space.etp)
+    (t, c, p, x, d, et), algorithm = with_cp_algorithm((t, c, p, x, d, et), space.cp_algorithm)
+    hierarchical = np.asarray(space.cp_algorithm, dtype=object)[algorithm] == "hierarchical"
+    inner = hierarchical_inner_degrees(cluster, order, (t, c, p, d, x, et), hierarchical)
     pairs = _schedule_options(space, model.num_layers)
     grids = np.meshgrid(
         np.arange(len(t)),
@@ -161,6 +174,8 @@ def screening_grid(
         "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
         "schedule": Labels(pair, names),
         "sequence_parallel": np.asarray(space.sequence_parallel, dtype=bool)[sp],
+        "cp_algorithm": Labels(algorithm[degree], tuple(space.cp_algorithm)),
+        "cp_inner": inner[degree],
     }
     # Sequence parallelism means nothing without TP: keep one of the two rows.
     keep = np.ones(len(sp), dtype=bool)
@@ -232,6 +247,8 @@ def rejection_masks(
         "a pipeline schedule needs pp > 1 (pp = 1 is listed once, as 1f1b)",
         (pp == 1) & ~Labels.of(cols["schedule"]).isin(("1f1b",)),
     ))  # fmt: skip
+    if "cp_algorithm" in cols:  # a hierarchy of one level is ring (k = 1) or Ulysses (k = cp)
+        masks.append(degenerate_hierarchy(cols))
     cols["num_microbatches"] = np.maximum(m, 1)
     return masks
 
@@ -260,7 +277,7 @@ def search(
     time_to_train_columns`), which objective ``time_to_train`` ranks by."""
     space = space or SearchSpace()
     report(progress, "enumerating layouts", 0, 0)  # how many: not known before
-    grid, cells, grid_shape = screening_grid(job, cluster, gpus, space)
+    grid, cells, grid_shape = screening_grid(job, cluster, gpus, space, order)
     copies = len(space.zero_stage) * len(space.recompute)  # rows per screened grid row
     total = len(cells) * copies
     rejected: dict[str, int] = {}
@@ -270,6 +287,10 @@ def search(
         if hit.any():  # two rules may share a reason
             rejected[reason] = rejected.get(reason, 0) + int(hit.sum()) * copies
         alive &= ~hit
+    beaten = alive & dominated_cp_rows(job, cluster, order, grid, alive)  # same layout, faster CP
+    if beaten.any():
+        rejected[CP_DOMINATED] = int(beaten.sum()) * copies
+    alive &= ~beaten
     grid = {key: value[alive] for key, value in grid.items()}
     cols = expand_rows(grid, cells[alive], grid_shape, space)
     cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), ("auto",))

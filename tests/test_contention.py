@@ -170,7 +170,7 @@ def test_without_compute_times_nothing_is_hidden_and_nothing_contends():
 
 def _layout_of(row) -> Layout:
     fields = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "micro_batch_size", "schedule",
-              "zero_stage", "recompute", "sequence_parallel")  # fmt: skip
+              "zero_stage", "recompute", "sequence_parallel", "cp_algorithm")  # fmt: skip
     values = {k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in fields}
     return Layout(**values, num_microbatches=int(row["num_microbatches"]))
 

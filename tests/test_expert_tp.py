@@ -227,7 +227,8 @@ def test_search_lists_whole_and_split_experts_and_each_row_is_its_estimate():
     for row in rng.choice(len(table), 6, replace=False):
         entry = table.iloc[row]
         fields = {k: int(entry[k]) for k in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp")}
-        layout = Layout(**fields, num_microbatches=int(entry["num_microbatches"]))
+        layout = Layout(**fields, num_microbatches=int(entry["num_microbatches"]),
+                        cp_algorithm=entry["cp_algorithm"])  # fmt: skip
         result = api.estimate(job, layout, "dgx-h100", 64)
         assert result.step_time_s == pytest.approx(entry["step_time_s"], rel=1e-12)
         assert result.memory_per_gpu_bytes == pytest.approx(

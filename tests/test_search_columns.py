@@ -85,6 +85,11 @@ def _full_grid(job, gpus, space):
     t, c, p, x = (a.ravel() for a in np.meshgrid(tps, cps, pps, eps, indexing="ij"))
     keep = gpus % (t * c * p) == 0
     t, c, p, x = t[keep], c[keep], p[keep], x[keep]
+    # Each degree row once per CP algorithm where cp > 1, once (the first) where cp = 1.
+    algorithms = [(i, a) for i in range(len(t)) for a in range(len(space.cp_algorithm))
+                  if a == 0 or c[i] > 1]  # fmt: skip
+    row, algorithm = (np.array(v) for v in zip(*algorithms, strict=True))
+    t, c, p, x = t[row], c[row], p[row], x[row]
     pairs = _schedule_options(space, job.model.num_layers)
     index = np.meshgrid(
         np.arange(len(t)),
@@ -108,6 +113,7 @@ def _full_grid(job, gpus, space):
         "zero_stage": zero,
         "recompute": np.array(space.recompute, dtype=object)[recompute],
         "sequence_parallel": sp.astype(bool),
+        "cp_algorithm": np.array(space.cp_algorithm, dtype=object)[algorithm[degree]],
     }
     keep = (columns["tp"] > 1) | ~columns["sequence_parallel"]
     return {k: v[keep] for k, v in columns.items()}

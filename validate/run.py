@@ -61,6 +61,8 @@ QUICK_LAYOUTS: list[RunSpec] = [
     _spec("pp-zbv", pp=2, vpp=2, schedule="zbv", num_microbatches=4, zero_stage=0),
     _spec("ep", TINY_MOE, dp=2, ep=2, zero_stage=0),
     _spec("cp-allgather", cp=2, zero_stage=0),
+    _spec("cp-ring", cp=2, cp_algorithm="ring", zero_stage=0),
+    _spec("cp-ulysses", cp=2, cp_algorithm="ulysses", zero_stage=0),
     _spec("fsdp-tp", dp=2, tp=2, zero_stage=3, sequence_parallel=True),
 ]
 
@@ -86,6 +88,9 @@ FULL_LAYOUTS: list[RunSpec] = [
     ),
     _spec("ep", TINY_MOE.model_copy(update={"seq_len": 256}), dp=2, ep=2, zero_stage=0),
     _spec("cp-allgather", SMALL, cp=2, zero_stage=0),
+    _spec("cp-ring", SMALL, cp=2, cp_algorithm="ring", zero_stage=0),
+    _spec("cp-ulysses", SMALL, cp=2, cp_algorithm="ulysses", zero_stage=0),
+    _spec("cp-ring-4", SMALL, cp=4, cp_algorithm="ring", zero_stage=0),
     _spec("fsdp-tp", SMALL, dp=2, tp=2, zero_stage=3),
     _spec("pp-dp", SMALL, pp=2, dp=2, schedule="1f1b", num_microbatches=4, zero_stage=0),
 ]

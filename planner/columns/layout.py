@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.columns.codes import Labels
-from planner.spec.layout import expert_data_parallel_size, resolved_etp
+from planner.spec.layout import cp_algorithm_codes, expert_data_parallel_size, resolved_etp
 
 #: Integer layout fields, in :class:`planner.spec.layout.Layout` order (etp apart: it may be
 #: absent, meaning tp).
@@ -48,6 +48,9 @@ class LayoutColumns:
     schedule: Labels
     recompute: Labels
     pipeline_layer_split: Labels
+    #: The context-parallel algorithm, as its index in planner.spec.layout.CP_ALGORITHMS
+    #: (all-gather where the columns leave it out).
+    cp_algorithm: np.ndarray
     zero_group_size: np.ndarray  # dp·cp: the ranks that shard ZeRO states and reduce gradients
     expert_data_parallel_size: np.ndarray  # the routed experts' data-parallel group
     # Each row's index into the evaluation's tables (set by it):
@@ -73,6 +76,9 @@ class LayoutColumns:
             etp=etp,
             sequence_parallel=np.asarray(columns["sequence_parallel"]).astype(bool) & (tp > 1),
             **{k: Labels.of(columns[k]) for k in LABEL_FIELDS},
+            cp_algorithm=np.asarray(
+                cp_algorithm_codes(columns.get("cp_algorithm"), tp.shape), dtype=np.int64
+            ),
             zero_group_size=dp * cp,
             expert_data_parallel_size=expert_data_parallel_size(dp, cp, tp, ep, etp),
         )

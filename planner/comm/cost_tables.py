@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.comm.collectives import ALGORITHMS, algorithm_costs
+from planner.comm.context_parallel import placement_group
 
 #: Most algorithms :func:`planner.comm.collectives.algorithm_costs` offers for one op.
 NUM_ALGORITHMS = len(ALGORITHMS)
@@ -50,7 +51,7 @@ class CostTables:
             for u, placement in enumerate(self.placements):
                 if placement is None:
                     continue
-                group = placement.groups[group_name]
+                group = placement_group(placement, group_name)
                 # Level holds a dict (not hashable): the identity of the shared levels is
                 # the key, and the cost entry keeps the group (and so its levels) alive.
                 key = (id(group.levels), id(group.neighbour_level), group.group_size)

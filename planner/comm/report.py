@@ -15,6 +15,12 @@ from pydantic import BaseModel, Field
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
 from planner.comm.collectives import algorithm_costs, choose, volume_factor
+from planner.comm.context_parallel import (
+    RING_RULE,
+    cp_inner_degree,
+    placement_group,
+    ring_exposed_time,
+)
 from planner.comm.mesh import group_size
 from planner.comm.terms import (
     AXIS_GROUPS,
@@ -27,6 +33,7 @@ from planner.comm.terms import (
     step_terms,
 )
 from planner.comm.topology import axis_report, place_groups
+from planner.cost.compute import GpuRates
 from planner.pipeline.schedules.registry import (
     BIDIRECTIONAL_SCHEDULES,
     EP_OVERLAP_SCHEDULES,
@@ -34,7 +41,7 @@ from planner.pipeline.schedules.registry import (
     get_schedule,
 )
 from planner.spec.job import Job
-from planner.spec.layout import DEFAULT_MESH_ORDER, Layout
+from planner.spec.layout import CP_ALGORITHMS, DEFAULT_MESH_ORDER, Layout
 from planner.spec.rules import check_layout
 
 
@@ -88,6 +95,15 @@ class CommReport(BaseModel):
 # ----- one layout, explained -------------------------------------------------------------
 
 
+def _ring_rates(job: Job, layout: Layout, placement) -> GpuRates | None:
+    """The GPU's rates, which time ring attention's blocks (None without a ring)."""
+    if layout.cp == 1 or layout.cp_algorithm not in ("ring", "hierarchical"):
+        return None
+    return GpuRates.of(
+        load_accelerator(placement.view.cluster.accelerator), job.precision.gemm_dtype
+    )
+
+
 def axis_traffic(
     job: Job,
     layout: Layout,
@@ -118,6 +134,9 @@ def axis_traffic(
         layout.schedule in V_SHAPE_SCHEDULES,
         sizes.get("etp"),
         layout.schedule in BIDIRECTIONAL_SCHEDULES,
+        CP_ALGORITHMS.index(layout.cp_algorithm),
+        cp_inner_degree(sizes, placement.order, placement.view.cluster.scale_up_domain_size),
+        _ring_rates(job, layout, placement),
     )
     times = None if compute is None else (compute.forward_s, compute.backward_s)
     by_axis: dict[str, list[CollectiveTerm]] = {}
@@ -126,7 +145,7 @@ def axis_traffic(
         count, message = float(term.count), float(term.message_bytes)
         if count == 0:
             continue
-        group = placement.groups[AXIS_GROUPS[term.axis]]
+        group = placement_group(placement, term.group or AXIS_GROUPS[term.axis])
         n = group.group_size
         levels = (group.neighbour_level,) if term.op == "p2p" else group.levels
         routing = ep_routing(job.model) if term.axis == "ep" else None
@@ -156,6 +175,8 @@ def axis_traffic(
             pooled=pooled if term.rule == "ep" else None,
             sm_share=sm_share,
         )
+        if term.rule == RING_RULE and overlap_times is not None:  # behind the block compute
+            exposed = ring_exposed_time(raw, count, one, float(term.overlap_s), float(term.extra_s))
         rule = RULES[term.rule] if times is not None else NO_COMPUTE_RULE
         if times is not None and not accelerator.overlaps_communication:
             rule = NO_OVERLAP_RULE

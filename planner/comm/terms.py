@@ -76,6 +76,9 @@ AXIS_GROUPS: dict[str, str] = {
 RULES: dict[str, str] = {
     "exposed": "exposed: nothing to hide behind (hidden behind m·(F+B) with TP overlap on)",
     "cp_exposed": "exposed: attention waits for the gathered K and V (Llama 3 §3.3.2)",
+    "cp_ring": "each step's transfer hidden behind the block already held, except its excess "
+    "over that block's attention; plus the step's kernels and rescaling (Liu et al. 2023)",
+    "cp_a2a": "exposed: attention waits for its heads' whole sequence (Jacobs et al. 2023)",
     "pp_steady": "fill and drain transfers exposed; steady state hidden behind m·(F+B)",
     "dp_grad": "hidden behind the last micro-batch's backward except the last bucket (one layer)",
     "dp_param": "hidden behind the next step's first forward except the first bucket",
@@ -168,18 +171,29 @@ class Term:
     message_bytes: np.ndarray
     rule: str
     bucket_bytes: np.ndarray | float = 0.0
+    #: Placement group it runs on (None: the axis's, AXIS_GROUPS); context-parallel terms
+    #: run on the groups of planner.comm.context_parallel.
+    group: str | None = None
+    #: Ring attention: compute each transfer hides behind, and seconds each one adds.
+    overlap_s: np.ndarray | float = 0.0
+    extra_s: np.ndarray | float = 0.0
 
 
 def step_terms(
     job: Job, tp, cp, pp, dp, ep, chunks, b, m, sp, full, zero, split="auto", v_shape=False,
-    etp=None, mirrored=False,
+    etp=None, mirrored=False, cp_algorithm=None, cp_inner=1, rates=None,
 ):  # fmt: skip
     """All collective terms of one step; every argument may be a numpy array (one row each).
 
     ``chunks``: model chunks per rank (vpp; 2 for zbv / dualpipev); ``sp``: sequence
     parallel; ``full``: 1 under full recompute; ``zero``: ZeRO stage; ``etp``: the routed
-    experts' TP degree (None: tp).
+    experts' TP degree (None: tp); ``cp_algorithm``: codes of
+    :data:`planner.spec.layout.CP_ALGORITHMS` (None: all-gather), ``cp_inner``: hierarchical
+    CP's inner degree, ``rates``: the GPU's rates for ring attention's block compute
+    (:mod:`planner.comm.context_parallel`).
     """
+    from planner.comm.context_parallel import context_parallel_terms
+
     model, precision, s, h = job.model, job.precision, job.seq_len, job.model.hidden_size
     act_b, grad_b = precision.activation_bytes, DTYPE_BYTES[precision.gradient_dtype]
     weight_b = DTYPE_BYTES[precision.weight_dtype]
@@ -248,14 +262,20 @@ def step_terms(
     # bottom hop stays on rank 1 (ZB-V, DualPipeV), so each rank sends one each way.
     two_ranks = np.where(v_shape, 2 * m, m * (2 * chunks - 1))
     sends = np.where(pp >= 3, 2 * m * chunks, np.where(pp == 2, two_ranks, 0))
+    all_gather = True if cp_algorithm is None else np.asarray(cp_algorithm) == 0
+    gathers = on((cp > 1) & all_gather)  # the all-gather form (the other algorithms below)
     terms += [
         Term("cp", "all-gather", "K and V, whole sequence, per layer, fwd + bwd",
-             layers * m * (2 + full) * on(cp > 1), kv, "cp_exposed"),
-        Term("cp", "reduce-scatter", "K and V gradients per layer", layers * m * on(cp > 1), kv,
+             layers * m * (2 + full) * gathers, kv, "cp_exposed"),
+        Term("cp", "reduce-scatter", "K and V gradients per layer", layers * m * gathers, kv,
              "cp_exposed"),
         Term("pp", "p2p", "activations forward, gradients backward", sends, act / tp,
              "pp_steady"),
     ]  # fmt: skip
+    if cp_algorithm is not None:
+        terms += context_parallel_terms(
+            job, tp, cp, b, m, layers, full, cp_algorithm, cp_inner, rates
+        )
     if model.is_moe:
         # The busiest rank's receive (ModelSpec.routed_load_factor) gates each all-to-all.
         load = model.routed_load_factor(ep)
@@ -382,8 +402,8 @@ def exposed_time(
     busy = m * (forward + backward)
     if rule == "exposed":
         return np.where(tp_overlap, np.maximum(0.0, raw - busy), raw)
-    if rule == "cp_exposed":
-        return raw
+    if rule in ("cp_exposed", "cp_a2a", "cp_ring"):  # ring steps: the caller's
+        return raw  # planner.comm.context_parallel.ring_exposed_time, behind their blocks
     if rule == "pp_steady":
         critical = 2 * np.maximum(pp * chunks - 1, 0) * one
         return np.minimum(raw, critical + np.maximum(0.0, raw - busy))

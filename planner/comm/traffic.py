@@ -28,6 +28,13 @@ from hwspecs.schema import Cluster
 from planner.columns.codes import Labels, distinct_rows
 from planner.comm.collectives import volume_factor
 from planner.comm.contention import sharing_delay
+from planner.comm.context_parallel import (
+    ALL_TO_ALL_RULE,
+    RING_RULE,
+    cp_algorithm_codes,
+    cp_inner_column,
+    ring_exposed_time,
+)
 from planner.comm.cost_tables import CostTables, cheapest, link_busy
 from planner.comm.levels import as_cluster, cluster_view
 from planner.comm.mesh import resolve_order
@@ -120,8 +127,10 @@ def placeable(
 def _group_sizes(key: dict) -> dict[str, np.ndarray]:
     """Ranks in each placement group (:data:`AXIS_GROUPS`) of the rows."""
     tp, cp, pp, dp, ep, etp = (key[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp"))
+    inner = key.get("cp_inner", 1)
     return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp_cp": dp * cp,
-            "edp": expert_data_parallel_size(dp, cp, tp, ep, etp)}  # fmt: skip
+            "edp": expert_data_parallel_size(dp, cp, tp, ep, etp),
+            "cp_ring": cp, "cp_inner": inner + 0 * cp, "cp_outer": cp // inner}  # fmt: skip
 
 
 def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[tuple]:
@@ -129,7 +138,8 @@ def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[t
     cp, pp, dp, ep, etp, chunks, b, m, sp, full, zero, v_shape, mirrored): (term, count, message bytes,
     one collective's seconds, one bucket's seconds, raw seconds, {link: seconds busy}).
 
-    Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp)."""
+    Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp).
+    Sets ``key["cp_inner"]``, hierarchical CP's inner degree of each row's placement."""
     rows = key["tp"].shape
     combos = np.stack([key[k] for k in ("tp", "cp", "ep", "pp", "dp", "etp")], axis=-1)
     combos = combos.reshape(-1, 6)
@@ -138,10 +148,18 @@ def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[t
     unique_keys, inv = np.unique(keys, return_inverse=True)
     unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
     inv = inv.reshape(rows)
-    costs = CostTables(_placements(cluster, unique, order), ep_routing(job.model))
+    placements = _placements(cluster, unique, order)
+    costs = CostTables(placements, ep_routing(job.model))
+    key["cp_inner"] = cp_inner_column(placements)[inv]
+    rates = None  # ring attention's blocks are timed at the GPU's rates
+    if np.isin(key["cpa"], (1, 3)).any():
+        from planner.cost.compute import GpuRates
+
+        rates = GpuRates.of(load_accelerator(cluster.accelerator), job.precision.gemm_dtype)
     terms = step_terms(
         job, *(key[k] for k in ("tp", "cp", "pp", "dp", "ep", "chunks", "b", "m", "sp", "full",
                                  "zero")), split, key["v_shape"], key["etp"], key["mirrored"],
+        key["cpa"], key["cp_inner"], rates,
     )  # fmt: skip
     priced = []
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
@@ -149,7 +167,7 @@ def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[t
             count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
             if not count.any():
                 continue
-            alpha, beta, per_byte = costs(AXIS_GROUPS[term.axis], term.op)
+            alpha, beta, per_byte = costs(term.group or AXIS_GROUPS[term.axis], term.op)
             message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
             # One collective's time, on the rows that run it (the others count 0 of them).
             live = np.flatnonzero(count > 0)
@@ -205,6 +223,7 @@ def axis_times_vectorized(
     forward_s=None,
     backward_s=None,
     tp_comm_overlap=False,
+    cp_algorithm=None,
 ) -> dict[str, np.ndarray]:
     """Per-axis bytes and times per step for rows of layouts (numpy columns, scalars broadcast).
 
@@ -213,7 +232,8 @@ def axis_times_vectorized(
     global batch / (dp · micro_batch_size), as Layout resolves it), ``zero_stage``; boolean
     ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "full"),
     ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``
-    (``recompute`` and ``schedule`` may come as :class:`planner.columns.codes.Labels` of the rows).
+    (``recompute`` and ``schedule`` may come as :class:`planner.columns.codes.Labels` of the rows),
+    ``cp_algorithm`` (:data:`planner.spec.layout.CP_ALGORITHMS`; None: all-gather).
     Optional float columns ``forward_s``, ``backward_s`` give compute
     per micro-batch on the busiest rank for the overlap rules; without them exposed = raw.
 
@@ -276,6 +296,7 @@ def axis_times_vectorized(
             "b": b, "m": m,
             "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
             "mirrored": _is_one_of(schedule, BIDIRECTIONAL_SCHEDULES),  # two parameter copies per rank
+            "cpa": cp_algorithm_codes(cp_algorithm, rows),
             "batch_ok": batch_ok,
         }.items()
     }  # fmt: skip
@@ -294,7 +315,10 @@ def axis_times_vectorized(
         term.axis
         for term, *_ in priced
         if compute is not None
-        and not (term.rule == "cp_exposed" or (term.rule == "exposed" and not tp_comm_overlap))
+        and not (
+            term.rule in ("cp_exposed", RING_RULE, ALL_TO_ALL_RULE)
+            or (term.rule == "exposed" and not tp_comm_overlap)
+        )
     }
     out, exposed_by_axis = {}, {}
     for axis in AXES:
@@ -308,7 +332,7 @@ def axis_times_vectorized(
     sizes, factors = _group_sizes(key), {}  # bytes sent per byte, per (op, group)
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
         for term, count, message, one, bucket, raw, busy in priced:
-            group = "pp" if term.op == "p2p" else AXIS_GROUPS[term.axis]
+            group = term.group or ("pp" if term.op == "p2p" else AXIS_GROUPS[term.axis])
             if (term.op, group) not in factors:
                 factors[term.op, group] = volume_factor(term.op, sizes[group])
             out[f"{term.axis}_bytes_per_step"] += count * message * factors[term.op, group]
@@ -326,6 +350,8 @@ def axis_times_vectorized(
                 live = None  # exposed = raw under these rules: as without compute times
                 exposed = exposed_time(term.rule, raw, one, bucket, key["m"], key["pp"],
                                        key["chunks"], None)  # fmt: skip
+                if term.rule == RING_RULE and compute is not None:  # behind the block compute
+                    exposed = ring_exposed_time(raw, count, one, term.overlap_s, term.extra_s)
                 exposed = np.where(count > 0, exposed, 0.0)
             _add(exposed_by_axis, term.axis, live, exposed)
             # Each link's busy time splits as the term's time does: exposed and hidden.
@@ -359,6 +385,14 @@ def axis_times_vectorized(
         for axes in split_by.values():
             for axis in axes:
                 axes[axis] = rowwise(axes[axis], axis)
+    # Links and axes in one order whatever terms the rows run (sums then add alike whether
+    # a row is evaluated alone or with others: the CP algorithms' terms reach links in
+    # different orders).
+    link_exposed, link_hidden = (
+        {link: {a: split_by[link][a] for a in AXES if a in split_by[link]}
+         for link in sorted(split_by)}
+        for split_by in (link_exposed, link_hidden)
+    )  # fmt: skip
     window = flat["m"] * (compute[0] + compute[1]) if compute is not None else np.zeros(count_rows)
     contention = sum(
         (sharing_delay(link_exposed[link], link_hidden[link], window) for link in link_exposed),

@@ -12,6 +12,7 @@ import numpy as np
 from planner.columns.codes import distinct_rows
 from planner.columns.layout import LayoutColumns
 from planner.columns.tables import MEMORY_SHAPE_KEYS, rows_by_value
+from planner.cost.context_parallel import cp_buffer_bytes
 from planner.cost.memory import (
     activation_columns,
     checkpoint_bytes_columns,
@@ -71,6 +72,17 @@ def memory_columns(
     comm_buffer = comm_buffer_columns(
         job.model, job, *(column[buffer_rows] for column in c.columns(*buffer_fields)), tuned
     )[buffer_inv]
+    cp_fields = ("micro_batch_size", "tp", "cp", "cp_algorithm")
+    cp_rows, cp_inv = distinct_rows(*c.columns(*cp_fields))
+    comm_buffer = (
+        comm_buffer
+        + cp_buffer_bytes(  # K/V buffers of the CP algorithm
+            job.model,
+            job.seq_len,
+            *(column[cp_rows] for column in c.columns(*cp_fields)),
+            job.precision.activation_bytes,
+        )[cp_inv]
+    )
     runtime = float(job.runtime_overhead_bytes)
     # The parts' sum in the order they are reported (so every row adds as it always did),
     # in place.

@@ -136,6 +136,7 @@ def time_columns(
         order=order or ("tp", "cp", "ep", "pp", "dp"),
         forward_s=f,
         backward_s=b + rc + w,
+        cp_algorithm=c.cp_algorithm,
     )
 
     # Optimizer: the trainable parameters' update (and Muon's orthogonalization and gather).

@@ -253,10 +253,21 @@ def search_space(row: RunRow, model: ModelSpec) -> SearchSpace:
     pins |= _schedule_pins(t.pp_schedule, t.pp, t.vpp)
     pins |= _zero_pins(t.zero_stage, t.fsdp)
     pins |= _recompute_pins(t.recompute)
+    if t.cp > 1:
+        pins["cp_algorithm"] = [cp_algorithm(row)]
     # The run ran: its TP may cross a node and its CP be as large as it was.
     return SearchSpace(
         **pins, allow_cross_node_tp=True, max_cp=max(64, t.cp), max_interleave=max(8, t.vpp or 1)
     )
+
+
+def cp_algorithm(row: RunRow) -> str:
+    """The context-parallel algorithm a row's software runs by default (no row states its
+    own): Megatron-Core's ``--cp-comm-type`` defaults to ``p2p``, TransformerEngine's ring
+    attention (``AttnFuncWithCPAndKVP2P``), under NeMo and Megatron-Bridge; torch's
+    ``context_parallel`` (FSDP2/DTensor stacks) rotates K/V by all-gather by default
+    (``set_rotate_method('allgather')``); Llama 3 all-gathers K and V (§3.3.2)."""
+    return "ring" if stack_label(row) == "megatron" else "all-gather"
 
 
 def run_job(row: RunRow, model: ModelSpec) -> Job:

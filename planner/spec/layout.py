@@ -20,6 +20,11 @@ from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
 
 RecomputeName = Literal["none", "selective", "full"]
 LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced"]
+#: Context-parallel algorithms (planner.comm.context_parallel): Llama 3's K/V all-gather,
+#: ring attention, DeepSpeed-Ulysses all-to-all, Ulysses inside the scale-up domain with a
+#: ring across (Megatron-Core's ``a2a+p2p``).
+CpAlgorithm = Literal["all-gather", "ring", "ulysses", "hierarchical"]
+CP_ALGORITHMS: tuple[str, ...] = ("all-gather", "ring", "ulysses", "hierarchical")
 
 
 class MeshAxis(StrEnum):
@@ -56,6 +61,13 @@ class Layout(BaseModel):
         description="expert tensor parallel (Megatron-Core --expert-tensor-parallel-size): "
         "1 or tp; None means tp. With 1 the routed experts are whole on every rank and the "
         "TP ranks fold into the EP group (MoE parallel folding)",
+    )
+    cp_algorithm: CpAlgorithm = Field(
+        "all-gather",
+        description="how CP ranks exchange K and V: 'all-gather' (Llama 3 §3.3.2), 'ring' "
+        "(ring attention, Liu et al. 2023), 'ulysses' (all-to-all, Jacobs et al. 2023), "
+        "'hierarchical' (Ulysses over the CP ranks in one scale-up domain, ring across "
+        "domains: Megatron-Core's a2a+p2p)",
     )
     vpp: int = Field(1, ge=1, description="virtual pipeline stages (chunks) per rank")
     micro_batch_size: int = Field(1, ge=1, description="sequences per micro-batch")
@@ -105,6 +117,26 @@ class Layout(BaseModel):
                 f"dp {self.dp} × micro_batch_size {self.micro_batch_size}"
             )
         return global_batch_size // per_replica
+
+
+def cp_algorithm_codes(column, shape) -> np.ndarray:
+    """Each row's index in :data:`CP_ALGORITHMS` (strings, Labels or codes; None: all-gather)."""
+    if column is None:
+        return np.zeros(shape, dtype=np.int64)
+    values = getattr(column, "values", None)
+    if values is not None:  # Labels
+        lookup = np.array([CP_ALGORITHMS.index(str(v)) for v in values], dtype=np.int64)
+        return np.broadcast_to(lookup[column.codes], shape)
+    array = np.asarray(column)
+    if array.dtype.kind in "iu":
+        return np.broadcast_to(array.astype(np.int64), shape)
+    names, inverse = np.unique(array.astype(str).ravel(), return_inverse=True)
+    unknown = [n for n in names if n not in CP_ALGORITHMS]
+    if unknown:
+        raise PlanError(f"cp_algorithm '{unknown[0]}' unknown; choose one of: "
+                        f"{', '.join(CP_ALGORITHMS)}")  # fmt: skip
+    lookup = np.array([CP_ALGORITHMS.index(n) for n in names], dtype=np.int64)
+    return np.broadcast_to(lookup[inverse].reshape(array.shape), shape)
 
 
 def resolved_etp(etp, tp) -> np.ndarray:

@@ -25,6 +25,7 @@ import numpy as np
 from hwspecs.errors import PlanError
 from planner.columns.codes import Labels
 from planner.spec.layout import (
+    CP_ALGORITHMS,
     Layout,
     check_expert_tp,
     layers_per_virtual_stage,
@@ -100,6 +101,72 @@ def _ffn_message(model: ModelSpec, row: dict) -> str:
     return f"tp {tp} does not divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}"
 
 
+def _algorithm(c: Columns) -> np.ndarray:
+    """Each row's CP algorithm code (planner.spec.layout.CP_ALGORITHMS; 0, all-gather, where
+    the columns leave it out)."""
+    if "cp_algorithm" not in c:
+        return np.zeros(np.shape(c["cp"]), dtype=np.int64)
+    column = c["cp_algorithm"]
+    labels = Labels.of(column)
+    lookup = np.array([CP_ALGORITHMS.index(str(v)) for v in labels.values], dtype=np.int64)
+    return lookup[labels.codes].reshape(np.shape(c["cp"]))
+
+
+def _cp_chunks(c: Columns) -> np.ndarray:
+    """Chunks the sequence is split into: 2·cp for the load-balanced (zig-zag) forms —
+    all-gather (Llama 3 §3.3.2), ring (Brandon et al. 2023; TransformerEngine), hierarchical
+    (Megatron-Core) — and cp for Ulysses, which splits it plainly (Jacobs et al. 2023)."""
+    return np.where(_algorithm(c) == CP_ALGORITHMS.index("ulysses"), 1, 2) * c["cp"]
+
+
+def _cp_sequence_message(s, r: dict) -> str:
+    name = r.get("cp_algorithm", "all-gather")
+    if name == "ulysses":
+        return f"seq_len {s} is not divisible by cp {r['cp']} (Ulysses splits the sequence over cp)"
+    return (
+        f"seq_len {s} is not divisible by 2·cp = {2 * r['cp']} "
+        f"(load-balanced context parallelism ({name}) splits the sequence into 2·cp chunks)"
+    )
+
+
+def _ulysses_degree(c: Columns) -> np.ndarray:
+    """Ranks an all-to-all re-shards heads over: cp (Ulysses), the inner degree
+    (hierarchical; ``cp_inner`` where the columns give it, else none checked), else 1."""
+    algorithm = _algorithm(c)
+    inner = np.asarray(c.get("cp_inner", 1))
+    return np.where(algorithm == CP_ALGORITHMS.index("ulysses"), c["cp"],
+                    np.where(algorithm == CP_ALGORITHMS.index("hierarchical"), inner, 1))  # fmt: skip
+
+
+def _heads_per_rank(m: ModelSpec, tp) -> tuple[np.ndarray, np.ndarray]:
+    """(attention heads, KV heads) per TP rank (KV replicated beyond their count; MLA: one
+    K and V per attention head after the up-projection)."""
+    tp = np.asarray(tp)
+    heads = m.num_attention_heads // np.maximum(tp, 1)
+    if m.attention_kind == "mla":
+        return heads, heads
+    return heads, np.maximum(m.num_kv_heads // np.maximum(tp, 1), 1)
+
+
+def _ulysses_heads_broken(m: ModelSpec, c: Columns) -> np.ndarray:
+    """Ulysses re-shards whole heads: TransformerEngine's all-to-all CP asserts that the
+    degree divides the Q and the K/V heads of a rank (no KV-head replication)."""
+    degree = _ulysses_degree(c)
+    heads, kv = _heads_per_rank(m, c["tp"])
+    return (degree > 1) & ((heads % degree != 0) | (kv % degree != 0))
+
+
+def _ulysses_heads_message(m: ModelSpec, r: dict) -> str:
+    heads, kv = (int(x) for x in _heads_per_rank(m, r["tp"]))
+    degree = int(_ulysses_degree({k: np.asarray([v]) for k, v in r.items()})[0])
+    return (
+        f"cp_algorithm {r.get('cp_algorithm')}: its all-to-all over {degree} ranks must divide "
+        f"the {heads} attention heads and {kv} KV heads per TP rank (tp {r['tp']}); "
+        f"TransformerEngine re-shards whole heads and does not replicate KV heads: use a "
+        f"smaller cp or tp, or cp_algorithm ring"
+    )
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "heads",
@@ -166,12 +233,15 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "cp_sequence",
-        lambda m: "sequence not divisible by 2·cp (load-balanced CP)",
-        lambda m, s, c: (s is not None) & (c["cp"] > 1) & ((s or 1) % (2 * c["cp"]) != 0),
-        lambda m, s, r: (
-            f"seq_len {s} is not divisible by 2·cp = {2 * r['cp']} "
-            f"(load-balanced context parallelism splits the sequence into 2·cp chunks)"
-        ),
+        lambda m: "sequence not divisible by 2·cp (load-balanced CP) or by cp (Ulysses)",
+        lambda m, s, c: (s is not None) & (c["cp"] > 1) & ((s or 1) % _cp_chunks(c) != 0),
+        lambda m, s, r: _cp_sequence_message(s, r),
+    ),
+    Rule(
+        "cp_heads",
+        lambda m: "Ulysses degree does not divide the attention or KV heads per TP rank",
+        lambda m, s, c: _ulysses_heads_broken(m, c),
+        lambda m, s, r: _ulysses_heads_message(m, r),
     ),
     Rule(
         "sp_sequence",
@@ -223,13 +293,19 @@ def schedule_rules() -> tuple[Rule, ...]:
     )
 
 
-def layout_columns_for_rules(layout: Layout, num_microbatches: int | None = None) -> Columns:
-    """One layout as the 1-row columns the rules read (``etp`` resolved)."""
+def layout_columns_for_rules(
+    layout: Layout, num_microbatches: int | None = None, cp_inner: int | None = None
+) -> Columns:
+    """One layout as the 1-row columns the rules read (``etp`` resolved; ``cp_inner``:
+    hierarchical CP's inner degree where the placement is known)."""
     columns = {
         "tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
         "etp": layout.expert_tp, "vpp": layout.vpp,
         "sequence_parallel": layout.sequence_parallel, "schedule": layout.schedule,
+        "cp_algorithm": layout.cp_algorithm,
     }  # fmt: skip
+    if cp_inner is not None:
+        columns["cp_inner"] = cp_inner
     if num_microbatches is not None:
         columns["num_microbatches"] = num_microbatches
     out = {key: np.array([value]) for key, value in columns.items()}
@@ -249,11 +325,13 @@ def first_broken(
 
 
 def check_layout(
-    layout: Layout, model: ModelSpec, seq_len: int | None = None, num_microbatches=None
-) -> None:
-    """Check one layout against every rule (the schedule's too, with ``num_microbatches``);
+    layout: Layout, model: ModelSpec, seq_len: int | None = None, num_microbatches=None,
+    cp_inner: int | None = None,
+) -> None:  # fmt: skip
+    """Check one layout against every rule (the schedule's too, with ``num_microbatches``;
+    hierarchical CP's heads with ``cp_inner``, its inner degree on the cluster);
     raise the first broken rule's one-line message as a :class:`PlanError`."""
-    columns = layout_columns_for_rules(layout, num_microbatches)
+    columns = layout_columns_for_rules(layout, num_microbatches, cp_inner)
     rules = RULES + (schedule_rules() if num_microbatches is not None else ())
     found = first_broken(rules, model, seq_len, columns)
     if found is not None:

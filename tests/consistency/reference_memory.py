@@ -204,4 +204,29 @@ def _comm_buffer_bytes(model: ModelSpec, layout: Layout, shape, precision, tuned
         total += 2 * layer_weights
     if layout.zero_stage >= 2:
         total += layer_grads
-    return total
+    return total + _cp_buffer_bytes(model, layout, shape)
+
+
+def _cp_buffer_bytes(model: ModelSpec, layout: Layout, shape) -> float:
+    """K/V buffers of the CP algorithm at one layer's backward: all-gather holds the whole
+    sequence's K, V and their gradients; ring two K/V blocks and their dK, dV; Ulysses the
+    head-sharded copies of Q, K, V and the output; hierarchical both of the last two."""
+    if layout.cp == 1:
+        return 0.0
+    e, tokens, heads = (
+        shape.element_bytes,
+        shape.local_tokens,
+        model.num_attention_heads / layout.tp,
+    )
+    if model.attention_kind == "mla":
+        kv = heads * (model.head_dim + model.value_head_dim)
+    else:
+        kv = 2 * max(1, model.num_kv_heads // layout.tp) * model.head_dim
+    ulysses = tokens * (heads * model.head_dim + kv + heads * model.value_head_dim) * e
+    ring = 4 * tokens * kv * e
+    return {
+        "all-gather": 2 * tokens * layout.cp * kv * e,
+        "ring": ring,
+        "ulysses": ulysses,
+        "hierarchical": ulysses + ring,
+    }[layout.cp_algorithm]

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from hwspecs.catalog import load_accelerator, load_cluster
 from hwspecs.errors import PlanError
 from planner import api
+from planner.comm.context_parallel import cp_inner_degree
 from planner.comm.terms import rank_shape
+from planner.comm.topology import degrees
 from planner.comm.traffic import AXES
 from planner.cost.memory import MEMORY_PARTS
 from planner.estimate import estimate, layout_columns
@@ -23,7 +25,7 @@ from planner.evaluate import evaluate_columns
 from planner.memory_report import memory_report
 from planner.pipeline import closed_form
 from planner.pipeline.schedules import SCHEDULES
-from planner.spec.layout import Layout
+from planner.spec.layout import CP_ALGORITHMS, DEFAULT_MESH_ORDER, Layout
 from planner.spec.model import load_model
 from planner.spec.rules import check_layout
 
@@ -53,7 +55,8 @@ def jobs_and_layouts(draw):
     else:
         vpp = 1
     assume(pp > 1 or schedule in ("gpipe", "1f1b"))
-    cp = draw(st.sampled_from([1, 2]))
+    cp = draw(st.sampled_from([1, 2, 4]))
+    cp_algorithm = draw(st.sampled_from(CP_ALGORITHMS)) if cp > 1 else "all-gather"
     dp = draw(st.sampled_from([1, 2, 4, 8]))
     ep, etp = 1, None
     if model.is_moe:
@@ -66,12 +69,13 @@ def jobs_and_layouts(draw):
         micro_batch_size=mbs, num_microbatches=m,
         zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
-        sequence_parallel=draw(st.booleans()),
+        sequence_parallel=draw(st.booleans()), cp_algorithm=cp_algorithm,
     )  # fmt: skip
     try:
         layout = Layout(**layout_fields)
         job = api.build_job(name, SEQ_LEN, global_batch_size=dp * m * mbs)
-        check_layout(layout, job.model, SEQ_LEN)
+        inner = cp_inner_degree(degrees(layout), DEFAULT_MESH_ORDER, CLUSTER.scale_up_domain_size)
+        check_layout(layout, job.model, SEQ_LEN, cp_inner=inner)
         closed_form._check(schedule, pp, m, vpp)
     except (PlanError, ValueError):
         assume(False)
@@ -119,16 +123,19 @@ def test_estimate_reports_the_search_row(case):
 
 def test_the_strategy_reaches_every_model_and_schedule():
     """The property above is not vacuous: it draws every catalog model and schedule."""
-    seen_models, seen_schedules = set(), set()
+    seen_models, seen_schedules, seen_cp = set(), set(), set()
 
     @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
     @given(jobs_and_layouts())
     def collect(case):
         seen_models.add(case[0].model.name)
         seen_schedules.add(case[1].schedule)
+        if case[1].cp > 1:
+            seen_cp.add(case[1].cp_algorithm)
 
     collect()
     assert seen_schedules == set(SCHEDULES)
+    assert seen_cp == set(CP_ALGORITHMS)
     assert len(seen_models) == len(MODELS)
 
 
@@ -208,6 +215,7 @@ def any_layouts(draw):
         sequence_parallel=draw(st.booleans()),
     )  # fmt: skip
     fields["etp"] = draw(st.sampled_from([None, 1, 2]))
+    fields["cp_algorithm"] = draw(st.sampled_from(CP_ALGORITHMS))
     return name, fields
 
 

@@ -52,14 +52,16 @@ class Trainer:
 
             apply_tensor_parallel(model, groups.submesh("tp"), layout.sequence_parallel)
         if layout.cp > 1:
-            from validate.workloads.context_parallel import all_gather_attention, local_positions
+            from validate.workloads.context_parallel import local_positions
 
             positions = local_positions(
                 spec.workload.seq_len, layout.cp, groups.coordinate("cp")
             ).to(self.device)
             model.positions = positions
             # One core (and one causal mask) shared by every layer.
-            core = all_gather_attention(groups.group("cp"), positions, spec.workload.seq_len)
+            core = attention_core(layout.cp_algorithm)(
+                groups.group("cp"), positions, spec.workload.seq_len
+            )
             for layer in model.layers.values():
                 layer.attention.core = core
         if layout.ep > 1:
@@ -171,3 +173,24 @@ def reference_losses(spec: RunSpec) -> tuple[float, float]:
     tokens, labels = synthetic_batch(spec.workload, spec.global_batch_size, 1)
     with torch.no_grad():
         return loss.item(), cross_entropy(model(tokens), labels).item()
+
+
+def attention_core(cp_algorithm: str):
+    """The CP attention of ``cp_algorithm`` (hierarchical runs where the CP group has more
+    than one level, which these single-machine runs do not have)."""
+    if cp_algorithm == "ring":
+        from validate.workloads.ring_attention import ring_attention
+
+        return ring_attention
+    if cp_algorithm == "ulysses":
+        from validate.workloads.ulysses_attention import ulysses_attention
+
+        return ulysses_attention
+    if cp_algorithm == "all-gather":
+        from validate.workloads.context_parallel import all_gather_attention
+
+        return all_gather_attention
+    from hwspecs.errors import PlanError
+
+    raise PlanError(f"cp_algorithm '{cp_algorithm}' has no CPU workload; choose all-gather, "
+                    f"ring or ulysses")  # fmt: skip

@@ -12,18 +12,11 @@ import pandas as pd
 import pytest
 
 from hwspecs.catalog import load_accelerator, load_cluster
+from planner.candidates import SearchSpace, expand_rows, rejection_masks, screening_grid
 from planner.columns.codes import Labels, distinct_rows, unique_rows
 from planner.comm.traffic import axis_times_vectorized
 from planner.evaluate import evaluate_columns
-from planner.search import (
-    RANKING_KEYS,
-    SearchSpace,
-    _ranking,
-    _smallest,
-    expand_rows,
-    rejection_masks,
-    screening_grid,
-)
+from planner.search import RANKING_KEYS, _ranking, _smallest
 from planner.spec.job import Job
 from planner.spec.model import load_model
 from planner.spec.precision import PrecisionSpec

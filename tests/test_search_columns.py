@@ -12,21 +12,19 @@ import pytest
 
 from hwspecs.catalog import load_accelerator, load_cluster
 from hwspecs.errors import PlanError
-from planner.estimate import layout_columns
-from planner.evaluate import evaluate_columns
-from planner.memory_report import memory_report
-from planner.pipeline import closed_form as cf
-from planner.pipeline.schedules import SCHEDULES
-from planner.search import (
-    RANKING_COLUMNS,
-    RANKING_KEYS,
+from planner.candidates import (
     SearchSpace,
-    _ranking,
     _schedule_options,
     expand_rows,
     rejection_masks,
     screening_grid,
 )
+from planner.estimate import layout_columns
+from planner.evaluate import evaluate_columns
+from planner.memory_report import memory_report
+from planner.pipeline import closed_form as cf
+from planner.pipeline.schedules import SCHEDULES
+from planner.search import RANKING_COLUMNS, RANKING_KEYS, _ranking
 from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.model import load_model

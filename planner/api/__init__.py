@@ -71,7 +71,7 @@ _EXPORTS = {
     "ScheduleReport": "planner.pipeline.report",
     "generate_schedule": "planner.pipeline.schedules.registry",
     "SCHEDULES": "planner.pipeline.schedules.registry",
-    "SearchSpace": "planner.search",
+    "SearchSpace": "planner.candidates",
     "TopologyReport": "planner.comm.topology",
     "FLASH_BACKWARD_FLOPS_RATIO": "planner.cost.compute",
     "attention_core_ops": "planner.cost.flops",

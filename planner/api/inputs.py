@@ -238,8 +238,8 @@ def build_search_space(allow_cross_node_tp: bool = False, **pins):
     as lists, ``sequence_parallel`` as one bool. Unknown schedules and recompute modes are
     rejected by name.
     """
+    from planner.candidates import SearchSpace
     from planner.pipeline.schedules import SCHEDULES
-    from planner.search import SearchSpace
 
     fields = {key: values for key, values in pins.items() if values is not None}
     for name in fields.get("schedule", []):

@@ -221,7 +221,7 @@ def sweep(
     ``job_fields``: :func:`build_job`'s arguments (``seq_len`` is replaced when swept);
     ``profile`` and ``stack``: see :func:`with_profile`."""
     from hwspecs.catalog import load_cluster
-    from planner.search import SearchSpace
+    from planner.candidates import SearchSpace
 
     if quantity not in SWEEP_QUANTITIES:
         raise unknown_name_error("sweep quantity", quantity, SWEEP_QUANTITIES)

@@ -21,15 +21,14 @@ from planner.comm.context_parallel import (
     placement_group,
     ring_exposed_time,
 )
+from planner.comm.exposure import ep_overlap_sm_share, exposed_time
 from planner.comm.mesh import group_size
 from planner.comm.terms import (
     AXIS_GROUPS,
     NO_COMPUTE_RULE,
     NO_OVERLAP_RULE,
     RULES,
-    ep_overlap_sm_share,
     ep_routing,
-    exposed_time,
     step_terms,
 )
 from planner.comm.topology import axis_report, place_groups

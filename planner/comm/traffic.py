@@ -36,13 +36,12 @@ from planner.comm.context_parallel import (
     ring_exposed_time,
 )
 from planner.comm.cost_tables import CostTables, cheapest, link_busy
+from planner.comm.exposure import ep_overlap_sm_share, exposed_time
 from planner.comm.levels import as_cluster, cluster_view
 from planner.comm.mesh import resolve_order
 from planner.comm.terms import (
     AXIS_GROUPS,
-    ep_overlap_sm_share,
     ep_routing,
-    exposed_time,
     step_terms,
 )
 from planner.comm.topology import cluster_key, placement_for_view

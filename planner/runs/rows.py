@@ -17,7 +17,7 @@ from hwspecs.catalog import catalog_names, load_cluster
 from hwspecs.errors import PlanError
 from hwspecs.runs import RunRow
 from hwspecs.schema import Cluster, ClusterTier
-from planner.search import SearchSpace
+from planner.candidates import SearchSpace
 from planner.spec.job import Job
 from planner.spec.measures import memory_measures
 from planner.spec.model import ModelSpec

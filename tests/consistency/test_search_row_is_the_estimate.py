@@ -223,7 +223,7 @@ def any_layouts(draw):
 @given(any_layouts(), st.sampled_from([4096, 4100, 6144]))
 def test_check_layout_and_the_search_reject_by_the_same_rule(case, seq_len):
     """One rule table: the rule check_layout names is the first the search's screen counts."""
-    from planner.search import SearchSpace, rejection_masks
+    from planner.candidates import SearchSpace, rejection_masks
     from planner.spec.rules import RULES, first_broken, layout_columns_for_rules
 
     name, fields = case

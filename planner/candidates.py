@@ -1,0 +1,214 @@
+"""The layouts the search screens, as numpy columns: the search space (the values each knob
+may take), the screening grid over the degrees, schedules, micro-batch sizes and sequence
+parallelism (no Python loop per candidate), the rule table's rejection masks on it
+(:mod:`planner.spec.rules`, the same table :func:`planner.spec.rules.check_layout` reads),
+and the survivors expanded over every ZeRO stage and recompute policy.
+
+The degrees are the cartesian product of tp, cp, pp with dp filling the GPU count; ep for MoE
+models, and with tp > 1 the routed experts' TP degree etp ∈ {tp, 1} (Megatron-Core's MoE
+parallel folding); each degree row once per CP algorithm where cp > 1
+(:mod:`planner.cp_search`)."""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from hwspecs.schema import Cluster
+from planner.columns.codes import Labels
+from planner.cp_search import (
+    degenerate_hierarchy,
+    hierarchical_inner_degrees,
+    with_cp_algorithm,
+)
+from planner.pipeline.schedules import SCHEDULES
+from planner.spec.job import Job
+from planner.spec.layout import CP_ALGORITHMS, CpAlgorithm
+from planner.spec.rules import RULES, schedule_rules
+
+
+class SearchSpace(BaseModel):
+    """Values each knob may take; a knob given by the user pins it to those values."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tp: list[int] | None = None
+    cp: list[int] | None = None
+    pp: list[int] | None = None
+    dp: list[int] | None = None
+    ep: list[int] | None = None
+    #: The routed experts' TP degree (1 or tp); default for MoE models: both, else tp.
+    etp: list[int] | None = None
+    vpp: list[int] | None = None
+    micro_batch_size: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    schedule: list[str] = Field(default_factory=lambda: list(SCHEDULES))
+    zero_stage: list[int] = Field(default_factory=lambda: [0, 1, 2, 3])
+    recompute: list[str] = Field(default_factory=lambda: ["none", "selective", "full"])
+    sequence_parallel: list[bool] = Field(default_factory=lambda: [True, False])
+    #: Context-parallel algorithms searched where cp > 1 (cp = 1 rows: the first of them).
+    cp_algorithm: list[CpAlgorithm] = Field(default_factory=lambda: list(CP_ALGORITHMS))
+    allow_cross_node_tp: bool = False
+    max_cp: int = 64
+    max_interleave: int = 8
+
+
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    candidates = np.arange(1, (n if limit is None else min(n, limit)) + 1)
+    return candidates[n % candidates == 0].tolist()
+
+
+def _schedule_options(space: SearchSpace, num_layers: int) -> list[tuple[str, int]]:
+    """(schedule, vpp) pairs: interleaved takes every vpp from 2 to ``max_interleave``."""
+    pairs = []
+    for name in space.schedule:
+        spec = SCHEDULES[name]
+        if spec.fixed_vpp is not None:
+            vpps = [spec.fixed_vpp]
+        elif name == "interleaved-1f1b":
+            vpps = list(range(max(spec.min_vpp, 2), space.max_interleave + 1))
+        else:
+            vpps = [1]
+        pairs += [(name, v) for v in vpps if space.vpp is None or v in space.vpp]
+    return pairs
+
+
+def _with_expert_tp(t, c, p, x, d, is_moe: bool, pinned: list[int] | None):
+    """The degree rows with the routed experts' TP degree: each pinned value, else for an MoE
+    model etp = tp and, where tp > 1, etp = 1 next to it (dense models: etp = tp)."""
+    if pinned is not None:
+        choices = np.stack([np.full_like(t, value) for value in pinned], axis=1)
+        keep = np.ones_like(choices, dtype=bool)
+    elif is_moe:
+        choices = np.stack([t, np.ones_like(t)], axis=1)
+        keep = np.stack([np.ones_like(t, dtype=bool), t > 1], axis=1)
+    else:
+        return t, c, p, x, d, t
+    row = np.broadcast_to(np.arange(len(t))[:, None], choices.shape)[keep]
+    return t[row], c[row], p[row], x[row], d[row], choices[keep]
+
+
+def screening_grid(
+    job: Job, cluster: Cluster, gpus: int, space: SearchSpace, order=None
+) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[int, ...]]:
+    """The knobs the screening rules read, as numpy columns over their combinations.
+
+    Degrees (multiplying to ``gpus``), (schedule, vpp), micro-batch size and sequence
+    parallelism; no rule reads the ZeRO stage or the recompute policy, so each row here
+    stands for ``len(zero_stage) · len(recompute)`` candidates (:func:`expand_rows`).
+    Also returns each row's cell in the grid ``(degree, pair, mbs, sp)`` and its shape.
+    """
+    model = job.model
+    tps = space.tp or _divisors(gpus, 64)
+    cps = space.cp or _divisors(gpus, space.max_cp)
+    pps = space.pp or _divisors(gpus, model.num_layers + 2)
+    eps = space.ep or ([d for d in _divisors(model.num_routed_experts)] if model.is_moe else [1])
+    t, c, p, x = (a.ravel() for a in np.meshgrid(tps, cps, pps, eps, indexing="ij"))
+    keep = gpus % (t * c * p) == 0
+    t, c, p, x = t[keep], c[keep], p[keep], x[keep]
+    d = gpus // (t * c * p)
+    if space.dp is not None:
+        keep = np.isin(d, space.dp)
+        t, c, p, x, d = t[keep], c[keep], p[keep], x[keep], d[keep]
+    t, c, p, x, d, et = _with_expert_tp(t, c, p, x, d, model.is_moe, space.etp)
+    (t, c, p, x, d, et), algorithm = with_cp_algorithm((t, c, p, x, d, et), space.cp_algorithm)
+    hierarchical = np.asarray(space.cp_algorithm, dtype=object)[algorithm] == "hierarchical"
+    inner = hierarchical_inner_degrees(cluster, order, (t, c, p, d, x, et), hierarchical)
+    pairs = _schedule_options(space, model.num_layers)
+    grids = np.meshgrid(
+        np.arange(len(t)),
+        np.arange(len(pairs)),
+        np.arange(len(space.micro_batch_size)),
+        np.arange(len(space.sequence_parallel)),
+        indexing="ij",
+    )
+    degree, pair, mbs, sp = (g.ravel() for g in grids)
+    names = tuple(name for name, _ in pairs) or ("1f1b",)
+    vpps = np.array([v for _, v in pairs] or [1])
+    columns = {
+        "tp": t[degree],
+        "cp": c[degree],
+        "pp": p[degree],
+        "dp": d[degree],
+        "ep": x[degree],
+        "etp": et[degree],
+        "vpp": vpps[pair],
+        "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
+        "schedule": Labels(pair, names),
+        "sequence_parallel": np.asarray(space.sequence_parallel, dtype=bool)[sp],
+        "cp_algorithm": Labels(algorithm[degree], tuple(space.cp_algorithm)),
+        "cp_inner": inner[degree],
+    }
+    # Sequence parallelism means nothing without TP: keep one of the two rows.
+    keep = np.ones(len(sp), dtype=bool)
+    if False in space.sequence_parallel:
+        keep = (columns["tp"] > 1) | ~columns["sequence_parallel"]
+    shape = (len(t), len(pairs) or 1, len(space.micro_batch_size), len(space.sequence_parallel))
+    return {key: value[keep] for key, value in columns.items()}, np.flatnonzero(keep), shape
+
+
+def expand_rows(
+    columns: dict[str, np.ndarray], cells: np.ndarray, grid_shape: tuple[int, ...], space
+) -> dict[str, np.ndarray]:
+    """Screened rows × every ZeRO stage × every recompute policy, in the order of the full
+    grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it). The
+    schedule and the recompute policy come as :class:`planner.columns.codes.Labels`."""
+    num_zero, num_recompute = len(space.zero_stage), len(space.recompute)
+    alive = np.zeros(int(np.prod(grid_shape)), dtype=bool)
+    alive[cells] = True
+    num_sp = grid_shape[-1]
+    alive = alive.reshape(-1, num_sp)
+    live = np.flatnonzero(alive.any(axis=1))  # cells with a row (the others expand to none)
+    full = np.broadcast_to(alive[live, None, None, :], (len(live), num_zero, num_recompute, num_sp))
+    cell, zero, recompute, sp = np.nonzero(full)
+    cell = live[cell]
+    row_of_cell = np.zeros(len(alive.ravel()), dtype=np.int64)
+    row_of_cell[cells] = np.arange(len(cells))
+    row = row_of_cell[cell * num_sp + sp]
+    out = {key: value[row] for key, value in columns.items()}
+    out["zero_stage"] = np.asarray(space.zero_stage)[zero]
+    out["recompute"] = Labels(recompute, tuple(space.recompute))
+    return out
+
+
+def rejection_masks(
+    job: Job, cluster: Cluster, cols: dict, space: SearchSpace
+) -> list[tuple[str, np.ndarray]]:
+    """(reason, rejected rows) in the order rules are applied: the layout rules of
+    :mod:`planner.spec.rules` (the same table :func:`planner.spec.rules.check_layout` reads)
+    and the schedules' micro-batch rules, with the search space's own three where they read
+    what no layout rule does: TP inside the scale-up domain (unless allowed), a global batch
+    that divides into micro-batches, and pp = 1 listed once (as 1f1b)."""
+    model, s = job.model, job.seq_len
+    tp, pp, dp, vpp = (cols[k] for k in ("tp", "pp", "dp", "vpp"))
+    mbs = cols["micro_batch_size"]
+    gbs = job.global_batch_size
+    m = (
+        np.where(gbs % (dp * mbs) == 0, gbs // (dp * mbs), 0)
+        if gbs
+        else np.where(vpp > 1, pp * vpp, pp)
+    )
+    columns = {**cols, "num_microbatches": m}
+    search_rules = {  # after the layout rule named: (reason, rejected rows)
+        "ffn": (
+            f"tp crosses the {cluster.scale_up_domain_size}-GPU scale-up (NVLink) domain",
+            (tp > cluster.scale_up_domain_size) & (not space.allow_cross_node_tp),
+        ),
+        "ep_experts": ("global batch not divisible by dp × micro-batch size", m == 0),
+    }
+    masks = []
+    for rule in RULES:
+        masks.append((rule.reason(model), rule.broken(model, s, columns)))
+        if rule.name in search_rules:
+            masks.append(search_rules[rule.name])
+    ok_m = m > 0  # the schedules' rules read m only where the batch divides
+    masks += [
+        (rule.reason(model), rule.broken(model, s, columns) & ok_m) for rule in schedule_rules()
+    ]
+    masks.append((
+        "a pipeline schedule needs pp > 1 (pp = 1 is listed once, as 1f1b)",
+        (pp == 1) & ~Labels.of(cols["schedule"]).isin(("1f1b",)),
+    ))  # fmt: skip
+    if "cp_algorithm" in cols:  # a hierarchy of one level is ring (k = 1) or Ulysses (k = cp)
+        masks.append(degenerate_hierarchy(cols))
+    cols["num_microbatches"] = np.maximum(m, 1)
+    return masks

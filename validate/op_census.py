@@ -6,7 +6,7 @@ included), the backward (with the data-parallel wrapper's hooks and collectives)
 optimizer step, each split into operations on plain tensors, operations on DTensors and
 collectives (``c10d`` and functional). Counting the same layout with 1 and 3 layers gives
 one layer's counts by difference: what :mod:`planner.structure.op_counts` records for DTensor TP,
-FSDP2, DDP, all-gather CP and EP (``tests/test_validate.py`` counts them again).
+FSDP2, DDP, all-gather CP and EP (``tests/validate/test_validate.py`` counts them again).
 :func:`labelled_counter` is the one counter, also used by :mod:`validate.host_costs`.
 """
 

@@ -118,7 +118,7 @@ def shape_table(
     shape holding it: times and weight-pass bytes per (tp, ep, etp, SP, mbs/cp, cp > 1
     where dispatch costs time), without the recompute policy; activation bytes per (tp,
     etp, SP, mbs/cp, the routed load of ep, recompute) (:func:`local_token_ratio`;
-    ``tests/test_shape_fields.py`` holds the functions to those fields)."""
+    ``tests/columns/test_shape_fields.py`` holds the functions to those fields)."""
     model, e = job.model, job.precision.activation_bytes
     chosen, shape_inv = distinct_rows(tp, cp, ep, etp, sp, mbs, recompute)
     recompute = Labels.of(recompute)

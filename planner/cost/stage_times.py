@@ -125,7 +125,7 @@ def shape_times(
     )
 
     # Equal fractions mbs/cp round to the same float, and the pieces read mbs and cp only
-    # through it (tests/test_shape_fields.py).
+    # through it (tests/columns/test_shape_fields.py).
     narrow = (tp, micro_batch_size / cp, sequence_parallel and tp > 1)
 
     def module(moe_layer: bool) -> list[OpTime]:

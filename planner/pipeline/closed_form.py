@@ -11,7 +11,7 @@ them); :func:`activation_microbatches_at` gives in-flight micro-batches at given
 
 Each step time is the longest of a few critical paths of the generated order: every term
 below is one path (counts of F, B, W, hops on it), found by differentiating the simulator's
-makespan and checked against it in ``tests/test_schedules_closed_form.py``. Where the
+makespan and checked against it in ``tests/pipeline/test_schedules_closed_form.py``. Where the
 published form is one of these paths it is named. Exact at ``comm = 0`` within the ranges
 below; with ``comm > 0`` the hop counts are those of the paths that dominate when a hop is
 short next to a pass, so the result is exact for GPipe and interleaved 1F1B and otherwise a

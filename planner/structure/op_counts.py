@@ -8,7 +8,7 @@ the accelerator records one (:attr:`hwspecs.schema.Accelerator.op_overhead_s`, m
 
 The counts are ATen operations as PyTorch 2.13's dispatcher sees them (a
 ``TorchDispatchMode`` counts every call, views included) for the reference implementation,
-``validate/workloads/model.py`` in eager mode, one micro-batch (``tests/test_op_counts.py``
+``validate/workloads/model.py`` in eager mode, one micro-batch (``tests/structure/test_op_counts.py``
 counts them again). Reference pieces:
 
 * a Llama layer (fused RMSNorm twice, GQA attention with RoPE through
@@ -24,7 +24,7 @@ Other model kinds are counted by the difference of their pieces from the referen
 by their own counts, standalone). Shapes do not change counts, so how TP, CP and EP split
 a layer does not either; the parallel forms' own operations are counted the same way on
 torch's implementations in ``validate/workloads`` (2 ranks, one layer by layer-count
-difference: :mod:`validate.op_census`, which ``tests/test_validate.py`` runs again):
+difference: :mod:`validate.op_census`, which ``tests/validate/test_validate.py`` runs again):
 
 * **DTensor TP** (:func:`tensor_parallel_ops`): per layer and for the ends, the operations
   it adds (redistributions, views), how many operations run on DTensors (each pays

@@ -14,7 +14,7 @@ import pytest
 
 import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv):

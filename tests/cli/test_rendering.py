@@ -208,7 +208,7 @@ def test_compressed_chart_keeps_the_warm_up_bubble_visible():
 def test_readme_cluster_template_loads_and_plans(tmp_path, capsys, monkeypatch):
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     template = readme.split("### Your own cluster", 1)[1].split("```toml\n", 1)[1].split("```")[0]
     path = tmp_path / "mine.toml"
     path.write_text(template)
@@ -219,7 +219,7 @@ def test_readme_cluster_template_loads_and_plans(tmp_path, capsys, monkeypatch):
 def test_misspelt_cluster_key_is_named_with_a_suggestion(tmp_path, capsys):
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     template = readme.split("### Your own cluster", 1)[1].split("```toml\n", 1)[1].split("```")[0]
     path = tmp_path / "typo.toml"
     path.write_text(template.replace("gpus_per_node = 8", "gpus_per_nod = 8"))
@@ -233,7 +233,7 @@ def test_misspelt_cluster_key_is_named_with_a_suggestion(tmp_path, capsys):
 def _template() -> str:
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     return readme.split("### Your own cluster", 1)[1].split("```toml\n", 1)[1].split("```")[0]
 
 

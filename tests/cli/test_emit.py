@@ -10,7 +10,7 @@ import pytest
 
 import cli
 
-TRAINER_NAMES = json.loads((Path(__file__).parent / "data" / "trainer_flags.json").read_text())
+TRAINER_NAMES = json.loads((Path(__file__).parents[1] / "data" / "trainer_flags.json").read_text())
 MEGATRON_FLAGS = set(TRAINER_NAMES["megatron"]["flags"])
 TORCHTITAN_FIELDS = set(TRAINER_NAMES["torchtitan"]["fields"])
 LLAMA_PINS = ("--tp", "2", "--cp", "16", "--pp", "16", "--micro-batch-size", "1")

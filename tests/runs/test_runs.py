@@ -323,7 +323,7 @@ def test_runs_check_page_is_offline_and_names_every_row(tmp_path, capsys):
     ids = [r.id for r in load_runs("train") if r.hardware.accelerator == "a100-sxm-80gb"][:4]
     assert all(row_id in text for row_id in ids)
     assert "predicted = measured" in text and "MAPE per source" in text
-    from tests.test_pages import BROWSER, _render_offline
+    from tests.plots.test_pages import BROWSER, _render_offline
 
     if BROWSER is None:
         pytest.skip("no Chromium: .ci/run installs Debian's")

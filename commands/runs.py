@@ -98,11 +98,10 @@ def runs_check(
     if csv is not None:
         _write_csv(result, csv)
     if html:
-        from commands.outputs import atomic_path
+        from commands.outputs import write_pages
         from plots.runs import runs_figure
 
-        with atomic_path(html) as temporary:
-            runs_figure(result).write_html(temporary, include_plotlyjs=True, full_html=True)
+        write_pages(runs_figure(result), html, None)
     if as_json:
         emit_json(result)
         return

@@ -129,18 +129,16 @@ def validate(
     if out:
         import json
 
-        from commands.outputs import atomic_path
+        from commands.outputs import write_text
         from validate.runs_out import measured_runs
 
         rows = [row.model_dump(mode="json") for row in measured_runs(measured, cluster)]
-        with atomic_path(out) as temporary, open(temporary, "w") as handle:
-            handle.write(json.dumps(rows, indent=1) + "\n")
+        write_text(out, json.dumps(rows, indent=1) + "\n")
     if html:
-        from commands.outputs import atomic_path
+        from commands.outputs import write_pages
         from plots.validation import validation_figure
 
-        with atomic_path(html) as temporary:
-            validation_figure(report).write_html(temporary, include_plotlyjs=True, full_html=True)
+        write_pages(validation_figure(report), html, None)
     if as_json:
         emit_json(report)
         return

@@ -29,7 +29,7 @@ import numpy as np
 
 from hwspecs.schema import Accelerator, Cluster
 from planner.columns.codes import coded, distinct_rows
-from planner.columns.layout import INT_FIELDS, LayoutColumns
+from planner.columns.layout import LayoutColumns
 from planner.columns.tables import one_value_or_column, shape_table, structure_table
 from planner.comm.traffic import AXES, chunks_column, placeable
 from planner.cost.compute import GpuRates
@@ -41,9 +41,6 @@ from planner.spec.job import Job
 #: Rows timed together: the timing's intermediate columns (per axis and link) stay near
 #: 10^8 bytes whatever the search's size; each row's numbers do not depend on the others.
 TIMED_BLOCK_ROWS = 2**16
-
-#: Integer layout columns :func:`evaluate_columns` reads.
-INT_COLUMNS = INT_FIELDS
 
 
 def evaluate_columns(

@@ -145,22 +145,18 @@ def winner_rule(keys: np.ndarray, winner: int, fastest: int) -> str:
 SIMULATED = ("pipeline_time_simulated_s", "step_time_simulated_s")
 
 
-def simulate_rows(job, accelerator, columns: dict, rows: np.ndarray, layout_of_row) -> None:
+def simulate_rows(job, accelerator, simulated: dict, rows, records, layout_of_row) -> None:
     """Re-time ``rows`` (positions) not yet simulated with the event simulator
-    (:func:`planner.refine.refine`), in place: the two :data:`SIMULATED` columns (NaN
-    for rows never simulated)."""
+    (:func:`planner.refine.refine`), in place: the two :data:`SIMULATED` columns of
+    ``simulated`` (NaN for rows never simulated); ``records(rows)`` gives those rows as dicts."""
     from planner.refine import refine
 
-    count = len(columns["tp"])
-    for key in SIMULATED:
-        if key not in columns:
-            columns[key] = np.full(count, np.nan)
-    rows = [int(r) for r in rows if np.isnan(columns["step_time_simulated_s"][r])]
-    records = [{key: _plain(value[r]) for key, value in columns.items()} for r in rows]
-    refined = refine(job, accelerator, [layout_of_row(record) for record in records], records)
-    for row, found in zip(rows, refined, strict=True):
+    rows = [int(r) for r in rows if np.isnan(simulated["step_time_simulated_s"][r])]
+    found = records(rows)
+    refined = refine(job, accelerator, [layout_of_row(record) for record in found], found)
+    for row, result in zip(rows, refined, strict=True):
         for key in SIMULATED:
-            columns[key][row] = found[key]
+            simulated[key][row] = result[key]
 
 
 def effective_step_time(columns: dict) -> np.ndarray:
@@ -169,50 +165,70 @@ def effective_step_time(columns: dict) -> np.ndarray:
     return np.where(np.isnan(simulated), columns["step_time_s"], simulated)
 
 
-def rank_columns(
-    job, accelerator, columns: dict, top: int, objective: str, settings: RankSettings | None,
-    scale_up_domain: int, usable_bytes: float, layout_of_row,
-) -> dict:  # fmt: skip
-    """The columns (in the objective's order) ranked as ``settings`` says.
+#: The columns the ranking reads over every row (:func:`rank_order`'s ``column``).
+RANK_INPUTS = ("tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "memory_per_gpu_bytes",
+               "step_time_s", *MEMORY_MEASURES)  # fmt: skip
 
-    The first ``top`` rows are simulated and, under the step-time objective, re-ordered by
-    their simulated time: that is the time ranking (``rank_by_time``). Robust (step-time
-    objective, a measured band): rows are ordered by :func:`robust_order` on the effective
-    step time; the new first ``top`` rows not yet simulated are simulated and the order
-    decided again. Adds ``rank_by_time``, ``equivalent_to_best`` and ``preference``."""
+
+def rank_order(
+    job, accelerator, column, records, time_order: np.ndarray, top: int, objective: str,
+    settings: RankSettings | None, scale_up_domain: int, usable_bytes: float, layout_of_row,
+) -> tuple[np.ndarray, dict]:  # fmt: skip
+    """The rows' order as ``settings`` says, and the columns the ranking adds, in that order.
+
+    The rows are the search's feasible rows in any fixed order; ``column(key)`` is one of
+    :data:`RANK_INPUTS` over them, ``records(rows)`` those rows (positions) as dicts, and
+    ``time_order`` their order by the objective. The first ``top`` rows of it are
+    simulated and, under the step-time objective, re-ordered by their simulated time: that
+    is the time ranking (``rank_by_time``). Robust (step-time objective, a measured band):
+    rows are ordered by :func:`robust_order` on the effective step time; the new first
+    ``top`` rows not yet simulated are simulated and the order decided again. Adds the
+    :data:`SIMULATED` columns, ``rank_by_time``, ``equivalent_to_best``, ``preference`` and
+    ``rank``; the caller takes every column once, in the returned order."""
     settings = settings or RankSettings(mode="time")
-    count = len(columns["tp"])
+    count = len(time_order)
+    time_order = time_order.copy()
+    simulated = {key: np.full(count, np.nan) for key in SIMULATED}
     head = min(top, count)
-    simulate_rows(job, accelerator, columns, np.arange(head), layout_of_row)
-    if objective == "step_time":  # only the simulated head moves: re-ordered in place
-        order = np.argsort(columns["step_time_simulated_s"][:head], kind="stable")
-        for value in columns.values():  # (a copy of every column would double the table)
-            value[:head] = value[:head][order]
-    columns["rank_by_time"] = np.arange(1, count + 1)
+    simulate_rows(job, accelerator, simulated, time_order[:head], records, layout_of_row)
+    if objective == "step_time":  # only the simulated head moves
+        moved = np.argsort(simulated["step_time_simulated_s"][time_order[:head]], kind="stable")
+        time_order[:head] = time_order[:head][moved]
+    rank_by_time = np.empty(count, dtype=np.int64)
+    rank_by_time[time_order] = np.arange(1, count + 1)
     band = settings.band if settings.band is not None else 0.0
     robust = settings.mode == "robust" and settings.band is not None and objective == "step_time"
+    step_time_s = column("step_time_s")
     if not robust or not count:
-        columns["equivalent_to_best"] = equivalent_to_best(effective_step_time(columns), band)
-        columns["preference"] = pd.Categorical([TIME_RANK] * count, categories=PREFERENCES)
-        return {**columns, "rank": columns["rank_by_time"].copy()}
-    keys = preference_keys(columns, scale_up_domain, usable_bytes)
-    rank = columns["rank_by_time"]
-    order = robust_order(effective_step_time(columns), keys, band, rank)
-    simulate_rows(job, accelerator, columns, order[:top], layout_of_row)
-    time_s = effective_step_time(columns)
-    order = robust_order(time_s, keys, band, rank)
-    for key in list(columns):  # one column at a time, each released as its copy is taken
-        columns[key] = columns[key][order]
+        order = time_order
+        time_s = effective_step_time({"step_time_s": step_time_s, **simulated})[order]
+        added = {key: value[order] for key, value in simulated.items()}
+        return order, {
+            **added,
+            "rank_by_time": rank_by_time[order],
+            "equivalent_to_best": equivalent_to_best(time_s, band),
+            "preference": pd.Categorical([TIME_RANK] * count, categories=PREFERENCES),
+            "rank": rank_by_time[order].copy(),
+        }
+    inputs = {key: column(key) for key in RANK_INPUTS}
+    keys = preference_keys(inputs, scale_up_domain, usable_bytes)
+    del inputs
+    order = robust_order(
+        effective_step_time({"step_time_s": step_time_s, **simulated}), keys, band, rank_by_time
+    )
+    simulate_rows(job, accelerator, simulated, order[:top], records, layout_of_row)
+    time_s = effective_step_time({"step_time_s": step_time_s, **simulated})
+    order = robust_order(time_s, keys, band, rank_by_time)
     equivalent = equivalent_to_best(time_s[order], band)
     fastest = int(np.argmin(time_s[order]))
     codes = placing_rules(keys[order], equivalent, fastest)
-    columns["equivalent_to_best"] = equivalent
-    columns["preference"] = pd.Categorical.from_codes(codes, categories=PREFERENCES)
-    return {**columns, "rank": np.arange(1, count + 1)}
-
-
-def _plain(value):
-    return value.item() if hasattr(value, "item") else value
+    return order, {
+        **{key: value[order] for key, value in simulated.items()},
+        "rank_by_time": rank_by_time[order],
+        "equivalent_to_best": equivalent,
+        "preference": pd.Categorical.from_codes(codes, categories=PREFERENCES),
+        "rank": np.arange(1, count + 1),
+    }
 
 
 def layout_name(row) -> str:

@@ -24,7 +24,7 @@ from planner.cp_search import (
 )
 from planner.evaluate import in_output_order, screen_columns
 from planner.progress import report
-from planner.rank import RankSettings, rank_columns
+from planner.rank import RankSettings, rank_order
 from planner.refine import DEFAULT_REFINE_TOP
 from planner.spec.job import Job
 from planner.spec.layout import Layout
@@ -139,17 +139,18 @@ def search(
             at = kept
         merged = in_output_order(timed, memory_out)
 
-        def kept_rows(key: str, ranked: bool = False) -> np.ndarray:
-            """A kept column, in the kept rows' order or ``ranked`` (timed outputs and memory
-            parts, one per timed row: read at ``at``); ``np.take`` on indices taken once."""
+        def kept_rows(key: str, positions: np.ndarray | None = None) -> np.ndarray:
+            """A kept column in the kept rows' order, or at ``positions`` of it (timed
+            outputs and memory parts, one per timed row, are read at ``at``)."""
             timed_rows = key in timed or (key in memory_out and key != "memory_per_gpu_bytes")
-            rows = ranked_at if ranked else (at, kept)
+            rows = at if timed_rows else kept
+            rows = rows if positions is None else rows[positions]
             if timed_rows:
-                return np.take(timed[key] if key in timed else memory_out[key], rows[0])
+                return np.take(timed[key] if key in timed else memory_out[key], rows)
             value = cols[key] if key in LAYOUT_COLUMNS else merged[key]
             if isinstance(value, Labels):
-                return value[rows[1]]
-            return np.take(value, rows[1])
+                return value[rows]
+            return np.take(value, rows)
 
         extra = {}  # the time to train of each kept row (with a token budget)
         if training is not None:
@@ -160,23 +161,36 @@ def search(
             {k: extra[k] if k in extra else kept_rows(k) for k in RANKING_COLUMNS if k in present},
             objective,
         )
-        ranked_at = at[ranking], kept[ranking]  # the ranked rows in the timed and all rows
-        columns = {}  # each column taken once, in ranked order; the evaluated ones released
-        for key in dict.fromkeys((*LAYOUT_COLUMNS, *merged)):
-            value = kept_rows(key, ranked=True)
-            columns[key] = value.strings() if isinstance(value, Labels) else value
-            for source in (timed, merged, memory_out):
-                source.pop(key, None)
-        columns.update({key: value[ranking] for key, value in extra.items()})
-        del memory_out, merged, cols
+        names = tuple(dict.fromkeys((*LAYOUT_COLUMNS, *merged)))
+
+        def records(positions: list[int]) -> list[dict]:
+            """Kept rows (positions) as plain dicts, for the event simulator."""
+            found = {key: kept_rows(key, np.asarray(positions, dtype=np.int64)) for key in names}
+            found.update({key: value[positions] for key, value in extra.items()})
+            return [{key: _plain(value[i]) for key, value in found.items()}
+                    for i in range(len(positions))]  # fmt: skip
+
+        def column(key: str) -> np.ndarray:
+            value = kept_rows(key)
+            return value.strings() if isinstance(value, Labels) else value
+
         report(progress, "ranking", len(rows), len(rows))
-        count = min(refine_top, len(columns["tp"]))
+        count = min(refine_top, len(kept))
         report(progress, "simulating the top rows", 0, count)
-        columns = rank_columns(
-            job, accelerator, columns, refine_top, objective, rank_settings,
+        order, added = rank_order(
+            job, accelerator, column, records, ranking, refine_top, objective, rank_settings,
             cluster.scale_up_domain_size, usable, lambda row: layout_of_row(row, job.model.is_moe),
         )  # fmt: skip
         report(progress, "simulating the top rows", count, count)
+        columns = {}  # each column taken once, in the final order; the evaluated ones released
+        for key in names:
+            value = kept_rows(key, order)
+            columns[key] = value.strings() if isinstance(value, Labels) else value
+            for source in (timed, merged, memory_out):
+                source.pop(key, None)
+        columns.update({key: value[order] for key, value in extra.items()})
+        del memory_out, merged, cols
+        columns.update(added)
         table = pd.DataFrame(columns, copy=False)  # one block per column: no stacking copy
     return SearchResult(
         candidates_evaluated=total,

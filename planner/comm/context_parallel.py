@@ -89,8 +89,14 @@ def cp_inner_column(placements: list, default: int = 1) -> np.ndarray:
 
 
 def _inner_of(placement: Placement) -> int:
-    scale_up = placement.view.cluster.scale_up_domain_size
-    return cp_inner_degree(placement.sizes, placement.order, scale_up)
+    """:func:`cp_inner_degree` of the placement, worked out once per placement."""
+    inner = placement.derived.get("cp_inner")
+    if inner is None:
+        scale_up = placement.view.cluster.scale_up_domain_size
+        inner = placement.derived["cp_inner"] = cp_inner_degree(
+            placement.sizes, placement.order, scale_up
+        )
+    return inner
 
 
 #: (cluster key, cp group shape, inner degree) → the three groups; bounded like the placements'.
@@ -101,6 +107,9 @@ def placement_group(placement: Placement, name: str) -> GroupPlacement:
     """The placement's group ``name``: one of its own, or one of :data:`CP_GROUPS`."""
     if name not in CP_GROUPS:
         return placement.groups[name]
+    derived = placement.derived.get("cp_groups")
+    if derived is not None:
+        return derived[name]
     factors = mesh_factors(placement.sizes, placement.order)
     shape = _group_shape(factors, "cp")
     inner = _inner_of(placement)
@@ -110,6 +119,7 @@ def placement_group(placement: Placement, name: str) -> GroupPlacement:
         if len(_CP_GROUPS) >= 4096:
             _CP_GROUPS.clear()
         found = _CP_GROUPS[key] = _cp_groups(placement, shape, inner)
+    placement.derived["cp_groups"] = found
     return found[name]
 
 

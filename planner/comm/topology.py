@@ -65,6 +65,9 @@ class Placement:
     order: tuple[str, ...]
     sizes: dict[str, int]
     groups: dict[str, GroupPlacement]
+    #: What is worked out from this placement once, by name (the CP groups and inner degree
+    #: of :mod:`planner.comm.context_parallel`): placements are cached, so each is derived once.
+    derived: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 _PLACEMENTS: dict[tuple, Placement] = {}

@@ -130,14 +130,11 @@ def screen_columns(
     report(progress, "memory screen", 0, len(c))
     rates, bf16_rates, tuned = _rates(job, accelerator)
     shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
-    memory = memory_columns(job, c, shapes, structs, tuned)
     valid = _placeable(job, cluster, c)
-    rows = np.flatnonzero(valid & (memory["memory_per_gpu_bytes"] <= memory_limit_bytes))
-    report(progress, "memory screen", len(valid), len(valid))
-    if memory_parts_of_timed_rows:
-        for key in memory:
-            if key != "memory_per_gpu_bytes":
-                memory[key] = memory[key][rows]
+    memory, rows = _memory_in_blocks(
+        job, c, shapes, structs, tuned, valid, memory_limit_bytes, memory_parts_of_timed_rows,
+        progress,
+    )  # fmt: skip
     c = c.take(rows)  # the timed rows' columns only
     timed = _timed_in_blocks(
         job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress
@@ -153,6 +150,31 @@ def _placeable(job: Job, cluster: Cluster, c: LayoutColumns) -> np.ndarray:
     return placeable(cluster, job.model.num_layers, *at.columns("tp", "cp", "pp", "dp", "ep"),
                      chunks_column(at.schedule, at.vpp),
                      one_value_or_column(at.pipeline_layer_split), at.etp)[inverse]  # fmt: skip
+
+
+def _memory_in_blocks(
+    job, c, shapes, structs, tuned, valid, limit_bytes, parts_of_timed_rows, progress=None
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """:func:`planner.evaluate.memory.memory_columns` of the rows of ``c``,
+    :data:`TIMED_BLOCK_ROWS` at a time (its [row, examined rank] sums stay small), and the
+    rows to time: placeable (``valid``) and fitting in ``limit_bytes``. With
+    ``parts_of_timed_rows`` every output but ``memory_per_gpu_bytes`` is kept for those rows
+    only (one per row of them)."""
+    n = len(c)
+    parts: dict[str, list[np.ndarray]] = {}
+    timed_rows = []
+    for start in range(0, n, TIMED_BLOCK_ROWS) if n else (0,):
+        stop = min(start + TIMED_BLOCK_ROWS, n)
+        block = memory_columns(job, c.take(slice(start, stop)), shapes, structs, tuned)
+        fits = valid[start:stop] & (block["memory_per_gpu_bytes"] <= limit_bytes)
+        at = np.flatnonzero(fits)
+        timed_rows.append(at + start)
+        for key, value in block.items():
+            kept = value[at] if parts_of_timed_rows and key != "memory_per_gpu_bytes" else value
+            parts.setdefault(key, []).append(kept)
+        report(progress, "memory screen", stop, n)
+    memory = {key: np.concatenate(values) for key, values in parts.items()}
+    return memory, np.concatenate(timed_rows)
 
 
 def _timed_in_blocks(

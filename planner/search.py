@@ -105,7 +105,9 @@ def search(
     report(progress, "enumerating layouts", total, total)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     screened = (  # rows that do not fit are not timed
-        screen_columns(job, cluster, accelerator, cols, usable, order, mfu_dtype, True, progress)
+        screen_columns(
+            job, cluster, accelerator, cols, usable, order, mfu_dtype, True, progress, True
+        )
         if len(cols["tp"])
         else None
     )
@@ -139,12 +141,13 @@ def search(
             at = kept
         merged = in_output_order(timed, memory_out)
 
-        def kept_rows(key: str, positions: np.ndarray | None = None) -> np.ndarray:
-            """A kept column in the kept rows' order, or at ``positions`` of it (timed
-            outputs and memory parts, one per timed row, are read at ``at``)."""
+        def kept_rows(key: str, positions: tuple | None = None) -> np.ndarray:
+            """A kept column in the kept rows' order, or at ``positions`` of it (the pair
+            ``at[p], kept[p]``: timed outputs and memory parts, one per timed row, are read
+            at ``at``, the others at ``kept``)."""
             timed_rows = key in timed or (key in memory_out and key != "memory_per_gpu_bytes")
-            rows = at if timed_rows else kept
-            rows = rows if positions is None else rows[positions]
+            rows = (at, kept) if positions is None else positions
+            rows = rows[0] if timed_rows else rows[1]
             if timed_rows:
                 return np.take(timed[key] if key in timed else memory_out[key], rows)
             value = cols[key] if key in LAYOUT_COLUMNS else merged[key]
@@ -165,7 +168,8 @@ def search(
 
         def records(positions: list[int]) -> list[dict]:
             """Kept rows (positions) as plain dicts, for the event simulator."""
-            found = {key: kept_rows(key, np.asarray(positions, dtype=np.int64)) for key in names}
+            where = np.asarray(positions, dtype=np.int64)
+            found = {key: kept_rows(key, (at[where], kept[where])) for key in names}
             found.update({key: value[positions] for key, value in extra.items()})
             return [{key: _plain(value[i]) for key, value in found.items()}
                     for i in range(len(positions))]  # fmt: skip
@@ -183,8 +187,9 @@ def search(
         )  # fmt: skip
         report(progress, "simulating the top rows", count, count)
         columns = {}  # each column taken once, in the final order; the evaluated ones released
+        final = at[order], kept[order]
         for key in names:
-            value = kept_rows(key, order)
+            value = kept_rows(key, final)
             columns[key] = value.strings() if isinstance(value, Labels) else value
             for source in (timed, merged, memory_out):
                 source.pop(key, None)

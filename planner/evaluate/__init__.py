@@ -41,6 +41,22 @@ from planner.spec.job import Job
 #: Rows timed together: the timing's intermediate columns (per axis and link) stay near
 #: 10^8 bytes whatever the search's size; each row's numbers do not depend on the others.
 TIMED_BLOCK_ROWS = 2**16
+#: Outputs a search ranks by or re-evaluates from (the objectives, the time to train's
+#: inputs, the event simulator's F, B, W and pipeline time): float64 in a compact screen,
+#: where every other float output is float32 (7 significant digits, more than any figure
+#: is printed with; the rows a user reads are re-evaluated in float64 by ``estimate``).
+FULL_PRECISION_OUTPUTS = frozenset({
+    "step_time_s", "pipeline_time_s", "forward_s", "input_grad_s", "weight_grad_s",
+    "recompute_per_microbatch_s", "tokens_per_s_per_gpu", "mfu", "memory_per_gpu_bytes",
+    "checkpoint_bytes_per_rank",
+})  # fmt: skip
+
+
+def compact_dtype(key: str, dtype: np.dtype) -> np.dtype:
+    """The dtype output ``key`` is stored in by a compact screen."""
+    if dtype == np.float64 and key not in FULL_PRECISION_OUTPUTS:
+        return np.dtype(np.float32)
+    return dtype
 
 
 def evaluate_columns(
@@ -116,6 +132,7 @@ def screen_columns(
     mfu_dtype: str = "bf16",
     memory_parts_of_timed_rows: bool = False,
     progress=None,
+    compact: bool = False,
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
     without spreading the timed rows back over all rows: (memory outputs of every row,
@@ -125,7 +142,9 @@ def screen_columns(
     ``memory_parts_of_timed_rows``: every memory output but ``memory_per_gpu_bytes`` is
     kept for the timed rows only (one per row of them), and the others' released before
     the timing (the search reads no other row's parts). ``progress``: see
-    :mod:`planner.progress` (the memory screen, then each timed block)."""
+    :mod:`planner.progress` (the memory screen, then each timed block). ``compact``: the
+    outputs of the timed rows outside :data:`FULL_PRECISION_OUTPUTS` are float32 (the
+    search's feasible table)."""
     c = LayoutColumns.of(columns)
     report(progress, "memory screen", 0, len(c))
     rates, bf16_rates, tuned = _rates(job, accelerator)
@@ -133,12 +152,13 @@ def screen_columns(
     valid = _placeable(job, cluster, c)
     memory, rows = _memory_in_blocks(
         job, c, shapes, structs, tuned, valid, memory_limit_bytes, memory_parts_of_timed_rows,
-        progress,
+        progress, compact,
     )  # fmt: skip
     c = c.take(rows)  # the timed rows' columns only
     timed = _timed_in_blocks(
-        job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress
-    )
+        job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress,
+        compact,
+    )  # fmt: skip
     return memory, valid, rows, timed
 
 
@@ -153,8 +173,9 @@ def _placeable(job: Job, cluster: Cluster, c: LayoutColumns) -> np.ndarray:
 
 
 def _memory_in_blocks(
-    job, c, shapes, structs, tuned, valid, limit_bytes, parts_of_timed_rows, progress=None
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    job, c, shapes, structs, tuned, valid, limit_bytes, parts_of_timed_rows, progress=None,
+    compact=False,
+) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
     """:func:`planner.evaluate.memory.memory_columns` of the rows of ``c``,
     :data:`TIMED_BLOCK_ROWS` at a time (its [row, examined rank] sums stay small), and the
     rows to time: placeable (``valid``) and fitting in ``limit_bytes``. With
@@ -171,6 +192,8 @@ def _memory_in_blocks(
         timed_rows.append(at + start)
         for key, value in block.items():
             kept = value[at] if parts_of_timed_rows and key != "memory_per_gpu_bytes" else value
+            if compact:
+                kept = kept.astype(compact_dtype(key, kept.dtype), copy=False)
             parts.setdefault(key, []).append(kept)
         report(progress, "memory screen", stop, n)
     memory = {key: np.concatenate(values) for key, values in parts.items()}
@@ -178,8 +201,9 @@ def _memory_in_blocks(
 
 
 def _timed_in_blocks(
-    job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress=None
-) -> dict[str, np.ndarray]:
+    job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress=None,
+    compact=False,
+) -> dict[str, np.ndarray]:  # fmt: skip
     """:func:`planner.evaluate.time.time_columns` of the rows of ``c``, :data:`TIMED_BLOCK_ROWS`
     at a time, into one column per output."""
     n = len(c)
@@ -194,7 +218,8 @@ def _timed_in_blocks(
         for key, value in part.items():
             value = np.broadcast_to(value, (stop - start,))
             if key not in timed:
-                timed[key] = np.empty(n, dtype=value.dtype)
+                dtype = compact_dtype(key, value.dtype) if compact else value.dtype
+                timed[key] = np.empty(n, dtype=dtype)
             timed[key][start:stop] = value
         report(progress, "timing", stop, n)
     return timed

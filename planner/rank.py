@@ -145,15 +145,19 @@ def winner_rule(keys: np.ndarray, winner: int, fastest: int) -> str:
 SIMULATED = ("pipeline_time_simulated_s", "step_time_simulated_s")
 
 
-def simulate_rows(job, accelerator, simulated: dict, rows, records, layout_of_row) -> None:
+def simulate_rows(
+    job, accelerator, simulated: dict, rows, records, layout_of_row, memo=None
+) -> None:
     """Re-time ``rows`` (positions) not yet simulated with the event simulator
-    (:func:`planner.refine.refine`), in place: the two :data:`SIMULATED` columns of
-    ``simulated`` (NaN for rows never simulated); ``records(rows)`` gives those rows as dicts."""
+    (:func:`planner.refine.refine`, ``memo`` kept over the calls), in place: the two
+    :data:`SIMULATED` columns of ``simulated`` (NaN for rows never simulated);
+    ``records(rows)`` gives those rows as dicts."""
     from planner.refine import refine
 
     rows = [int(r) for r in rows if np.isnan(simulated["step_time_simulated_s"][r])]
     found = records(rows)
-    refined = refine(job, accelerator, [layout_of_row(record) for record in found], found)
+    layouts = [layout_of_row(record) for record in found]
+    refined = refine(job, accelerator, layouts, found, memo)
     for row, result in zip(rows, refined, strict=True):
         for key in SIMULATED:
             simulated[key][row] = result[key]
@@ -190,7 +194,8 @@ def rank_order(
     time_order = time_order.copy()
     simulated = {key: np.full(count, np.nan) for key in SIMULATED}
     head = min(top, count)
-    simulate_rows(job, accelerator, simulated, time_order[:head], records, layout_of_row)
+    memo: dict = {}  # the event simulator's, over both calls
+    simulate_rows(job, accelerator, simulated, time_order[:head], records, layout_of_row, memo)
     if objective == "step_time":  # only the simulated head moves
         moved = np.argsort(simulated["step_time_simulated_s"][time_order[:head]], kind="stable")
         time_order[:head] = time_order[:head][moved]
@@ -216,7 +221,7 @@ def rank_order(
     order = robust_order(
         effective_step_time({"step_time_s": step_time_s, **simulated}), keys, band, rank_by_time
     )
-    simulate_rows(job, accelerator, simulated, order[:top], records, layout_of_row)
+    simulate_rows(job, accelerator, simulated, order[:top], records, layout_of_row, memo)
     time_s = effective_step_time({"step_time_s": step_time_s, **simulated})
     order = robust_order(time_s, keys, band, rank_by_time)
     equivalent = equivalent_to_best(time_s[order], band)

@@ -116,7 +116,8 @@ def simulated_pipeline_time(
     scaled to the row's busiest-rank F, B (+ recompute), W per micro-batch. ``memo``: step
     times by (schedule, pp, micro-batches, vpp, durations), so rows that run the same
     pipeline with the same durations (the top rows often differ only in what the pipeline
-    does not see) are simulated once."""
+    does not see) are simulated once, and the action lists by (schedule, pp, micro-batches,
+    vpp), generated once for the rows that run the same pipeline with other durations."""
     if layout.pp == 1:
         return float(row["pipeline_time_s"])
     f, b, w = scaled_stage_durations(job, layout, accelerator, busiest_rank_s(row))
@@ -129,7 +130,12 @@ def simulated_pipeline_time(
     )
     if memo is not None and key in memo:
         return memo[key]
-    actions = generate_schedule(layout.schedule, layout.pp, num_microbatches, layout.vpp)
+    pipeline = ("actions", *key[:4])
+    actions = memo.get(pipeline) if memo is not None else None
+    if actions is None:
+        actions = generate_schedule(layout.schedule, layout.pp, num_microbatches, layout.vpp)
+        if memo is not None:
+            memo[pipeline] = actions
     step_time = simulated_step_time(actions, f, b, w)
     if memo is not None:
         memo[key] = step_time
@@ -137,11 +143,13 @@ def simulated_pipeline_time(
 
 
 def refine(
-    job: Job, accelerator: Accelerator, layouts: list[Layout], rows: list[dict]
-) -> list[dict]:
+    job: Job, accelerator: Accelerator, layouts: list[Layout], rows: list[dict],
+    memo: dict | None = None,
+) -> list[dict]:  # fmt: skip
     """For each layout (with its row of the columns model): the closed-form and simulated
-    pipeline times and the step time with the simulated one in place."""
-    out, memo = [], {}
+    pipeline times and the step time with the simulated one in place. ``memo``: see
+    :func:`simulated_pipeline_time` (kept over calls of one search)."""
+    out, memo = [], {} if memo is None else memo
     for layout, row in zip(layouts, rows, strict=True):
         m = int(row["num_microbatches"])
         simulated = simulated_pipeline_time(job, layout, accelerator, row, m, memo)

@@ -35,6 +35,7 @@ import math
 import numpy as np
 
 from hwspecs.errors import PlanError
+from planner.columns.codes import distinct_rows
 from planner.comm.levels import Level
 from planner.comm.topology import (
     GroupPlacement,
@@ -227,8 +228,9 @@ def _ring_step_times(job, tp, cp, b, ring_size, rates):
     zeros = np.zeros(tp.shape)
     if rates is None or not tp.size:
         return zeros, zeros, zeros, zeros
-    keys = np.stack([tp.ravel(), cp.ravel(), b.ravel(), ring_size.ravel()], axis=-1)
-    distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
+    columns = [np.ravel(x) for x in (tp, cp, b, ring_size)]
+    chosen, inverse = distinct_rows(*columns)  # integer keys through a table: no sort
+    distinct = np.stack([column[chosen] for column in columns], axis=-1)
     model, s, e = job.model, job.seq_len, job.precision.activation_bytes
     table = []
     for t, c, mbs, ring in distinct.tolist():

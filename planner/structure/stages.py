@@ -70,18 +70,37 @@ def pipeline_rank_layers(
     width = max((int(p) for p, *_ in keys), default=1)
     names = ("layers", "moe_layers", "embedding", "head", "held_layers", "held_head")
     table = {name: np.zeros((len(keys), width)) for name in names}
-    for index, (p, c, v, mirror, spl) in enumerate(keys):
-        schedule = "zbv" if v else ("dualpipe" if mirror else "interleaved-1f1b")
-        vpp = 2 if v else int(c)
-        ranks = rank_structure(model, int(p), vpp, schedule, spl)
-        dense, moe = np.asarray(ranks.dense_layers), np.asarray(ranks.moe_layers)
-        emb = np.asarray(ranks.has_embedding, dtype=float)
-        head = np.asarray(ranks.has_head, dtype=float)
-        if mirror:  # DualPipe's mirrored stage (also holds the other end)
-            held, held_head = dense + moe + (dense + moe)[::-1], head + head[::-1]
-            dense, moe, emb, head = ((x + x[::-1]) / 2 for x in (dense, moe, emb, head))
-        else:
-            held, held_head = dense + moe, head
-        for name, values in zip(names, (dense + moe, moe, emb, head, held, held_head), strict=True):
-            table[name][index, : int(p)] = values
+    if len(_PIPELINES) > _PIPELINES_SIZE:
+        _PIPELINES.clear()
+    for index, key in enumerate(keys):
+        known = _PIPELINES.get((id(model), key))
+        if known is None or known[0] is not model:
+            known = model, _pipeline_ranks(model, *key)
+            _PIPELINES[id(model), key] = known
+        for name, values in zip(names, known[1], strict=True):
+            table[name][index, : int(key[0])] = values
     return table, inverse, shape
+
+
+#: :func:`_pipeline_ranks` per (model, key), kept over calls (the search times its rows in
+#: blocks, and each block meets mostly the same pipelines); each entry holds its model, so
+#: an id in a key is never another model's.
+_PIPELINES: dict[tuple, tuple] = {}
+_PIPELINES_SIZE = 2**12
+
+
+def _pipeline_ranks(model: ModelSpec, p, c, v, mirror, spl) -> tuple[np.ndarray, ...]:
+    """Per rank of one pipeline: layers, MoE layers, embedding, head (DualPipe: the mean of
+    its two stages), and held layers, held head (both of DualPipe's copies)."""
+    schedule = "zbv" if v else ("dualpipe" if mirror else "interleaved-1f1b")
+    vpp = 2 if v else int(c)
+    ranks = rank_structure(model, int(p), vpp, schedule, spl)
+    dense, moe = np.asarray(ranks.dense_layers), np.asarray(ranks.moe_layers)
+    emb = np.asarray(ranks.has_embedding, dtype=float)
+    head = np.asarray(ranks.has_head, dtype=float)
+    if mirror:  # DualPipe's mirrored stage (also holds the other end)
+        held, held_head = dense + moe + (dense + moe)[::-1], head + head[::-1]
+        dense, moe, emb, head = ((x + x[::-1]) / 2 for x in (dense, moe, emb, head))
+    else:
+        held, held_head = dense + moe, head
+    return dense + moe, moe, emb, head, held, held_head

@@ -7,7 +7,9 @@ prints: where the published TP/CP/PP/DP first appears in the robust ranking and 
 distinct degree tuples by predicted time, whether it is a tie with the fastest, how much
 slower the model predicts it, and the winner with its MFU, the rule that chose it and the
 band. The target (issue 16): published first, in the top 3 by time or a tie, the winner's
-MFU within 3 points of the published. Nothing here is fitted to the published figures;
+MFU within 3 points of the published. Then, per row, why the model finds the published
+degrees slower: their fastest row's closed-form step time against the fastest row's, and
+the breakdown lines that differ most. Nothing here is fitted to the published figures;
 the result is printed as it comes out.
 
 The DeepSeek-V3 table estimates its published layout (2,048 H800s, PP 16 DualPipe, EP 64,
@@ -67,6 +69,31 @@ def published_place(table, degrees: dict) -> dict:
     }
 
 
+#: Step-time lines of a plan row (closed form, seconds) the gap between two layouts is read from.
+GAP_TERMS = ("compute_s", "recompute_s", "pipeline_bubble_s", "tp_exposed_time_s",
+             "cp_exposed_time_s", "pp_exposed_time_s", "dp_exposed_time_s", "optimizer_s",
+             "link_contention_s", "profile_compute_s", "profile_kernels_s", "profile_overlap_s",
+             "profile_sync_s", "profile_tp_overlap_s")  # fmt: skip
+
+
+def gap_text(table, degrees: dict, largest: int = 4) -> str:
+    """What makes the published degrees' fastest row slower than the fastest row by time:
+    its closed-form step time against the other's and the terms that differ most."""
+    mask = np.ones(len(table), dtype=bool)
+    for axis, degree in degrees.items():
+        mask &= table[axis].to_numpy() == degree
+    if not mask.any():
+        return "published degrees not among the feasible layouts"
+    step = table["step_time_s"].to_numpy()
+    mine = table.iloc[int(np.flatnonzero(mask)[np.argmin(step[mask])])]
+    best = table.iloc[int(np.argmin(step))]
+    terms = [t for t in GAP_TERMS if t in table.columns]
+    diffs = sorted(((float(mine[t]) - float(best[t]), t) for t in terms), key=lambda d: -abs(d[0]))
+    parts = ", ".join(f"{t.removesuffix('_s')} {d:+.3f}" for d, t in diffs[:largest])
+    return (f"{degrees_text(mine)} {mine['schedule']} {float(mine['step_time_s']):.3f} s vs "
+            f"{degrees_text(best)} {best['schedule']} {float(best['step_time_s']):.3f} s: {parts}")  # fmt: skip
+
+
 def ranking_mfu(row) -> float:
     """The row's MFU at the step time it was ranked by (simulated where it was run)."""
     simulated = row["step_time_simulated_s"]
@@ -86,6 +113,7 @@ def main() -> None:
         f"{'t#':>4} {'tie':>4} {'slower':>6} {'winner':>12} {'win MFU':>7} {'band':>6} {'ties':>6} "
         f"{'rule':>10} {'target':>6} {'s':>4}"
     )
+    gaps = []
     for profile in PROFILES:
         name = "shipped" if profile != "none" else "none"
         for gpus, tp, cp, pp, dp, seq, published in LLAMA3_TABLE4:
@@ -111,6 +139,8 @@ def main() -> None:
                 f"{int(table['equivalent_to_best'].sum()):>6} {rule[:10]:>10} "
                 f"{'PASS' if ok else 'FAIL':>6} {seconds:>4.0f}"
             )
+            degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
+            gaps.append(f"{name:>8} {gpus:>6} {seq:>7}: {gap_text(table, degrees)}")
     print(
         "#: the published degrees' first row in the robust ranking; t#: their place among "
         "distinct tp/cp/pp/dp by predicted time; tie: inside the equivalent set; slower: "
@@ -118,6 +148,8 @@ def main() -> None:
         "published first, t# <= 3 or a tie, winner MFU within 3 points (MFU at the ranked, "
         "simulated step time)"
     )
+    print("\nWhy the published layout is slower (closed form; the terms that differ most, s):")
+    print("\n".join(gaps))
 
 
 # DeepSeek-V3: layout from the report (arXiv 2412.19437 §3.1-§3.2); causal MFU 38.94% from
@@ -179,11 +211,15 @@ def deepseek_v3_plan() -> None:
         rows = np.flatnonzero(published)
         rank = int(rows[0]) + 1 if len(rows) else None
         time_rank = int(table["rank_by_time"].to_numpy()[rows].min()) if len(rows) else None
+        simulated = table["step_time_simulated_s"].to_numpy()
+        time_s = np.where(np.isnan(simulated), table["step_time_s"].to_numpy(), simulated)
+        slower = time_s[published].min() / time_s.min() - 1 if len(rows) else float("nan")
         winner = table.iloc[0]
         print(
             f"  profile {'shipped' if profile != 'none' else 'none'}: band "
             f"{result.query['ratio_error_band'] or 0:.1%}, {int(table['equivalent_to_best'].sum()):,} "
             f"ties; published TP1 PP16 EP64 DualPipe: rank {rank}, by time {time_rank}, "
+            f"{slower:.1%} slower than the fastest, "
             f"{'inside' if tie else 'OUTSIDE'} the equivalent set; winner "
             f"{degrees_text(winner, ('tp', 'cp', 'pp', 'dp', 'ep'))} {winner['schedule']} "
             f"({winner['preference']}), MFU {ranking_mfu(winner):.1%}; {seconds:.0f} s"

@@ -27,10 +27,17 @@ show, each its own line of the step's breakdown:
   communication time is added.
 * ``sync_per_doubling_s`` (s, 0–50 ms): a synchronisation cost per step growing with the
   log of the ranks the step waits for (barriers, the slowest rank of a collective tree).
+* ``tp_comm_overlap`` (fraction, 0–1): the share of the tensor-parallel collectives the
+  stack hides behind the GEMMs they feed or follow (all-gather/GEMM and GEMM/reduce-scatter
+  pipelining: TransformerEngine's userbuffers ``tp_comm_overlap``, Wang et al. 2023
+  "Overlap communication with dependent computation via decomposition", torch's async TP).
+  The ideal model exposes every TP collective (Megatron without overlap, Korthikanti et al.
+  2022 §4); the hidden share leaves the step (a negative line) and joins the overlapped
+  communication that ``overlap_slowdown`` charges.
 
 FLOP shares come from :func:`planner.cost.flops.model_ops_per_sequence` (causal attention).
 Compute-side terms scale with the pipeline's stretch (``pipeline_time / busy``) since the
-bubble is made of the same stage times. Ideal values (1, 1, 0, 1, 0, 0, 0) leave every
+bubble is made of the same stage times. Ideal values (1, 1, 0, 1, 0, 0, 0, 0) leave every
 step unchanged. Each function is pure and works on numpy columns.
 """
 
@@ -71,10 +78,14 @@ TERMS: dict[str, Term] = {
     "sync_per_doubling_s": Term(
         "s", 0.0, 0.05, 0.0, "synchronisation per step per doubling of the ranks waited for"
     ),
+    "tp_comm_overlap": Term(
+        "fraction", 0.0, 1.0, 0.0, "share of TP communication hidden behind the GEMMs"
+    ),
 }
 TERM_NAMES = tuple(TERMS)
 #: Breakdown lines the profile adds (seconds per step).
-PROFILE_PARTS = ("profile_compute", "profile_kernels", "profile_overlap", "profile_sync")
+PROFILE_PARTS = ("profile_compute", "profile_kernels", "profile_overlap", "profile_sync",
+                 "profile_tp_overlap")  # fmt: skip
 
 
 def ideal_values() -> dict[str, float]:
@@ -142,8 +153,9 @@ def _saturating(width, half_width: float):
 
 def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarray]:
     """Seconds each term adds to a step, per row. ``columns``: the ideal step's
-    ``compute_s``, ``recompute_s``, ``pipeline_time_s``, ``exposed_comm_s`` and
-    :func:`profile_inputs`; ``values``: one value per term (missing terms: ideal)."""
+    ``compute_s``, ``recompute_s``, ``pipeline_time_s``, ``exposed_comm_s``,
+    ``tp_exposed_time_s`` and :func:`profile_inputs`; ``values``: one value per term
+    (missing terms: ideal)."""
     v = {**ideal_values(), **values}
     busy = columns["compute_s"] + columns["recompute_s"]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -156,11 +168,13 @@ def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarr
         + experts / (sustained * expert)
         + attention / v["attention_efficiency"]
     )
+    hidden_tp = v["tp_comm_overlap"] * columns["tp_exposed_time_s"]
     return {
         "profile_compute": busy * (slowdown - 1) * stretch,
         "profile_kernels": columns["kernels_per_step"] * v["kernel_overhead_s"] * stretch,
-        "profile_overlap": v["overlap_slowdown"] * columns["overlapped_comm_s"],
+        "profile_overlap": v["overlap_slowdown"] * (columns["overlapped_comm_s"] + hidden_tp),
         "profile_sync": v["sync_per_doubling_s"] * np.log2(np.maximum(columns["num_gpus"], 1)),
+        "profile_tp_overlap": -hidden_tp,
     }
 
 

@@ -35,6 +35,7 @@ FEATURE_COLUMNS = (
     "compute_s",
     "recompute_s",
     "exposed_comm_s",
+    "tp_exposed_time_s",
     "overlapped_comm_s",
     "kernels_per_step",
     "expert_width",

@@ -31,6 +31,7 @@ START = {
     "kernel_overhead_s": 2e-6,
     "overlap_slowdown": 0.1,
     "sync_per_doubling_s": 1e-3,
+    "tp_comm_overlap": 0.3,
 }
 #: Soft-L1 scale on log throughput: residuals beyond ~15% count linearly, not squared.
 ROBUST_SCALE = 0.15
@@ -85,6 +86,8 @@ def informed_terms(cols: dict) -> list[str]:
         names.remove("compute_efficiency_bf16")
     if not cols["expert_share"].any():
         names.remove("expert_gemm_half_width")
+    if not cols["tp_exposed_time_s"].any():
+        names.remove("tp_comm_overlap")
     return names
 
 

@@ -119,6 +119,7 @@ def _synthetic_columns(rng, n: int) -> dict:
         "compute_s": compute,
         "recompute_s": compute * rng.choice([0, 0.3], n),
         "exposed_comm_s": compute * rng.uniform(0, 0.2, n),
+        "tp_exposed_time_s": compute * rng.choice([0, 0.05, 0.15], n),
         "overlapped_comm_s": compute * rng.uniform(0, 0.5, n),
         "kernels_per_step": rng.uniform(1e4, 5e5, n),
         "expert_width": rng.choice([512.0, 768, 2048, 8192], n),
@@ -137,7 +138,20 @@ KNOWN = {
     "kernel_overhead_s": 4e-6,
     "overlap_slowdown": 0.25,
     "sync_per_doubling_s": 0.004,
+    "tp_comm_overlap": 0.6,
 }
+
+
+def test_tp_comm_overlap_hides_its_share_and_charges_the_overlap_slowdown():
+    cols = _synthetic_columns(np.random.default_rng(3), 30)
+    values = {**ideal_values(), "tp_comm_overlap": 0.6, "overlap_slowdown": 0.25}
+    parts = profile_parts(cols, values)
+    hidden = 0.6 * cols["tp_exposed_time_s"]
+    assert np.allclose(parts["profile_tp_overlap"], -hidden)
+    assert np.allclose(parts["profile_overlap"], 0.25 * (cols["overlapped_comm_s"] + hidden))
+    # The step never loses more than the TP time the ideal model exposed.
+    step = profiled_step_time(cols, {**ideal_values(), "tp_comm_overlap": 1.0})
+    assert np.allclose(step, cols["step_time_s"] - cols["tp_exposed_time_s"])
 
 
 def test_fit_recovers_the_terms_of_rows_the_model_generated():

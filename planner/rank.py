@@ -23,8 +23,8 @@ all rules tie keep their order by time, and rows outside the band follow in time
 
 A preference never overrides a difference larger than the band: two equivalent rows both
 lie within ``(1 + band)`` of the best, so of each other. With band 0 (or ``--rank time``)
-the order is the time order. Everything is numpy over the result rows (a group minimum by
-pandas), no loop per row.
+the order is the time order. Everything is numpy over the result rows (a group minimum over
+distinct tuples), no loop per row.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from planner.columns.codes import Labels, distinct_rows
 from planner.pipeline.schedules import SCHEDULES
 
 GIB = 2**30
@@ -78,9 +79,13 @@ def schedule_complexity(name: str, vpp) -> np.ndarray:
 
 
 def _shallowest(columns: dict, axis: str, others: tuple[str, ...]) -> np.ndarray:
-    """Per row: the smallest ``axis`` degree among the rows sharing its ``others``."""
-    frame = pd.DataFrame({key: np.asarray(columns[key]) for key in (axis, *others)})
-    return frame.groupby(list(others), sort=False)[axis].transform("min").to_numpy()
+    """Per row: the smallest ``axis`` degree among the rows sharing its ``others`` (one
+    group per distinct tuple of them, :func:`planner.columns.codes.distinct_rows`)."""
+    _, group = distinct_rows(*(columns[key] for key in others))
+    values = np.asarray(columns[axis])
+    least = np.full(int(group.max(initial=-1)) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(least, group, values)
+    return least[group]
 
 
 def preference_keys(columns: dict, scale_up_domain: int, usable_bytes: float) -> np.ndarray:
@@ -93,13 +98,16 @@ def preference_keys(columns: dict, scale_up_domain: int, usable_bytes: float) ->
     pp_depth = np.log2(pp / _shallowest(columns, "pp", ("tp", "cp", "ep", *MEMORY_MEASURES)))
     cp_need = np.log2(cp / _shallowest(columns, "cp", ("tp", "pp", "ep", *MEMORY_MEASURES)))
     free_gib = np.floor((usable_bytes - np.asarray(columns["memory_per_gpu_bytes"])) / GIB)
-    schedule = pd.Categorical(np.asarray(columns["schedule"]))
+    schedule = Labels.of(columns["schedule"])
     vpp = np.asarray(columns["vpp"])
     simple = np.zeros(len(tp))
-    for code, name in enumerate(schedule.categories):  # one pass per schedule name
+    for code, name in enumerate(schedule.values):  # one pass per schedule name
         rows = schedule.codes == code
         simple[rows] = schedule_complexity(name, vpp[rows])
-    return np.stack([axes, tp_first, pp_depth, cp_need, -free_gib, simple], axis=1).astype(float)
+    keys = np.empty((len(tp), len(RULES)))  # filled in place: no stacked copy
+    for rule, key in enumerate((axes, tp_first, pp_depth, cp_need, -free_gib, simple)):
+        keys[:, rule] = key
+    return keys
 
 
 def equivalent_to_best(step_time_s: np.ndarray, band: float) -> np.ndarray:

@@ -174,9 +174,8 @@ def search(
             return [{key: _plain(value[i]) for key, value in found.items()}
                     for i in range(len(positions))]  # fmt: skip
 
-        def column(key: str) -> np.ndarray:
-            value = kept_rows(key)
-            return value.strings() if isinstance(value, Labels) else value
+        def column(key: str) -> np.ndarray | Labels:
+            return kept_rows(key)  # string columns as codes
 
         report(progress, "ranking", len(rows), len(rows))
         count = min(refine_top, len(kept))

@@ -148,10 +148,11 @@ def _ring_lines(result, job) -> list[str]:
             f"block attention {p['block_attention_s'] * 1e3:.3f} ms ({hidden}), kernels and "
             f"rescale {p['step_overhead_s'] * 1e3:.3f} ms → {p['exposed_s'] * 1e3:.3f} ms exposed"
         )
-    home = step["backward_home"]
+    last = step["backward_last"]
     lines.append(
-        f"  after the backward's last step the summed dK, dV go home: {home['bytes'] / 1e6:,.2f} "
-        f"MB in {home['transfer_s'] * 1e3:.3f} ms, exposed"
+        f"  the backward's last step sends the summed dK, dV to their owner beside its own "
+        f"block: {last['bytes'] / 1e6:,.2f} MB in {last['transfer_s'] * 1e3:.3f} ms, "
+        f"{last['exposed_s'] * 1e3:.3f} ms exposed"
     )
     return lines
 

@@ -7,11 +7,15 @@ forward passes again under full recomputation), with ``kv`` a rank's K and V per
 
 * **ring** (Liu et al. 2023 §3; Brandon et al. 2023; TransformerEngine
   ``AttnFuncWithCPAndKVP2P``, torch ``context_parallel``): forward sends cp − 1 K/V blocks of
-  ``b·(s/cp)·kv`` bytes to the next rank of the ring; backward sends the K/V blocks again and
-  the dK, dV accumulated on the ranks each block visits, one step behind them (cp − 2 steps
-  carry both, the first the block alone, and the summed dK, dV go home after the last step,
-  exposed). Each step's transfer runs while the block already held
-  is computed on, so a step exposes ``max(0, transfer − block compute)`` — the block being
+  ``b·(s/cp)·kv`` bytes to the next rank of the ring; backward visits the blocks in the
+  forward's reverse order, ending on the rank's own (diagonal) block, and sends the K/V
+  blocks again with the dK, dV accumulated on the ranks each block visits, one step behind
+  them: the first step carries the block alone, cp − 2 carry both, and the last the dK, dV
+  alone — the sum arriving at the block's owner while it computes its own block
+  (TransformerEngine ``AttnFuncWithCPAndKVP2P.backward``: "in reversed order of fwd", the
+  dKV-only send at ``i == cp − 1``, waited for after that step's kernel). Each step's
+  transfer is launched before the step's kernel and waited for after it, so a step exposes
+  ``max(0, transfer − block compute)`` — the block being
   ``1/cp`` of the rank's attention (the zig-zag split balances the causal work) — plus the
   step's own kernels and rescaling (:func:`planner.cost.context_parallel.ring_step_overhead_s`).
   Short sequences (attention ∝ s², the block ∝ s) or fast attention expose the transfer.
@@ -181,8 +185,8 @@ def context_parallel_terms(job, tp, cp, b, m, layers, full, algorithm, inner, ra
     for name, algo, group in (("ring", RING, "cp_ring"), ("outer ring", HIERARCHICAL, "cp_outer")):
         steps = np.where(many & (algorithm == algo), ring_size - 1, 0)
         # Backward: the K/V block leaves at steps 0 … cp−2 and the travelling dK, dV at steps
-        # 1 … cp−1, so cp−2 steps carry both, the first the block alone and the last sends
-        # the summed dK, dV home with no block left to compute beside it.
+        # 1 … cp−1, so cp−2 steps carry both, the first the block alone and the last the
+        # dK, dV alone, beside the rank's own block (the backward's last, TE's order).
         middle, ends = np.maximum(steps - 1, 0), np.where(steps > 0, 1, 0)
         terms += [
             Term("cp", "p2p", f"{name}: K/V block to the next rank, cp−1 steps per layer, fwd",
@@ -193,8 +197,8 @@ def context_parallel_terms(job, tp, cp, b, m, layers, full, algorithm, inner, ra
                  overlap_s=overlap_b, extra_s=extra_b),
             Term("cp", "p2p", f"{name}: the first step's K/V block, bwd", backward_passes * ends,
                  block, RING_RULE, group=group, overlap_s=overlap_b, extra_s=extra_b),
-            Term("cp", "p2p", f"{name}: the summed dK, dV home to their owner, bwd",
-                 backward_passes * ends, block, RING_RULE, group=group),
+            Term("cp", "p2p", f"{name}: the last step's dK, dV to the block's owner, bwd",
+                 backward_passes * ends, block, RING_RULE, group=group, overlap_s=overlap_b),
         ]  # fmt: skip
     for name, on, group in (
         ("Ulysses", many & (algorithm == ULYSSES), "cp"),
@@ -243,10 +247,10 @@ def ring_exposed_time(raw, count, one, overlap_s, extra_s):
 
 def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
     """One ring step of ``layout``'s ring attention — forward, backward (a step carrying the
-    block and the travelling dK, dV), the backward's first step (the block alone) and the
-    dK, dV sent home after its last (exposed) —: the transfer's seconds, the block attention
-    it runs beside, the step's kernels and rescaling, and what it exposes (the numbers
-    :func:`ring_exposed_time` reads); None without a ring."""
+    block and the travelling dK, dV), the backward's first step (the block alone) and its
+    last (the summed dK, dV alone, beside the own block) —: the transfer's seconds, the
+    block attention it runs beside, the step's kernels and rescaling, and what it exposes
+    (the numbers :func:`ring_exposed_time` reads); None without a ring."""
     from planner.comm.collectives import algorithm_costs, choose
     from planner.comm.topology import place_groups
     from planner.cost.compute import GpuRates
@@ -273,7 +277,7 @@ def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
     for name, sent, overlap, extra in (("forward", block, overlap_f, extra_f),
                                        ("backward", 2 * block, overlap_b, extra_b),
                                        ("backward_first", block, overlap_b, extra_b),
-                                       ("backward_home", block, 0.0, 0.0)):  # fmt: skip
+                                       ("backward_last", block, overlap_b, 0.0)):  # fmt: skip
         transfer = choose(costs, sent)[1].time_s(sent)
         passes[name] = {
             "bytes": sent, "transfer_s": transfer, "block_attention_s": overlap,

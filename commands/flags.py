@@ -249,6 +249,11 @@ class WeightPass(str, Enum):
     graph = "graph"
 
 
+class UlyssesKvHeads(str, Enum):
+    whole = "whole"
+    replicate = "replicate"
+
+
 class Optimizer(str, Enum):
     adamw = "adamw"
     sgd_momentum = "sgd-momentum"
@@ -461,6 +466,10 @@ JOB = FlagGroup(
               "what zero-bubble schedules keep from B to W: the weight GEMMs' inputs and output "
               "gradients (inputs: zero-bubble paper, Megatron) or the whole graph (graph: "
               "torchtitan)", WeightPass.inputs, show_allowed=True),
+        _flag("ulysses_kv_heads", Choice(UlyssesKvHeads),
+              "Ulysses CP over more ranks than a TP rank's KV heads: refused (whole: "
+              "TransformerEngine, Megatron-Core) or the K/V heads repeated up to the degree "
+              "(replicate: verl)", UlyssesKvHeads.whole, show_allowed=True),
         _flag("moe_imbalance", Number(1.0),
               "MoE, dropless routing: routed tokens on the busiest EP rank over the balanced "
               "share (default: the model's, 1.0)"),
@@ -650,6 +659,7 @@ def build_job(job: Values, default_batch: bool = True):
         finetune=build_finetune(job),
         memory_measures=value(job.memory_measures),
         weight_pass_memory=value(job.weight_pass_memory),
+        ulysses_kv_heads=value(job.ulysses_kv_heads),
         moe_imbalance=job.moe_imbalance,
         moe_capacity_factor=job.moe_capacity_factor,
     )

@@ -187,7 +187,8 @@ def rejection_masks(
         if gbs
         else np.where(vpp > 1, pp * vpp, pp)
     )
-    columns = {**cols, "num_microbatches": m}
+    columns = {**cols, "num_microbatches": m,
+               "replicate_kv": job.ulysses_kv_heads == "replicate"}  # fmt: skip
     search_rules = {  # after the layout rule named: (reason, rejected rows)
         "ffn": (
             f"tp crosses the {cluster.scale_up_domain_size}-GPU scale-up (NVLink) domain",

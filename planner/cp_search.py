@@ -101,7 +101,8 @@ def dominated_cp_rows(job, cluster, order, columns: dict, alive: np.ndarray) -> 
     algorithm = codes[rows][probe_rows]
     cost = [_exposed_cp_s(job, cluster, order, probe, algorithm, r) for r in ("none", "full")]
     cost.append(cp_buffer_bytes(job.model, job.seq_len, probe["micro_batch_size"], probe["tp"],
-                                probe["cp"], algorithm, job.precision.activation_bytes))  # fmt: skip
+                                probe["cp"], algorithm, job.precision.activation_bytes,
+                                job.ulysses_kv_heads == "replicate"))  # fmt: skip
     # [group, algorithm] tables of each cost (inf where the rules keep no such row).
     num_groups, num_algorithms = len(group_rows), int(codes.max()) + 1
     group = group_of[probe_rows]

@@ -96,7 +96,8 @@ def estimate(
     order=None,
 ) -> Estimate:
     """Predict one step of ``job`` under ``layout`` on ``cluster`` (its first ``gpus`` devices)."""
-    check_layout(layout, job.model, job.seq_len, cp_inner=_cp_inner(layout, cluster, order))
+    check_layout(layout, job.model, job.seq_len, cp_inner=_cp_inner(layout, cluster, order),
+                 replicate_kv=job.ulysses_kv_heads == "replicate")  # fmt: skip
     if gpus is not None and gpus != layout.num_gpus:
         raise PlanError(f"tp·cp·pp·dp = {layout.num_gpus} GPUs, but --gpus is {gpus}")
     if layout.num_gpus > cluster.num_gpus:

@@ -22,7 +22,9 @@ forward passes again under full recomputation), with ``kv`` a rank's K and V per
 * **ulysses** (Jacobs et al. 2023 §3.1; TransformerEngine ``AttnFuncWithCPAndQKVOA2A``): an
   all-to-all of Q, K, V (sequence → heads) before attention and one of the output (heads →
   sequence) after it in forward; backward mirrors them (dO in, dQ, dK, dV out). Attention
-  needs the whole sequence of its heads first: exposed.
+  needs the whole sequence of its heads first: exposed. Under ``Job.ulysses_kv_heads =
+  "replicate"`` the K/V heads go ``max(cp // kv, 1)`` times over (verl's ``repeat_kv``;
+  :func:`planner.cost.context_parallel.ulysses_kv_repeats`).
 * **hierarchical** (Megatron-Core ``a2a+p2p``): Ulysses over the ``k`` CP ranks of one
   scale-up domain (:func:`cp_inner_degree`), then a ring over the ``cp/k`` groups of them
   (``cp/k − 1`` steps, each block ``k/cp`` of the rank's attention after the re-shard).
@@ -56,6 +58,7 @@ from planner.cost.context_parallel import (
     rank_attention_core_s,
     ring_step_overhead_s,
     ulysses_bytes,
+    ulysses_kv_repeats,
 )
 from planner.spec.layout import CP_ALGORITHMS, cp_algorithm_codes
 
@@ -179,7 +182,8 @@ def context_parallel_terms(job, tp, cp, b, m, layers, full, algorithm, inner, ra
     forward_passes = layers * m * (1 + full)
     backward_passes = layers * m
     block = kv_block_bytes(model, s, b, tp, cp, e)
-    qkv, out = ulysses_bytes(model, s, b, tp, cp, e)
+    repeats = ulysses_kv_repeats(model, tp, cp, job.ulysses_kv_heads == "replicate")
+    qkv, out = ulysses_bytes(model, s, b, tp, cp, e, np.where(algorithm == ULYSSES, repeats, 1))
     overlap_f, overlap_b, extra_f, extra_b = _ring_step_times(job, tp, cp, b, ring_size, rates)
     terms = []
     for name, algo, group in (("ring", RING, "cp_ring"), ("outer ring", HIERARCHICAL, "cp_outer")):

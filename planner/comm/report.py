@@ -113,7 +113,7 @@ def axis_traffic(
     tp_comm_overlap: bool = False,
 ) -> CommReport:
     """Per-axis bytes, tier, raw and exposed time per step for one layout (see module doc)."""
-    check_layout(layout, job.model, job.seq_len)
+    check_layout(layout, job.model, job.seq_len, replicate_kv=job.ulysses_kv_heads == "replicate")
     spec = get_schedule(layout.schedule)
     chunks = spec.fixed_vpp or layout.vpp
     m = layout.resolved_num_microbatches(job.global_batch_size)

@@ -541,6 +541,9 @@ LAYOUT = FlagGroup(
               "how CP exchanges K and V: all-gather (Llama 3), ring (ring attention), ulysses "
               "(all-to-all), hierarchical (Ulysses inside the scale-up domain, ring across)",
               CpAlgorithm.all_gather, show_allowed=True),
+        _flag("cp_inner", DEGREE,
+              "hierarchical CP's inner (Ulysses) degree, a ring over cp/cp_inner outside; "
+              "divides cp (default: the CP ranks of one scale-up domain)"),
         _flag("pp", DEGREE, "pipeline-parallel degree", 1),
         _flag("dp", DEGREE, "data-parallel degree", 1),
         _flag("ep", DEGREE, "expert-parallel degree (MoE)", 1),
@@ -579,6 +582,9 @@ PINS = FlagGroup(
         _flag("recompute", ListOf(Choice(Recompute)), "pin: none, selective, full"),
         _flag("cp_algorithm", ListOf(Choice(CpAlgorithm)),
               "pin: all-gather, ring, ulysses, hierarchical (default: every one where cp > 1)"),
+        _flag("cp_inner", ListOf(DEGREE),
+              "pin hierarchical CP's inner degree, e.g. 2,4 (default: every divisor of cp "
+              "between 1 and cp)"),
         _switch("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", "pin"),
         _switch("allow_cross_node_tp", "--allow-cross-node-tp/--no-cross-node-tp",
                 "let TP groups span nodes", False),

@@ -167,6 +167,8 @@ def _cp_inner(layout: Layout, cluster: Cluster, order) -> int | None:
     """Hierarchical CP's inner degree on ``cluster`` (None for the other algorithms)."""
     if layout.cp_algorithm != "hierarchical":
         return None
+    if layout.cp_inner is not None:
+        return layout.cp_inner
     from planner.comm.context_parallel import cp_inner_degree
     from planner.comm.topology import degrees
     from planner.spec.layout import DEFAULT_MESH_ORDER

@@ -104,13 +104,14 @@ def _inner_of(placement: Placement) -> int:
 _CP_GROUPS: dict[tuple, dict[str, GroupPlacement]] = {}
 
 
-def placement_group(placement: Placement, name: str) -> GroupPlacement:
-    """The placement's group ``name``: one of its own, or one of :data:`CP_GROUPS`."""
+def placement_group(placement: Placement, name: str, inner: int | None = None) -> GroupPlacement:
+    """The placement's group ``name``: one of its own, or one of :data:`CP_GROUPS` for
+    hierarchical CP's inner degree ``inner`` (None: the CP ranks of one scale-up domain)."""
     if name not in CP_GROUPS:
         return placement.groups[name]
     factors = mesh_factors(placement.sizes, placement.order)
     shape = _group_shape(factors, "cp")
-    inner = _inner_of(placement)
+    inner = inner or _inner_of(placement)
     key = (placement.view.cluster.id, placement.view.num_gpus, shape, inner)
     found = _CP_GROUPS.get(key)
     if found is None:
@@ -264,11 +265,11 @@ def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
     if layout.cp <= 1 or algorithm not in (RING, HIERARCHICAL):
         return None
     placement = place_groups(cluster, layout, order or DEFAULT_MESH_ORDER)
-    inner = _inner_of(placement) if algorithm == HIERARCHICAL else 1
+    inner = (layout.cp_inner or _inner_of(placement)) if algorithm == HIERARCHICAL else 1
     ring = layout.cp // inner
     if ring <= 1:
         return None
-    group = placement_group(placement, "cp_ring" if algorithm == RING else "cp_outer")
+    group = placement_group(placement, "cp_ring" if algorithm == RING else "cp_outer", inner)
     rates = GpuRates.of(placement.view.accelerator, job.precision.gemm_dtype)
     one = np.ones(1, dtype=np.int64)
     times = _ring_step_times(job, one * layout.tp, one * layout.cp, one * layout.micro_batch_size,

@@ -177,12 +177,16 @@ def _ulysses_heads_message(m: ModelSpec, r: dict) -> str:
             f"{kv} KV heads (repeated up to the degree): use a smaller cp or tp, or "
             f"cp_algorithm ring"
         )
+    fixes = (
+        "a smaller cp_inner or tp, or cp_algorithm ring"
+        if r.get("cp_algorithm") == "hierarchical"
+        else "a smaller cp or tp, cp_algorithm ring, or --ulysses-kv-heads replicate (Ulysses "
+        "that repeats them, as verl's does)"
+    )
     return (
         f"cp_algorithm {r.get('cp_algorithm')}: its all-to-all over {degree} ranks must divide "
         f"the {heads} attention heads and {kv} KV heads per TP rank (tp {r['tp']}); "
-        f"TransformerEngine re-shards whole heads and does not replicate KV heads: use a "
-        f"smaller cp or tp, cp_algorithm ring, or --ulysses-kv-heads replicate (Ulysses that "
-        f"repeats them, as verl's does)"
+        f"TransformerEngine re-shards whole heads and does not replicate KV heads: use {fixes}"
     )
 
 

@@ -92,3 +92,18 @@ def test_the_cli_takes_and_reports_the_inner_degree():
                          text=True, cwd=Path(__file__).parents[2])  # fmt: skip
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: cp_inner 3 does not divide cp 8"
+
+
+def test_megatron_settings_name_the_comm_type_and_the_hierarchy(capsys):
+    """Megatron-Core: --cp-comm-type a2a+p2p with --hierarchical-context-parallel-sizes
+    [inner, cp/inner] (both flags in tests/data/trainer_flags.json)."""
+    import cli
+
+    code = cli.main(["plan", "--model", "llama3-8b", "--seq-len", "32768", "--global-batch-size",
+                     "16", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "1", "--cp", "8",
+                     "--pp", "1", "--cp-algorithm", "hierarchical", "--cp-inner", "4",
+                     "--emit", "megatron"])  # fmt: skip
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0
+    assert "--cp-comm-type a2a+p2p" in out
+    assert "--hierarchical-context-parallel-sizes 4 2" in out

@@ -249,6 +249,11 @@ class WeightPass(str, Enum):
     graph = "graph"
 
 
+class UlyssesKvHeads(str, Enum):
+    whole = "whole"
+    replicate = "replicate"
+
+
 class Optimizer(str, Enum):
     adamw = "adamw"
     sgd_momentum = "sgd-momentum"
@@ -461,6 +466,10 @@ JOB = FlagGroup(
               "what zero-bubble schedules keep from B to W: the weight GEMMs' inputs and output "
               "gradients (inputs: zero-bubble paper, Megatron) or the whole graph (graph: "
               "torchtitan)", WeightPass.inputs, show_allowed=True),
+        _flag("ulysses_kv_heads", Choice(UlyssesKvHeads),
+              "Ulysses CP over more ranks than a TP rank's KV heads: refused (whole: "
+              "TransformerEngine, Megatron-Core) or the K/V heads repeated up to the degree "
+              "(replicate: verl)", UlyssesKvHeads.whole, show_allowed=True),
         _flag("moe_imbalance", Number(1.0),
               "MoE, dropless routing: routed tokens on the busiest EP rank over the balanced "
               "share (default: the model's, 1.0)"),
@@ -532,6 +541,9 @@ LAYOUT = FlagGroup(
               "how CP exchanges K and V: all-gather (Llama 3), ring (ring attention), ulysses "
               "(all-to-all), hierarchical (Ulysses inside the scale-up domain, ring across)",
               CpAlgorithm.all_gather, show_allowed=True),
+        _flag("cp_inner", DEGREE,
+              "hierarchical CP's inner (Ulysses) degree, a ring over cp/cp_inner outside; "
+              "divides cp (default: the CP ranks of one scale-up domain)"),
         _flag("pp", DEGREE, "pipeline-parallel degree", 1),
         _flag("dp", DEGREE, "data-parallel degree", 1),
         _flag("ep", DEGREE, "expert-parallel degree (MoE)", 1),
@@ -570,6 +582,9 @@ PINS = FlagGroup(
         _flag("recompute", ListOf(Choice(Recompute)), "pin: none, selective, full"),
         _flag("cp_algorithm", ListOf(Choice(CpAlgorithm)),
               "pin: all-gather, ring, ulysses, hierarchical (default: every one where cp > 1)"),
+        _flag("cp_inner", ListOf(DEGREE),
+              "pin hierarchical CP's inner degree, e.g. 2,4 (default: every divisor of cp "
+              "between 1 and cp)"),
         _switch("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", "pin"),
         _switch("allow_cross_node_tp", "--allow-cross-node-tp/--no-cross-node-tp",
                 "let TP groups span nodes", False),
@@ -650,6 +665,7 @@ def build_job(job: Values, default_batch: bool = True):
         finetune=build_finetune(job),
         memory_measures=value(job.memory_measures),
         weight_pass_memory=value(job.weight_pass_memory),
+        ulysses_kv_heads=value(job.ulysses_kv_heads),
         moe_imbalance=job.moe_imbalance,
         moe_capacity_factor=job.moe_capacity_factor,
     )

@@ -266,8 +266,12 @@ def _cp_algorithm_line(results: list[dict]) -> str:
     """Each CP row's context-parallel algorithm, by rank ("" when no row has CP)."""
     by_name: dict[str, list[str]] = {}
     for entry in results:
-        if entry["layout"]["cp"] > 1:
-            by_name.setdefault(entry["layout"]["cp_algorithm"], []).append(str(entry["rank"]))
+        lay = entry["layout"]
+        if lay["cp"] > 1:
+            name = lay["cp_algorithm"]
+            if name == "hierarchical" and lay.get("cp_inner"):
+                name = f"hierarchical (inner {lay['cp_inner']})"
+            by_name.setdefault(name, []).append(str(entry["rank"]))
     if not by_name:
         return ""
     return "cp algorithm: " + "; ".join(f"{name} #{', #'.join(ranks)}"

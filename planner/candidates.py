@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
 from planner.columns.codes import Labels
+from planner.cp_inner import with_cp_inner
 from planner.cp_search import (
     degenerate_hierarchy,
     hierarchical_inner_degrees,
@@ -47,6 +48,8 @@ class SearchSpace(BaseModel):
     sequence_parallel: list[bool] = Field(default_factory=lambda: [True, False])
     #: Context-parallel algorithms searched where cp > 1 (cp = 1 rows: the first of them).
     cp_algorithm: list[CpAlgorithm] = Field(default_factory=lambda: list(CP_ALGORITHMS))
+    #: Hierarchical CP's inner degrees searched (None: every divisor of cp between 1 and cp).
+    cp_inner: list[int] | None = None
     allow_cross_node_tp: bool = False
     max_cp: int = 64
     max_interleave: int = 8
@@ -113,6 +116,9 @@ def screening_grid(
     (t, c, p, x, d, et), algorithm = with_cp_algorithm((t, c, p, x, d, et), space.cp_algorithm)
     hierarchical = np.asarray(space.cp_algorithm, dtype=object)[algorithm] == "hierarchical"
     inner = hierarchical_inner_degrees(cluster, order, (t, c, p, d, x, et), hierarchical)
+    (t, c, p, x, d, et), algorithm, inner = with_cp_inner(
+        (t, c, p, x, d, et), algorithm, hierarchical, inner, space.cp_inner
+    )
     pairs = _schedule_options(space, model.num_layers)
     grids = np.meshgrid(
         np.arange(len(t)),
@@ -187,7 +193,8 @@ def rejection_masks(
         if gbs
         else np.where(vpp > 1, pp * vpp, pp)
     )
-    columns = {**cols, "num_microbatches": m}
+    columns = {**cols, "num_microbatches": m,
+               "replicate_kv": job.ulysses_kv_heads == "replicate"}  # fmt: skip
     search_rules = {  # after the layout rule named: (reason, rejected rows)
         "ffn": (
             f"tp crosses the {cluster.scale_up_domain_size}-GPU scale-up (NVLink) domain",

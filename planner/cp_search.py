@@ -96,34 +96,42 @@ def dominated_cp_rows(job, cluster, order, columns: dict, alive: np.ndarray) -> 
         return np.zeros(len(alive), dtype=bool)
     degrees = [np.asarray(columns[k])[rows] for k in PROBE_FIELDS]
     group_rows, group_of = distinct_rows(*degrees)
-    probe_rows, probe_of = distinct_rows(group_of, codes[rows])
+    # hierarchical CP at each inner degree is a variant of its own (planner.cp_inner)
+    inner = np.where(codes[rows] == 3, np.asarray(columns.get("cp_inner", 0) + 0 * columns["cp"])
+                     [rows], 0)  # fmt: skip
+    probe_rows, probe_of = distinct_rows(group_of, codes[rows], inner)
     probe = {k: column[probe_rows] for k, column in zip(PROBE_FIELDS, degrees, strict=True)}
-    algorithm = codes[rows][probe_rows]
+    algorithm, probe["cp_inner"] = codes[rows][probe_rows], inner[probe_rows]
+    variants, variant = np.unique(np.stack([algorithm, probe["cp_inner"]], axis=-1), axis=0,
+                                  return_inverse=True)  # fmt: skip
+    variant = variant.reshape(-1)
     cost = [_exposed_cp_s(job, cluster, order, probe, algorithm, r) for r in ("none", "full")]
     cost.append(cp_buffer_bytes(job.model, job.seq_len, probe["micro_batch_size"], probe["tp"],
-                                probe["cp"], algorithm, job.precision.activation_bytes))  # fmt: skip
-    # [group, algorithm] tables of each cost (inf where the rules keep no such row).
-    num_groups, num_algorithms = len(group_rows), int(codes.max()) + 1
+                                probe["cp"], algorithm, job.precision.activation_bytes,
+                                job.ulysses_kv_heads == "replicate"))  # fmt: skip
+    # [group, variant] tables of each cost (inf where the rules keep no such row).
+    num_groups, num_variants = len(group_rows), len(variants)
     group = group_of[probe_rows]
     tables = []
     for values in cost:
-        table = np.full((num_groups, num_algorithms), np.inf)
-        table[group, algorithm] = np.nan_to_num(np.asarray(values, dtype=float), nan=np.inf)
+        table = np.full((num_groups, num_variants), np.inf)
+        table[group, variant] = np.nan_to_num(np.asarray(values, dtype=float), nan=np.inf)
         tables.append(table)
     order_of = {code: i for i, code in enumerate(cp_algorithm_codes(np.array(labels.values),
                                                                     (len(labels.values),)))}  # fmt: skip
-    beaten = np.zeros((num_groups, num_algorithms), dtype=bool)
-    for a in range(num_algorithms):
-        for b in range(num_algorithms):
+    rank = [order_of.get(int(code), len(order_of)) for code in variants[:, 0]]
+    beaten = np.zeros((num_groups, num_variants), dtype=bool)
+    for a in range(num_variants):
+        for b in range(num_variants):
             if a == b:
                 continue
             no_worse = np.all([t[:, b] <= t[:, a] for t in tables], axis=0)
             better = np.any([t[:, b] < t[:, a] for t in tables], axis=0)
-            first = order_of.get(b, num_algorithms) < order_of.get(a, num_algorithms)
+            first = rank[b] < rank[a]
             kept = np.isfinite(tables[0][:, b])
             beaten[:, a] |= kept & no_worse & (better | first)
     out = np.zeros(len(alive), dtype=bool)
-    out[rows] = beaten[group[probe_of], algorithm[probe_of]]
+    out[rows] = beaten[group[probe_of], variant[probe_of]]
     return out
 
 
@@ -135,6 +143,6 @@ def _exposed_cp_s(job, cluster, order, probe: dict, algorithm, recompute: str) -
         job, cluster, **{k: probe[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp")},
         micro_batch_size=probe["micro_batch_size"], num_microbatches=1, zero_stage=0,
         recompute=recompute, schedule="1f1b", order=order or ("tp", "cp", "ep", "pp", "dp"),
-        forward_s=ones, backward_s=ones, cp_algorithm=algorithm,
+        forward_s=ones, backward_s=ones, cp_algorithm=algorithm, cp_inner=probe.get("cp_inner"),
     )  # fmt: skip
     return out["cp_exposed_time_s"]

@@ -96,7 +96,8 @@ def estimate(
     order=None,
 ) -> Estimate:
     """Predict one step of ``job`` under ``layout`` on ``cluster`` (its first ``gpus`` devices)."""
-    check_layout(layout, job.model, job.seq_len, cp_inner=_cp_inner(layout, cluster, order))
+    check_layout(layout, job.model, job.seq_len, cp_inner=_cp_inner(layout, cluster, order),
+                 replicate_kv=job.ulysses_kv_heads == "replicate")  # fmt: skip
     if gpus is not None and gpus != layout.num_gpus:
         raise PlanError(f"tp·cp·pp·dp = {layout.num_gpus} GPUs, but --gpus is {gpus}")
     if layout.num_gpus > cluster.num_gpus:
@@ -166,6 +167,8 @@ def _cp_inner(layout: Layout, cluster: Cluster, order) -> int | None:
     """Hierarchical CP's inner degree on ``cluster`` (None for the other algorithms)."""
     if layout.cp_algorithm != "hierarchical":
         return None
+    if layout.cp_inner is not None:
+        return layout.cp_inner
     from planner.comm.context_parallel import cp_inner_degree
     from planner.comm.topology import degrees
     from planner.spec.layout import DEFAULT_MESH_ORDER

@@ -148,10 +148,11 @@ def _ring_lines(result, job) -> list[str]:
             f"block attention {p['block_attention_s'] * 1e3:.3f} ms ({hidden}), kernels and "
             f"rescale {p['step_overhead_s'] * 1e3:.3f} ms → {p['exposed_s'] * 1e3:.3f} ms exposed"
         )
-    home = step["backward_home"]
+    last = step["backward_last"]
     lines.append(
-        f"  after the backward's last step the summed dK, dV go home: {home['bytes'] / 1e6:,.2f} "
-        f"MB in {home['transfer_s'] * 1e3:.3f} ms, exposed"
+        f"  the backward's last step sends the summed dK, dV to their owner beside its own "
+        f"block: {last['bytes'] / 1e6:,.2f} MB in {last['transfer_s'] * 1e3:.3f} ms, "
+        f"{last['exposed_s'] * 1e3:.3f} ms exposed"
     )
     return lines
 
@@ -169,9 +170,11 @@ def cp_algorithm_lines(job, cluster, results: list[dict], order=None) -> list[st
     fields = dict(results[0]["layout"])
     chosen = fields["cp_algorithm"]
     times, refused = {}, {}
+    inner = fields.get("cp_inner")  # the winner's inner degree, if hierarchical
     for name in CP_ALGORITHMS:
         try:
-            layout = Layout(**{**fields, "cp_algorithm": name})
+            cp_inner = inner if name == "hierarchical" else None
+            layout = Layout(**{**fields, "cp_algorithm": name, "cp_inner": cp_inner})
             times[name] = estimate(job, layout, cluster, order=order).step_time_s
         except PlanError as error:
             refused[name] = str(error)
@@ -182,7 +185,8 @@ def cp_algorithm_lines(job, cluster, results: list[dict], order=None) -> list[st
         change = "chosen" if name == chosen else f"{100 * (seconds / lead - 1):+.1f}%"
         if name != chosen and seconds == lead:
             change = f"the same as {chosen} here"
-        lines.append(f"  {name}: {seconds:.3f} s ({change})")
+        label = f"{name} (inner {inner})" if name == "hierarchical" and inner else name
+        lines.append(f"  {label}: {seconds:.3f} s ({change})")
     lines += [f"  {name}: not allowed ({why.split('; ')[0]})" for name, why in refused.items()]
     return lines
 

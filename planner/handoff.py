@@ -82,6 +82,12 @@ def emit_settings(entry: dict, trainer: str, job, layers_per_stage: list[int]) -
     return _torchtitan(lay, job, layers_per_stage)
 
 
+#: Megatron-Core's --cp-comm-type of each CP algorithm (megatron/core/transformer/
+#: transformer_config.py: "p2p", "a2a", "allgather", "a2a+p2p").
+MEGATRON_CP_COMM_TYPE = {"all-gather": "allgather", "ring": "p2p", "ulysses": "a2a",
+                         "hierarchical": "a2a+p2p"}  # fmt: skip
+
+
 def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
     etp = lay.get("etp") or lay["tp"]
     num_layers = sum(layers)
@@ -121,6 +127,17 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
     if lay["zero_stage"] >= 1:
         args.append("--use-distributed-optimizer")
     notes = []
+    if lay["cp"] > 1:  # Megatron-Core's names of the CP algorithms (--cp-comm-type)
+        algorithm = lay.get("cp_algorithm") or "all-gather"
+        args.append(f"--cp-comm-type {MEGATRON_CP_COMM_TYPE[algorithm]}")
+        if algorithm == "hierarchical" and lay.get("cp_inner"):
+            inner = lay["cp_inner"]
+            args.append(f"--hierarchical-context-parallel-sizes {inner} {lay['cp'] // inner}")
+        elif algorithm == "hierarchical":
+            notes.append(
+                "hierarchical CP: set --hierarchical-context-parallel-sizes to the CP ranks of "
+                "one NVLink domain and cp over them (the layout leaves cp_inner to the cluster)"
+            )
     if lay["zero_stage"] >= 2:
         notes.append(
             f"ZeRO {lay['zero_stage']}: Megatron-LM's distributed optimizer shards optimizer "

@@ -97,7 +97,7 @@ def memory_report(
     """Bytes per GPU on every pipeline rank for ``job`` under ``layout`` (the columns model
     with every rank examined; see :mod:`planner.cost.memory`)."""
     model = job.model
-    check_layout(layout, model, job.seq_len)
+    check_layout(layout, model, job.seq_len, replicate_kv=job.ulysses_kv_heads == "replicate")
     m = layout.resolved_num_microbatches(job.global_batch_size)
     memory, held = memory_every_rank(job, accelerator, layout_columns(layout, m))
     pp = layout.pp

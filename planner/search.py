@@ -46,6 +46,7 @@ LAYOUT_COLUMNS = (
     "recompute",
     "sequence_parallel",
     "cp_algorithm",
+    "cp_inner",
 )
 
 
@@ -210,6 +211,8 @@ def layout_of_row(row: dict, is_moe: bool) -> Layout:
     fields = {key: row[key] for key in LAYOUT_COLUMNS}
     fields = {k: (v.item() if hasattr(v, "item") else v) for k, v in fields.items()}
     fields["num_microbatches"] = int(fields["num_microbatches"])
+    if fields["cp_algorithm"] != "hierarchical":  # the inner degree of hierarchical CP only
+        fields["cp_inner"] = None
     if not is_moe:  # no routed experts: etp stays unset (tp)
         fields["etp"] = None
     return Layout(**fields)

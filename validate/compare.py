@@ -141,6 +141,8 @@ def compare_run(result: RunResult, cluster, accelerator) -> RunComparison:
     layout_json = {
         **{axis: getattr(layout, axis) for axis in ("tp", "cp", "pp", "dp", "ep", "vpp")},
         "schedule": spec.layout.schedule,
+        "cp_algorithm": layout.cp_algorithm,
+        "cp_inner": layout.cp_inner,
         "zero_stage": layout.zero_stage,
         "sequence_parallel": layout.sequence_parallel,
         "micro_batch_size": layout.micro_batch_size,

@@ -91,6 +91,7 @@ FULL_LAYOUTS: list[RunSpec] = [
     _spec("cp-ring", SMALL, cp=2, cp_algorithm="ring", zero_stage=0),
     _spec("cp-ulysses", SMALL, cp=2, cp_algorithm="ulysses", zero_stage=0),
     _spec("cp-ring-4", SMALL, cp=4, cp_algorithm="ring", zero_stage=0),
+    _spec("cp-hierarchical", SMALL, cp=4, cp_algorithm="hierarchical", cp_inner=2, zero_stage=0),
     _spec("fsdp-tp", SMALL, dp=2, tp=2, zero_stage=3),
     _spec("pp-dp", SMALL, pp=2, dp=2, schedule="1f1b", num_microbatches=4, zero_stage=0),
 ]

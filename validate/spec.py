@@ -120,10 +120,10 @@ class RunSpec(BaseModel):
             )
         if layout.ep > 1 and (layout.ep != layout.dp or layout.cp != 1 or layout.tp != 1):
             raise PlanError(f"{self.name}: the EP workload needs ep == dp with cp = tp = 1")
-        if layout.cp > 1 and layout.cp_algorithm == "hierarchical":
+        if layout.cp > 1 and layout.cp_algorithm == "hierarchical" and layout.cp_inner is None:
             raise PlanError(
-                f"{self.name}: hierarchical CP needs a CP group over two network levels; the "
-                f"CPU workloads run cp_algorithm all-gather, ring or ulysses"
+                f"{self.name}: hierarchical CP on one machine needs its inner degree "
+                f"(cp_inner): the CP ranks of one scale-up domain are all of them here"
             )
         if layout.cp > 1 and (layout.tp > 1 or layout.pp > 1):
             raise PlanError(f"{self.name}: the CP workload combines only with dp")

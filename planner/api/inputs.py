@@ -67,6 +67,7 @@ def build_job(
     weight_pass_memory: str | None = None,
     moe_imbalance: float | None = None,
     moe_capacity_factor: float | None = None,
+    ulysses_kv_heads: str | None = None,
 ):
     """A Job from CLI-style values (batch as tokens or as sequences, not both).
 
@@ -76,6 +77,7 @@ def build_job(
     ``weight_pass_memory``: what zero-bubble schedules keep from B to W
     (:mod:`planner.cost.weight_pass`). ``moe_imbalance`` / ``moe_capacity_factor``: override the
     model's routing load (:meth:`planner.spec.model.ModelSpec.routed_load_factor`).
+    ``ulysses_kv_heads``: ``whole`` (default) or ``replicate`` (:class:`planner.spec.job.Job`).
     """
     from planner.spec.job import Job
     from planner.spec.measures import memory_measures as measures_named
@@ -114,6 +116,7 @@ def build_job(
         finetune=finetune,
         memory_measures=measures_named(memory_measures),
         weight_pass_memory=weight_pass_memory or "inputs",
+        ulysses_kv_heads=ulysses_kv_heads or "whole",
     )
 
 

@@ -56,7 +56,7 @@ def comm(job, layout, cluster: str, order: str | None = None, gpus: int | None =
     from planner.spec.layout import DEFAULT_MESH_ORDER
     from planner.spec.rules import check_layout
 
-    check_layout(layout, job.model, job.seq_len)
+    check_layout(layout, job.model, job.seq_len, replicate_kv=job.ulysses_kv_heads == "replicate")
     mesh = resolve_order(order) if order else DEFAULT_MESH_ORDER
     spec = load_cluster(cluster)
     m = layout.resolved_num_microbatches(job.global_batch_size)

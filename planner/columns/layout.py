@@ -51,6 +51,9 @@ class LayoutColumns:
     #: The context-parallel algorithm, as its index in planner.spec.layout.CP_ALGORITHMS
     #: (all-gather where the columns leave it out).
     cp_algorithm: np.ndarray
+    #: Hierarchical CP's inner degree (0: the CP ranks of one scale-up domain, and on the
+    #: other algorithms' rows).
+    cp_inner: np.ndarray
     zero_group_size: np.ndarray  # dp·cp: the ranks that shard ZeRO states and reduce gradients
     expert_data_parallel_size: np.ndarray  # the routed experts' data-parallel group
     # Each row's index into the evaluation's tables (set by it):
@@ -79,6 +82,7 @@ class LayoutColumns:
             cp_algorithm=np.asarray(
                 cp_algorithm_codes(columns.get("cp_algorithm"), tp.shape), dtype=np.int64
             ),
+            cp_inner=_inner_column(columns.get("cp_inner"), tp.shape),
             zero_group_size=dp * cp,
             expert_data_parallel_size=expert_data_parallel_size(dp, cp, tp, ep, etp),
         )
@@ -107,3 +111,13 @@ class LayoutColumns:
             if name not in {"shape", "structure", "held", "states", "data_parallel_form"}:
                 raise AttributeError(f"no table index {name!r}")
             setattr(self, name, value)
+
+
+def _inner_column(column, shape) -> np.ndarray:
+    """Hierarchical CP's inner degree per row as int64, 0 where unset (None)."""
+    if column is None:
+        return np.zeros(shape, dtype=np.int64)
+    values = np.asarray(column)
+    if values.dtype == object:
+        values = np.array([0 if v is None else int(v) for v in values.ravel()]).reshape(shape)
+    return np.broadcast_to(values.astype(np.int64, copy=False), shape)

@@ -7,18 +7,24 @@ forward passes again under full recomputation), with ``kv`` a rank's K and V per
 
 * **ring** (Liu et al. 2023 §3; Brandon et al. 2023; TransformerEngine
   ``AttnFuncWithCPAndKVP2P``, torch ``context_parallel``): forward sends cp − 1 K/V blocks of
-  ``b·(s/cp)·kv`` bytes to the next rank of the ring; backward sends the K/V blocks again and
-  the dK, dV accumulated on the ranks each block visits, one step behind them (cp − 2 steps
-  carry both, the first the block alone, and the summed dK, dV go home after the last step,
-  exposed). Each step's transfer runs while the block already held
-  is computed on, so a step exposes ``max(0, transfer − block compute)`` — the block being
+  ``b·(s/cp)·kv`` bytes to the next rank of the ring; backward visits the blocks in the
+  forward's reverse order, ending on the rank's own (diagonal) block, and sends the K/V
+  blocks again with the dK, dV accumulated on the ranks each block visits, one step behind
+  them: the first step carries the block alone, cp − 2 carry both, and the last the dK, dV
+  alone — the sum arriving at the block's owner while it computes its own block
+  (TransformerEngine ``AttnFuncWithCPAndKVP2P.backward``: "in reversed order of fwd", the
+  dKV-only send at ``i == cp − 1``, waited for after that step's kernel). Each step's
+  transfer is launched before the step's kernel and waited for after it, so a step exposes
+  ``max(0, transfer − block compute)`` — the block being
   ``1/cp`` of the rank's attention (the zig-zag split balances the causal work) — plus the
   step's own kernels and rescaling (:func:`planner.cost.context_parallel.ring_step_overhead_s`).
   Short sequences (attention ∝ s², the block ∝ s) or fast attention expose the transfer.
 * **ulysses** (Jacobs et al. 2023 §3.1; TransformerEngine ``AttnFuncWithCPAndQKVOA2A``): an
   all-to-all of Q, K, V (sequence → heads) before attention and one of the output (heads →
   sequence) after it in forward; backward mirrors them (dO in, dQ, dK, dV out). Attention
-  needs the whole sequence of its heads first: exposed.
+  needs the whole sequence of its heads first: exposed. Under ``Job.ulysses_kv_heads =
+  "replicate"`` the K/V heads go ``max(cp // kv, 1)`` times over (verl's ``repeat_kv``;
+  :func:`planner.cost.context_parallel.ulysses_kv_repeats`).
 * **hierarchical** (Megatron-Core ``a2a+p2p``): Ulysses over the ``k`` CP ranks of one
   scale-up domain (:func:`cp_inner_degree`), then a ring over the ``cp/k`` groups of them
   (``cp/k − 1`` steps, each block ``k/cp`` of the rank's attention after the re-shard).
@@ -53,6 +59,7 @@ from planner.cost.context_parallel import (
     rank_attention_core_s,
     ring_step_overhead_s,
     ulysses_bytes,
+    ulysses_kv_repeats,
 )
 from planner.spec.layout import CP_ALGORITHMS, cp_algorithm_codes
 
@@ -104,8 +111,9 @@ def _inner_of(placement: Placement) -> int:
 _CP_GROUPS: dict[tuple, dict[str, GroupPlacement]] = {}
 
 
-def placement_group(placement: Placement, name: str) -> GroupPlacement:
-    """The placement's group ``name``: one of its own, or one of :data:`CP_GROUPS`."""
+def placement_group(placement: Placement, name: str, inner: int | None = None) -> GroupPlacement:
+    """The placement's group ``name``: one of its own, or one of :data:`CP_GROUPS` for
+    hierarchical CP's inner degree ``inner`` (None: the CP ranks of one scale-up domain)."""
     if name not in CP_GROUPS:
         return placement.groups[name]
     derived = placement.derived.get("cp_groups")
@@ -113,7 +121,7 @@ def placement_group(placement: Placement, name: str) -> GroupPlacement:
         return derived[name]
     factors = mesh_factors(placement.sizes, placement.order)
     shape = _group_shape(factors, "cp")
-    inner = _inner_of(placement)
+    inner = inner or _inner_of(placement)
     key = (placement.view.cluster.id, placement.view.num_gpus, shape, inner)
     found = _CP_GROUPS.get(key)
     if found is None:
@@ -186,14 +194,15 @@ def context_parallel_terms(job, tp, cp, b, m, layers, full, algorithm, inner, ra
     forward_passes = layers * m * (1 + full)
     backward_passes = layers * m
     block = kv_block_bytes(model, s, b, tp, cp, e)
-    qkv, out = ulysses_bytes(model, s, b, tp, cp, e)
+    repeats = ulysses_kv_repeats(model, tp, cp, job.ulysses_kv_heads == "replicate")
+    qkv, out = ulysses_bytes(model, s, b, tp, cp, e, np.where(algorithm == ULYSSES, repeats, 1))
     overlap_f, overlap_b, extra_f, extra_b = _ring_step_times(job, tp, cp, b, ring_size, rates)
     terms = []
     for name, algo, group in (("ring", RING, "cp_ring"), ("outer ring", HIERARCHICAL, "cp_outer")):
         steps = np.where(many & (algorithm == algo), ring_size - 1, 0)
         # Backward: the K/V block leaves at steps 0 … cp−2 and the travelling dK, dV at steps
-        # 1 … cp−1, so cp−2 steps carry both, the first the block alone and the last sends
-        # the summed dK, dV home with no block left to compute beside it.
+        # 1 … cp−1, so cp−2 steps carry both, the first the block alone and the last the
+        # dK, dV alone, beside the rank's own block (the backward's last, TE's order).
         middle, ends = np.maximum(steps - 1, 0), np.where(steps > 0, 1, 0)
         terms += [
             Term("cp", "p2p", f"{name}: K/V block to the next rank, cp−1 steps per layer, fwd",
@@ -204,8 +213,8 @@ def context_parallel_terms(job, tp, cp, b, m, layers, full, algorithm, inner, ra
                  overlap_s=overlap_b, extra_s=extra_b),
             Term("cp", "p2p", f"{name}: the first step's K/V block, bwd", backward_passes * ends,
                  block, RING_RULE, group=group, overlap_s=overlap_b, extra_s=extra_b),
-            Term("cp", "p2p", f"{name}: the summed dK, dV home to their owner, bwd",
-                 backward_passes * ends, block, RING_RULE, group=group),
+            Term("cp", "p2p", f"{name}: the last step's dK, dV to the block's owner, bwd",
+                 backward_passes * ends, block, RING_RULE, group=group, overlap_s=overlap_b),
         ]  # fmt: skip
     for name, on, group in (
         ("Ulysses", many & (algorithm == ULYSSES), "cp"),
@@ -255,10 +264,10 @@ def ring_exposed_time(raw, count, one, overlap_s, extra_s):
 
 def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
     """One ring step of ``layout``'s ring attention — forward, backward (a step carrying the
-    block and the travelling dK, dV), the backward's first step (the block alone) and the
-    dK, dV sent home after its last (exposed) —: the transfer's seconds, the block attention
-    it runs beside, the step's kernels and rescaling, and what it exposes (the numbers
-    :func:`ring_exposed_time` reads); None without a ring."""
+    block and the travelling dK, dV), the backward's first step (the block alone) and its
+    last (the summed dK, dV alone, beside the own block) —: the transfer's seconds, the
+    block attention it runs beside, the step's kernels and rescaling, and what it exposes
+    (the numbers :func:`ring_exposed_time` reads); None without a ring."""
     from planner.comm.collectives import algorithm_costs, choose
     from planner.comm.topology import place_groups
     from planner.cost.compute import GpuRates
@@ -268,11 +277,11 @@ def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
     if layout.cp <= 1 or algorithm not in (RING, HIERARCHICAL):
         return None
     placement = place_groups(cluster, layout, order or DEFAULT_MESH_ORDER)
-    inner = _inner_of(placement) if algorithm == HIERARCHICAL else 1
+    inner = (layout.cp_inner or _inner_of(placement)) if algorithm == HIERARCHICAL else 1
     ring = layout.cp // inner
     if ring <= 1:
         return None
-    group = placement_group(placement, "cp_ring" if algorithm == RING else "cp_outer")
+    group = placement_group(placement, "cp_ring" if algorithm == RING else "cp_outer", inner)
     rates = GpuRates.of(placement.view.accelerator, job.precision.gemm_dtype)
     one = np.ones(1, dtype=np.int64)
     times = _ring_step_times(job, one * layout.tp, one * layout.cp, one * layout.micro_batch_size,
@@ -285,7 +294,7 @@ def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
     for name, sent, overlap, extra in (("forward", block, overlap_f, extra_f),
                                        ("backward", 2 * block, overlap_b, extra_b),
                                        ("backward_first", block, overlap_b, extra_b),
-                                       ("backward_home", block, 0.0, 0.0)):  # fmt: skip
+                                       ("backward_last", block, overlap_b, 0.0)):  # fmt: skip
         transfer = choose(costs, sent)[1].time_s(sent)
         passes[name] = {
             "bytes": sent, "transfer_s": transfer, "block_attention_s": overlap,

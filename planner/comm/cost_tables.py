@@ -30,9 +30,11 @@ class CostTables:
     {link: seconds busy per byte [combination, algorithm]}. Each distinct group (placements
     share one levels tuple per group shape) is priced once (:data:`_GROUP_COSTS`)."""
 
-    def __init__(self, placements: list, routing=None):
+    def __init__(self, placements: list, routing=None, cp_inner=None):
         self.placements = placements
         self.routing = routing  # the EP all-to-all's node-limited routing (ep_routing)
+        # hierarchical CP's inner degree of each combination (None: its placement's)
+        self.cp_inner = [None] * len(placements) if cp_inner is None else list(cp_inner)
         self.tables: dict[tuple[str, str], tuple] = {}
         self.group_rows: dict[str, tuple[np.ndarray, list]] = {}
         self.groups = _GROUP_COSTS
@@ -51,7 +53,7 @@ class CostTables:
             for u, placement in enumerate(self.placements):
                 if placement is None:
                     continue
-                group = placement_group(placement, group_name)
+                group = placement_group(placement, group_name, self.cp_inner[u])
                 # Level holds a dict (not hashable): the identity of the shared levels is
                 # the key, and the cost entry keeps the group (and so its levels) alive.
                 key = (id(group.levels), id(group.neighbour_level), group.group_size)

@@ -113,13 +113,16 @@ def axis_traffic(
     tp_comm_overlap: bool = False,
 ) -> CommReport:
     """Per-axis bytes, tier, raw and exposed time per step for one layout (see module doc)."""
-    check_layout(layout, job.model, job.seq_len)
+    check_layout(layout, job.model, job.seq_len, replicate_kv=job.ulysses_kv_heads == "replicate")
     spec = get_schedule(layout.schedule)
     chunks = spec.fixed_vpp or layout.vpp
     m = layout.resolved_num_microbatches(job.global_batch_size)
     placement = place_groups(cluster, layout, order, gpus)
     sizes = placement.sizes
     args = [np.asarray(sizes[a]) for a in ("tp", "cp", "pp", "dp", "ep")]
+    inner = layout.cp_inner or cp_inner_degree(
+        sizes, placement.order, placement.view.cluster.scale_up_domain_size
+    )
     terms = step_terms(
         job,
         *args,
@@ -134,7 +137,7 @@ def axis_traffic(
         sizes.get("etp"),
         layout.schedule in BIDIRECTIONAL_SCHEDULES,
         CP_ALGORITHMS.index(layout.cp_algorithm),
-        cp_inner_degree(sizes, placement.order, placement.view.cluster.scale_up_domain_size),
+        inner,
         _ring_rates(job, layout, placement),
     )
     times = None if compute is None else (compute.forward_s, compute.backward_s)
@@ -144,7 +147,7 @@ def axis_traffic(
         count, message = float(term.count), float(term.message_bytes)
         if count == 0:
             continue
-        group = placement_group(placement, term.group or AXIS_GROUPS[term.axis])
+        group = placement_group(placement, term.group or AXIS_GROUPS[term.axis], inner)
         n = group.group_size
         levels = (group.neighbour_level,) if term.op == "p2p" else group.levels
         routing = ep_routing(job.model) if term.axis == "ep" else None

@@ -137,19 +137,21 @@ def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[t
     cp, pp, dp, ep, etp, chunks, b, m, sp, full, zero, v_shape, mirrored): (term, count, message bytes,
     one collective's seconds, one bucket's seconds, raw seconds, {link: seconds busy}).
 
-    Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp).
-    Sets ``key["cp_inner"]``, hierarchical CP's inner degree of each row's placement."""
+    Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp,
+    given inner degree). Sets ``key["cp_inner"]``, hierarchical CP's inner degree: the row's
+    ``inner`` where given (> 0), else that of its placement (the CP ranks of one domain)."""
     rows = key["tp"].shape
-    combos = np.stack([key[k] for k in ("tp", "cp", "ep", "pp", "dp", "etp")], axis=-1)
-    combos = combos.reshape(-1, 6)
+    combos = np.stack([key[k] for k in ("tp", "cp", "ep", "pp", "dp", "etp", "inner")], axis=-1)
+    combos = combos.reshape(-1, 7)
     radix = combos.max(axis=0, initial=0) + 1  # one integer key per row: np.unique on ints is fast
     keys = np.ravel_multi_index(tuple(combos.T), tuple(radix))
     unique_keys, inv = np.unique(keys, return_inverse=True)
     unique = np.stack(np.unravel_index(unique_keys, tuple(radix)), axis=1)
     inv = inv.reshape(rows)
-    placements = _placements(cluster, unique, order)
-    costs = CostTables(placements, ep_routing(job.model))
-    key["cp_inner"] = cp_inner_column(placements)[inv]
+    placements = _placements(cluster, unique[:, :6], order)
+    inners = np.where(unique[:, 6] > 0, unique[:, 6], cp_inner_column(placements))
+    costs = CostTables(placements, ep_routing(job.model), inners)
+    key["cp_inner"] = inners[inv]
     rates = None  # ring attention's blocks are timed at the GPU's rates
     if np.isin(key["cpa"], (1, 3)).any():
         from planner.cost.compute import GpuRates
@@ -223,6 +225,7 @@ def axis_times_vectorized(
     backward_s=None,
     tp_comm_overlap=False,
     cp_algorithm=None,
+    cp_inner=None,
 ) -> dict[str, np.ndarray]:
     """Per-axis bytes and times per step for rows of layouts (numpy columns, scalars broadcast).
 
@@ -232,8 +235,9 @@ def axis_times_vectorized(
     ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "full"),
     ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``
     (``recompute`` and ``schedule`` may come as :class:`planner.columns.codes.Labels` of the rows),
-    ``cp_algorithm`` (:data:`planner.spec.layout.CP_ALGORITHMS`; None: all-gather).
-    Optional float columns ``forward_s``, ``backward_s`` give compute
+    ``cp_algorithm`` (:data:`planner.spec.layout.CP_ALGORITHMS`; None: all-gather),
+    ``cp_inner`` (hierarchical CP's inner degree; None or 0: the CP ranks of one scale-up
+    domain). Optional float columns ``forward_s``, ``backward_s`` give compute
     per micro-batch on the busiest rank for the overlap rules; without them exposed = raw.
 
     Returns ``{axis}_bytes_per_step``, ``{axis}_time_s``, ``{axis}_exposed_time_s`` for each
@@ -296,6 +300,9 @@ def axis_times_vectorized(
             "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
             "mirrored": _is_one_of(schedule, BIDIRECTIONAL_SCHEDULES),  # two parameter copies per rank
             "cpa": cp_algorithm_codes(cp_algorithm, rows),
+            "inner": np.zeros(rows, dtype=np.int64) if cp_inner is None else np.where(
+                np.asarray(cp_algorithm_codes(cp_algorithm, rows)) == 3,
+                np.asarray(cp_inner, dtype=np.int64), 0),
             "batch_ok": batch_ok,
         }.items()
     }  # fmt: skip

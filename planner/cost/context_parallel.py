@@ -62,17 +62,34 @@ def key_value_width(model: ModelSpec, tp) -> np.ndarray:
     return 2.0 * kv * model.head_dim
 
 
+def ulysses_kv_repeats(model: ModelSpec, tp, degree, replicate: bool) -> np.ndarray:
+    """Times a TP rank's K/V heads are repeated before Ulysses' all-to-all over ``degree``
+    ranks: ``max(degree // kv, 1)`` where the implementation replicates them (verl's Ulysses:
+    ``repeats = max(ulysses_sp_size // nheads_k, 1)``, then ``repeat_kv``), else 1
+    (TransformerEngine re-shards whole heads; MLA's up-projected K, V have a head per query
+    head)."""
+    tp, degree = np.broadcast_arrays(np.asarray(tp), np.asarray(degree))
+    if not replicate or model.attention_kind == "mla":
+        return np.ones(tp.shape)
+    kv = np.array([kv_heads_per_rank(model, int(t)) for t in tp.ravel()]).reshape(tp.shape)
+    return np.maximum(degree // kv, 1).astype(float)
+
+
 def kv_block_bytes(model: ModelSpec, seq_len: int, micro_batch_size, tp, cp, element_bytes):
     """Bytes of one K/V block a ring step sends: ``b · (s/cp)`` tokens of K and V."""
     return micro_batch_size * seq_len / cp * key_value_width(model, tp) * element_bytes
 
 
-def ulysses_bytes(model: ModelSpec, seq_len: int, micro_batch_size, tp, cp, element_bytes):
+def ulysses_bytes(
+    model: ModelSpec, seq_len: int, micro_batch_size, tp, cp, element_bytes, kv_repeats=1.0
+):
     """(Q + K + V, output) bytes of one rank's all-to-all send buffers: its ``s/cp`` tokens
-    of every local head (each rank keeps ``1/cp`` and sends the rest; nccl-tests' S)."""
+    of every local head (each rank keeps ``1/cp`` and sends the rest; nccl-tests' S), the
+    K/V heads ``kv_repeats`` times (:func:`ulysses_kv_repeats`)."""
     tokens = micro_batch_size * seq_len / cp
     q, o = query_and_output_widths(model, tp)
-    return tokens * (q + key_value_width(model, tp)) * element_bytes, tokens * o * element_bytes
+    kv = key_value_width(model, tp) * kv_repeats
+    return tokens * (q + kv) * element_bytes, tokens * o * element_bytes
 
 
 def rank_attention_core_s(
@@ -113,8 +130,9 @@ def ring_step_overhead_s(
 
 
 def cp_buffer_bytes(
-    model: ModelSpec, seq_len: int, micro_batch_size, tp, cp, algorithm, element_bytes
-) -> np.ndarray:
+    model: ModelSpec, seq_len: int, micro_batch_size, tp, cp, algorithm, element_bytes,
+    replicate_kv: bool = False,
+) -> np.ndarray:  # fmt: skip
     """Bytes of K/V buffers and attention working set CP adds on one rank at its peak (the
     backward of one layer), per row (numpy columns; ``algorithm``: codes of
     :data:`planner.spec.layout.CP_ALGORITHMS`).
@@ -124,7 +142,9 @@ def cp_buffer_bytes(
     * ring: the block being computed on and the one arriving (double buffering), and in
       backward their dK, dV travelling with them: ``4 · b·(s/cp) · kv``.
     * ulysses: the head-sharded copies of Q, K, V and of the output beside the sequence-sharded
-      ones (the same bytes as the local tensors): ``b·(s/cp) · (q + kv + o)``.
+      ones (the same bytes as the local tensors): ``b·(s/cp) · (q + kv + o)``; with the K/V
+      heads repeated ``r > 1`` times (``replicate_kv``, :func:`ulysses_kv_repeats`) the
+      repeated copy and its head-sharded one: ``b·(s/cp) · (q + o + 2·r·kv)``.
     * hierarchical: Ulysses' copies over the inner ranks and the outer ring's four blocks
       (the same bytes: after the re-shard a rank holds ``k·s/cp`` tokens of ``1/k`` of its
       heads).
@@ -133,10 +153,12 @@ def cp_buffer_bytes(
     tokens = micro_batch_size * seq_len / cp
     kv = key_value_width(model, tp) * element_bytes
     q, o = (w * element_bytes for w in query_and_output_widths(model, tp))
-    ulysses = tokens * (q + kv + o)
+    repeats = ulysses_kv_repeats(model, tp, cp, replicate_kv)  # Ulysses alone repeats them
+    whole = tokens * (q + kv + o)
+    ulysses = np.where(repeats > 1, tokens * (q + o + 2 * repeats * kv), whole)
     ring = 4 * tokens * kv
     by_algorithm = np.stack(
-        np.broadcast_arrays(2 * tokens * cp * kv, ring, ulysses, ulysses + ring),
+        np.broadcast_arrays(2 * tokens * cp * kv, ring, ulysses, whole + ring),
         axis=-1,
     )
     picked = np.take_along_axis(by_algorithm, np.asarray(algorithm)[..., None], axis=-1)[..., 0]

@@ -81,6 +81,7 @@ def memory_columns(
             job.seq_len,
             *(column[cp_rows] for column in c.columns(*cp_fields)),
             job.precision.activation_bytes,
+            job.ulysses_kv_heads == "replicate",
         )[cp_inv]
     )
     runtime = float(job.runtime_overhead_bytes)

@@ -137,6 +137,7 @@ def time_columns(
         forward_s=f,
         backward_s=b + rc + w,
         cp_algorithm=c.cp_algorithm,
+        cp_inner=c.cp_inner,
     )
 
     # Optimizer: the trainable parameters' update (and Muon's orthogonalization and gather).

@@ -14,6 +14,8 @@ from planner.spec.precision import PrecisionSpec
 
 #: What zero-bubble schedules keep between B and W (:mod:`planner.cost.weight_pass`).
 WeightPassMemory = Literal["inputs", "graph"]
+#: How Ulysses CP meets more ranks than a TP rank's KV heads (:mod:`planner.cost.context_parallel`).
+UlyssesKvHeads = Literal["whole", "replicate"]
 
 
 class Job(BaseModel):
@@ -27,6 +29,10 @@ class Job(BaseModel):
     ``weight_pass_memory``: what zero-bubble schedules keep between B and W — the weight
     GEMMs' inputs and output gradients (``inputs``, the zero-bubble paper's M_W) or the
     whole saved graph plus those gradients (``graph``, torch.distributed.pipelining).
+    ``ulysses_kv_heads``: Ulysses CP's all-to-all over more ranks than a TP rank has KV
+    heads — refused (``whole``: TransformerEngine's ``AttnFuncWithCPAndQKVOA2A``, which
+    Megatron-Core's a2a CP runs, re-shards whole heads) or the K/V heads repeated up to the
+    degree before it (``replicate``: verl's Ulysses, ``repeat_kv`` by ``degree // kv_heads``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -39,6 +45,7 @@ class Job(BaseModel):
     finetune: FinetuneSpec | None = None
     memory_measures: MemoryMeasures = MemoryMeasures()
     weight_pass_memory: WeightPassMemory = "inputs"
+    ulysses_kv_heads: UlyssesKvHeads = "whole"
     efficiency_profile: EfficiencyProfile | None = Field(
         None,
         description="fitted terms of the accelerator (and stack) the step loses beyond the "

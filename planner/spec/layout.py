@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hwspecs.errors import PlanError
 from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
@@ -69,6 +69,13 @@ class Layout(BaseModel):
         "'hierarchical' (Ulysses over the CP ranks in one scale-up domain, ring across "
         "domains: Megatron-Core's a2a+p2p)",
     )
+    cp_inner: int | None = Field(
+        None,
+        ge=1,
+        description="hierarchical CP: the Ulysses (all-to-all) degree inside, a ring over "
+        "cp/cp_inner groups outside (Megatron-Core --hierarchical-context-parallel-sizes "
+        "[cp_inner, cp/cp_inner]); divides cp; None: the CP ranks in one scale-up domain",
+    )
     vpp: int = Field(1, ge=1, description="virtual pipeline stages (chunks) per rank")
     micro_batch_size: int = Field(1, ge=1, description="sequences per micro-batch")
     num_microbatches: int | None = Field(
@@ -84,6 +91,19 @@ class Layout(BaseModel):
         "(Llama 3 §3.3.2); 'balanced': stage sizes differ by at most one, the extra layers "
         "on the middle stages; 'auto' picks 'even', else 'first-last-fewer', else 'balanced'",
     )
+
+    @model_validator(mode="after")
+    def _cp_inner_divides_cp(self) -> Layout:
+        if self.cp_inner is None:
+            return self
+        if self.cp_algorithm != "hierarchical":
+            raise ValueError(
+                f"cp_inner {self.cp_inner} is the inner degree of cp_algorithm hierarchical, "
+                f"not of {self.cp_algorithm} (leave it unset)"
+            )
+        if self.cp % self.cp_inner:
+            raise ValueError(f"cp_inner {self.cp_inner} does not divide cp {self.cp}")
+        return self
 
     @property
     def num_gpus(self) -> int:

@@ -148,22 +148,45 @@ def _heads_per_rank(m: ModelSpec, tp) -> tuple[np.ndarray, np.ndarray]:
     return heads, np.maximum(m.num_kv_heads // np.maximum(tp, 1), 1)
 
 
+def _replicated_kv(c: Columns) -> np.ndarray:
+    """Rows whose K/V heads Ulysses may repeat up to its degree: pure Ulysses under the job's
+    ``ulysses_kv_heads = "replicate"`` (columns key ``replicate_kv``; verl's Ulysses), never
+    hierarchical (Megatron-Core's a2a+p2p runs TransformerEngine's whole-head all-to-all)."""
+    replicate = np.asarray(c.get("replicate_kv", False), dtype=bool)
+    return replicate & (_algorithm(c) == CP_ALGORITHMS.index("ulysses"))
+
+
 def _ulysses_heads_broken(m: ModelSpec, c: Columns) -> np.ndarray:
     """Ulysses re-shards whole heads: TransformerEngine's all-to-all CP asserts that the
-    degree divides the Q and the K/V heads of a rank (no KV-head replication)."""
+    degree divides the Q and the K/V heads of a rank (no KV-head replication); where the
+    K/V heads are repeated by ``degree // kv`` first (verl), a degree that is a multiple of
+    them also works (:func:`planner.cost.context_parallel.ulysses_kv_repeats`)."""
     degree = _ulysses_degree(c)
     heads, kv = _heads_per_rank(m, c["tp"])
-    return (degree > 1) & ((heads % degree != 0) | (kv % degree != 0))
+    kv_ok = (kv % degree == 0) | (_replicated_kv(c) & (degree % kv == 0))
+    return (degree > 1) & ((heads % degree != 0) | ~kv_ok)
 
 
 def _ulysses_heads_message(m: ModelSpec, r: dict) -> str:
     heads, kv = (int(x) for x in _heads_per_rank(m, r["tp"]))
     degree = int(_ulysses_degree({k: np.asarray([v]) for k, v in r.items()})[0])
+    if bool(_replicated_kv({k: np.asarray([v]) for k, v in r.items()})[0]):
+        return (
+            f"cp_algorithm ulysses: its all-to-all over {degree} ranks must divide the {heads} "
+            f"attention heads per TP rank (tp {r['tp']}) and divide or be a multiple of its "
+            f"{kv} KV heads (repeated up to the degree): use a smaller cp or tp, or "
+            f"cp_algorithm ring"
+        )
+    fixes = (
+        "a smaller cp_inner or tp, or cp_algorithm ring"
+        if r.get("cp_algorithm") == "hierarchical"
+        else "a smaller cp or tp, cp_algorithm ring, or --ulysses-kv-heads replicate (Ulysses "
+        "that repeats them, as verl's does)"
+    )
     return (
         f"cp_algorithm {r.get('cp_algorithm')}: its all-to-all over {degree} ranks must divide "
         f"the {heads} attention heads and {kv} KV heads per TP rank (tp {r['tp']}); "
-        f"TransformerEngine re-shards whole heads and does not replicate KV heads: use a "
-        f"smaller cp or tp, or cp_algorithm ring"
+        f"TransformerEngine re-shards whole heads and does not replicate KV heads: use {fixes}"
     )
 
 
@@ -294,10 +317,12 @@ def schedule_rules() -> tuple[Rule, ...]:
 
 
 def layout_columns_for_rules(
-    layout: Layout, num_microbatches: int | None = None, cp_inner: int | None = None
-) -> Columns:
+    layout: Layout, num_microbatches: int | None = None, cp_inner: int | None = None,
+    replicate_kv: bool = False,
+) -> Columns:  # fmt: skip
     """One layout as the 1-row columns the rules read (``etp`` resolved; ``cp_inner``:
-    hierarchical CP's inner degree where the placement is known)."""
+    hierarchical CP's inner degree where the placement is known; ``replicate_kv``: the job's
+    Ulysses repeats K/V heads, ``Job.ulysses_kv_heads``)."""
     columns = {
         "tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
         "etp": layout.expert_tp, "vpp": layout.vpp,
@@ -306,6 +331,8 @@ def layout_columns_for_rules(
     }  # fmt: skip
     if cp_inner is not None:
         columns["cp_inner"] = cp_inner
+    if replicate_kv:
+        columns["replicate_kv"] = True
     if num_microbatches is not None:
         columns["num_microbatches"] = num_microbatches
     out = {key: np.array([value]) for key, value in columns.items()}
@@ -326,12 +353,13 @@ def first_broken(
 
 def check_layout(
     layout: Layout, model: ModelSpec, seq_len: int | None = None, num_microbatches=None,
-    cp_inner: int | None = None,
+    cp_inner: int | None = None, replicate_kv: bool = False,
 ) -> None:  # fmt: skip
     """Check one layout against every rule (the schedule's too, with ``num_microbatches``;
-    hierarchical CP's heads with ``cp_inner``, its inner degree on the cluster);
-    raise the first broken rule's one-line message as a :class:`PlanError`."""
-    columns = layout_columns_for_rules(layout, num_microbatches, cp_inner)
+    hierarchical CP's heads with ``cp_inner``, its inner degree on the cluster; Ulysses'
+    K/V heads repeated under ``replicate_kv``); raise the first broken rule's one-line
+    message as a :class:`PlanError`."""
+    columns = layout_columns_for_rules(layout, num_microbatches, cp_inner, replicate_kv)
     rules = RULES + (schedule_rules() if num_microbatches is not None else ())
     found = first_broken(rules, model, seq_len, columns)
     if found is not None:

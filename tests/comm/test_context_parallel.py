@@ -93,10 +93,13 @@ def test_exposed_ring_time_is_what_each_step_outlasts_its_block_by():
     step = ring_step_overlap(job, layout, DGX)
     out = _cp(job, "ring", tp=8, cp=2, dp=1, forward_s=1.0, backward_s=2.0)
     passes = LLAMA_8B.num_layers  # one micro-batch; at cp 2 one step per pass, and the
-    # backward's first block and the dK, dV sent home (exposed whole)
-    assert step["backward_home"]["exposed_s"] == step["backward_home"]["transfer_s"]
+    # backward's first block, then its last step's dK, dV beside the own block (TE's
+    # reversed order): the same window, no kernels of its own
+    last = step["backward_last"]
+    assert last["block_attention_s"] == step["backward_first"]["block_attention_s"] > 0
+    assert last["exposed_s"] == max(0.0, last["transfer_s"] - last["block_attention_s"])
     expected = passes * sum(step[name]["exposed_s"]
-                            for name in ("forward", "backward_first", "backward_home"))  # fmt: skip
+                            for name in ("forward", "backward_first", "backward_last"))  # fmt: skip
     assert out["exposed_time_s"] == pytest.approx(expected, rel=1e-9)
 
 

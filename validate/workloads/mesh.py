@@ -64,6 +64,15 @@ def build_groups(layout: Layout, device_type: str) -> Groups:
         ranks = _groups_along(mesh, data_axes)
         result.groups["dp"] = _new_group_containing(ranks)
         result.axis_of_group[result.groups["dp"].group_name] = "dp"
+    if layout.cp > 1 and layout.cp_algorithm == "hierarchical":
+        # hierarchical CP's inner all-to-all groups and outer rings, charged to cp
+        from validate.workloads.hierarchical_attention import inner_and_outer_ranks
+
+        split = [inner_and_outer_ranks(ranks, layout.cp_inner)
+                 for ranks in _groups_along(mesh, ("cp",))]  # fmt: skip
+        for name, part in (("cp_inner", 0), ("cp_outer", 1)):
+            result.groups[name] = _new_group_containing([g for s in split for g in s[part]])
+            result.axis_of_group[result.groups[name].group_name] = "cp"
     if layout.ep > 1:
         ranks = _groups_along(mesh, ("dp",))
         result.groups["ep"] = _new_group_containing(ranks)

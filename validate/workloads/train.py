@@ -59,9 +59,10 @@ class Trainer:
             ).to(self.device)
             model.positions = positions
             # One core (and one causal mask) shared by every layer.
-            core = attention_core(layout.cp_algorithm)(
-                groups.group("cp"), positions, spec.workload.seq_len
-            )
+            cp_group = groups.group("cp")
+            if layout.cp_algorithm == "hierarchical":
+                cp_group = (groups.group("cp_inner"), groups.group("cp_outer"))
+            core = attention_core(layout.cp_algorithm)(cp_group, positions, spec.workload.seq_len)
             for layer in model.layers.values():
                 layer.attention.core = core
         if layout.ep > 1:
@@ -176,8 +177,8 @@ def reference_losses(spec: RunSpec) -> tuple[float, float]:
 
 
 def attention_core(cp_algorithm: str):
-    """The CP attention of ``cp_algorithm`` (hierarchical runs where the CP group has more
-    than one level, which these single-machine runs do not have)."""
+    """The CP attention of ``cp_algorithm`` (hierarchical: over the layout's inner groups
+    and outer rings, :mod:`validate.workloads.hierarchical_attention`)."""
     if cp_algorithm == "ring":
         from validate.workloads.ring_attention import ring_attention
 
@@ -186,6 +187,10 @@ def attention_core(cp_algorithm: str):
         from validate.workloads.ulysses_attention import ulysses_attention
 
         return ulysses_attention
+    if cp_algorithm == "hierarchical":
+        from validate.workloads.hierarchical_attention import hierarchical_attention
+
+        return hierarchical_attention
     if cp_algorithm == "all-gather":
         from validate.workloads.context_parallel import all_gather_attention
 
@@ -193,4 +198,4 @@ def attention_core(cp_algorithm: str):
     from hwspecs.errors import PlanError
 
     raise PlanError(f"cp_algorithm '{cp_algorithm}' has no CPU workload; choose all-gather, "
-                    f"ring or ulysses")  # fmt: skip
+                    f"ring, ulysses or hierarchical")  # fmt: skip

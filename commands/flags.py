@@ -583,8 +583,8 @@ PINS = FlagGroup(
         _flag("cp_algorithm", ListOf(Choice(CpAlgorithm)),
               "pin: all-gather, ring, ulysses, hierarchical (default: every one where cp > 1)"),
         _flag("cp_inner", ListOf(DEGREE),
-              "pin hierarchical CP's inner degree, e.g. 2,4 (default: every divisor of cp "
-              "between 1 and cp)"),
+              "search hierarchical CP's inner degrees, e.g. 2,4 (default: the CP ranks of "
+              "one NVLink domain)"),
         _switch("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", "pin"),
         _switch("allow_cross_node_tp", "--allow-cross-node-tp/--no-cross-node-tp",
                 "let TP groups span nodes", False),

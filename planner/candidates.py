@@ -48,7 +48,7 @@ class SearchSpace(BaseModel):
     sequence_parallel: list[bool] = Field(default_factory=lambda: [True, False])
     #: Context-parallel algorithms searched where cp > 1 (cp = 1 rows: the first of them).
     cp_algorithm: list[CpAlgorithm] = Field(default_factory=lambda: list(CP_ALGORITHMS))
-    #: Hierarchical CP's inner degrees searched (None: every divisor of cp between 1 and cp).
+    #: Hierarchical CP's inner degrees searched (None: the CP ranks of one scale-up domain).
     cp_inner: list[int] | None = None
     allow_cross_node_tp: bool = False
     max_cp: int = 64
@@ -116,9 +116,10 @@ def screening_grid(
     (t, c, p, x, d, et), algorithm = with_cp_algorithm((t, c, p, x, d, et), space.cp_algorithm)
     hierarchical = np.asarray(space.cp_algorithm, dtype=object)[algorithm] == "hierarchical"
     inner = hierarchical_inner_degrees(cluster, order, (t, c, p, d, x, et), hierarchical)
-    (t, c, p, x, d, et), algorithm, inner = with_cp_inner(
-        (t, c, p, x, d, et), algorithm, hierarchical, inner, space.cp_inner
-    )
+    if space.cp_inner is not None:  # pinned inner degrees: one row per pin that divides cp
+        (t, c, p, x, d, et), algorithm, inner = with_cp_inner(
+            (t, c, p, x, d, et), algorithm, hierarchical, inner, space.cp_inner
+        )
     pairs = _schedule_options(space, model.num_layers)
     grids = np.meshgrid(
         np.arange(len(t)),

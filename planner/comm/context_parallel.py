@@ -116,19 +116,19 @@ def placement_group(placement: Placement, name: str, inner: int | None = None) -
     hierarchical CP's inner degree ``inner`` (None: the CP ranks of one scale-up domain)."""
     if name not in CP_GROUPS:
         return placement.groups[name]
-    derived = placement.derived.get("cp_groups")
+    inner = inner or _inner_of(placement)
+    derived = placement.derived.get(("cp_groups", inner))
     if derived is not None:
         return derived[name]
     factors = mesh_factors(placement.sizes, placement.order)
     shape = _group_shape(factors, "cp")
-    inner = inner or _inner_of(placement)
     key = (placement.view.cluster.id, placement.view.num_gpus, shape, inner)
     found = _CP_GROUPS.get(key)
     if found is None:
         if len(_CP_GROUPS) >= 4096:
             _CP_GROUPS.clear()
         found = _CP_GROUPS[key] = _cp_groups(placement, shape, inner)
-    placement.derived["cp_groups"] = found
+    placement.derived["cp_groups", inner] = found
     return found[name]
 
 

@@ -86,16 +86,6 @@ def _full_grid(job, gpus, space):
     # Each degree row once per CP algorithm where cp > 1, once (the first) where cp = 1.
     algorithms = [(i, a) for i in range(len(t)) for a in range(len(space.cp_algorithm))
                   if a == 0 or c[i] > 1]  # fmt: skip
-    # ... and a hierarchical row once per inner degree: each divisor of cp between 1 and cp
-    # (once where there is none), planner.cp_inner.
-    algorithms = [
-        pair
-        for i, a in algorithms
-        for pair in [(i, a)] * (
-            max(sum(1 for k in range(2, c[i]) if c[i] % k == 0), 1)
-            if space.cp_algorithm[a] == "hierarchical" else 1
-        )
-    ]  # fmt: skip
     row, algorithm = (np.array(v) for v in zip(*algorithms, strict=True))
     t, c, p, x = t[row], c[row], p[row], x[row]
     pairs = _schedule_options(space, job.model.num_layers)

@@ -69,14 +69,23 @@ def test_hierarchical_rows_repeat_once_per_proper_divisor_or_pin():
 
 def test_the_search_times_each_inner_degree_as_the_single_layout_estimate_does():
     accelerator = load_accelerator(DGX.accelerator)
-    table = search(JOB, DGX, accelerator, 16, SearchSpace(**SPACE), refine_top=0).table
-    assert set(table["cp_inner"]) == {2, 4}  # 8's proper divisors (8 KV heads: both allowed)
+    space = SearchSpace(**SPACE, cp_inner=[2, 4])  # 8's proper divisors (8 KV heads: both)
+    table = search(JOB, DGX, accelerator, 16, space, refine_top=0).table
+    assert set(table["cp_inner"]) == {2, 4}
     for _, row in table.iterrows():
         layout = layout_of_row(row.to_dict(), is_moe=False)
         assert layout.cp_inner == row["cp_inner"]
         assert float(row["step_time_s"]) == pytest.approx(_step(layout), rel=1e-9)
     pinned = search(JOB, DGX, accelerator, 16, SearchSpace(**SPACE, cp_inner=[4]), refine_top=0)
     assert set(pinned.table["cp_inner"]) == {4}
+
+
+def test_unpinned_the_search_takes_the_cp_ranks_of_one_scale_up_domain():
+    """tp 2, cp 8 on 8-GPU domains: 4 CP ranks per domain, the search's only inner degree."""
+    accelerator = load_accelerator(DGX.accelerator)
+    space = SearchSpace(**{**SPACE, "tp": [2]})
+    table = search(JOB, DGX, accelerator, 16, space, refine_top=0).table
+    assert len(table) and set(table["cp_inner"]) == {4}
 
 
 def test_the_cli_takes_and_reports_the_inner_degree():

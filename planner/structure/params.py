@@ -17,6 +17,7 @@ from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
 from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.spec.model import ModelSpec
 from planner.structure.linears import kv_heads_per_rank
+from planner.structure.memo import per_model
 
 
 def attention_params_per_rank(model: ModelSpec, tp: int) -> float:
@@ -112,14 +113,10 @@ def busiest_rank_params(model: ModelSpec, tp, pp, ep, etp, chunks, v_shape, mirr
     splits = np.broadcast_to(np.asarray(split, dtype=object), shape)
     keys, inverse = unique_rows(*(np.asarray(c, dtype=np.int64) for c in columns), splits)
     values = np.zeros((len(keys), 3))
-    if len(_BUSIEST) > _BUSIEST_SIZE:
-        _BUSIEST.clear()
     for index, key in enumerate(keys):
-        known = _BUSIEST.get((id(model), key))
-        if known is None or known[0] is not model:
-            known = model, _busiest_of(model, *key)
-            _BUSIEST[id(model), key] = known
-        values[index] = known[1]
+        values[index] = per_model(
+            _BUSIEST, _BUSIEST_SIZE, model, key, lambda key=key: _busiest_of(model, *key)
+        )
     return tuple(values[inverse, k].reshape(shape) for k in range(3))
 
 

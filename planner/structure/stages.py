@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from planner.columns.codes import unique_rows
 from planner.spec.layout import dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
 from planner.spec.model import ModelSpec
+from planner.structure.memo import per_model
 
 
 class RankStructure(BaseModel):
@@ -70,21 +71,17 @@ def pipeline_rank_layers(
     width = max((int(p) for p, *_ in keys), default=1)
     names = ("layers", "moe_layers", "embedding", "head", "held_layers", "held_head")
     table = {name: np.zeros((len(keys), width)) for name in names}
-    if len(_PIPELINES) > _PIPELINES_SIZE:
-        _PIPELINES.clear()
     for index, key in enumerate(keys):
-        known = _PIPELINES.get((id(model), key))
-        if known is None or known[0] is not model:
-            known = model, _pipeline_ranks(model, *key)
-            _PIPELINES[id(model), key] = known
-        for name, values in zip(names, known[1], strict=True):
+        ranks = per_model(
+            _PIPELINES, _PIPELINES_SIZE, model, key, lambda key=key: _pipeline_ranks(model, *key)
+        )
+        for name, values in zip(names, ranks, strict=True):
             table[name][index, : int(key[0])] = values
     return table, inverse, shape
 
 
-#: :func:`_pipeline_ranks` per (model, key), kept over calls (the search times its rows in
-#: blocks, and each block meets mostly the same pipelines); each entry holds its model, so
-#: an id in a key is never another model's.
+#: :func:`_pipeline_ranks` per (model, key), kept over calls
+#: (:func:`planner.structure.memo.per_model`).
 _PIPELINES: dict[tuple, tuple] = {}
 _PIPELINES_SIZE = 2**12
 

@@ -1,22 +1,8 @@
 """The CLI: JSON shapes, and one-line errors with exit code 2."""
 
-import json
-
 import pytest
 
-import cli
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys, *argv):
-    code, out, err = run(capsys, *argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
+from tests.cli_runner import run, run_json
 
 
 def test_bytes_per_param_default_is_16(capsys):

@@ -13,14 +13,9 @@ from pathlib import Path
 import pytest
 
 import cli
+from tests.cli_runner import run
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

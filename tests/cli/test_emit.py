@@ -8,18 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import cli
+from tests.cli_runner import run
 
 TRAINER_NAMES = json.loads((Path(__file__).parents[1] / "data" / "trainer_flags.json").read_text())
 MEGATRON_FLAGS = set(TRAINER_NAMES["megatron"]["flags"])
 TORCHTITAN_FIELDS = set(TRAINER_NAMES["torchtitan"]["fields"])
 LLAMA_PINS = ("--tp", "2", "--cp", "16", "--pp", "16", "--micro-batch-size", "1")
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def megatron_args(text: str) -> dict[str, str | None]:

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import cli
 from hwspecs.catalog import load_accelerator, load_cluster
 from planner.cost.adapter_flops import dequantization_bytes_per_pass, dequantization_passes
 from planner.cost.compute import GpuRates
@@ -20,6 +19,7 @@ from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.model import load_model
 from planner.spec.precision import PrecisionSpec
+from tests.cli_runner import run as run_argv
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")
@@ -130,9 +130,8 @@ def test_muon_step_on_one_stage_is_optimizer_step_time():
 
 
 def run(capsys, args: str):
-    code = cli.main(args.split())
-    out, err = capsys.readouterr()
-    return code, out, err
+    """``llmplan`` with its arguments in one string."""
+    return run_argv(capsys, *args.split())
 
 
 def test_plan_cli_plans_a_lora_job_in_far_less_memory_than_full_training(capsys):

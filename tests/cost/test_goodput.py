@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import cli
 from hwspecs.catalog import load_reliability
 from hwspecs.errors import PlanError
 from planner import api
 from planner.cost import goodput as gp
 from planner.search import SearchSpace
+from tests.cli_runner import run
 
 MINUTE, HOUR = 60.0, 3600.0
 
@@ -147,12 +147,6 @@ def test_unsourced_figures_are_named_in_the_notes():
     assert "h800-sxm" in joined and "storage" in joined and "restart" in joined
     sourced = api.build_training("llama3-h100-24k", "15T")
     assert not any("storage" in note for note in sourced.notes)
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_estimate_json_has_the_time_to_train_section(capsys):

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import cli
 from hwspecs.catalog import load_profile, profile_names
 from planner.rank import (
     BY_TIME,
@@ -24,6 +23,7 @@ from planner.rank import (
     schedule_complexity,
 )
 from planner.runs.ratio_error import ratio_error, weighted_quantile
+from tests.cli_runner import run
 
 GIB = 2**30
 USABLE = 76 * GIB
@@ -214,12 +214,6 @@ def test_every_shipped_profile_carries_its_measured_ratio_error():
 # ----- the plan's JSON and the --rank flag ------------------------------------------------
 
 SMALL = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--top", "5"]
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_plan_json_carries_the_rank_fields(capsys):

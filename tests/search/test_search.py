@@ -6,23 +6,17 @@ import re
 import numpy as np
 import pytest
 
-import cli
 from hwspecs.catalog import load_accelerator, load_cluster
 from planner.estimate import estimate
 from planner.search import SearchSpace, search
 from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.model import load_model
+from tests.cli_runner import run
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")
 JOB = Job(model=load_model("llama3-8b"), seq_len=4096, global_batch_tokens=4096 * 256)
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def small_plan(capsys, *extra):

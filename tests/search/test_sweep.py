@@ -4,14 +4,7 @@ import json
 
 import pytest
 
-import cli
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
+from tests.cli_runner import run
 
 SMALL = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch-tokens", "1048576")
 

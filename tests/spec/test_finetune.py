@@ -1,13 +1,11 @@
 """Fine-tuning recipes against the QLoRA paper and PEFT's counts; frozen weights; the CLI."""
 
-import json
 import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import cli
 from hwspecs.errors import PlanError
 from planner.cost.adapter_flops import dequantization_passes, finetune_ops_per_sequence
 from planner.cost.adapters import model_state_bytes
@@ -29,6 +27,7 @@ from planner.spec.layout import Layout
 from planner.spec.model import ModelSpec, load_model
 from planner.spec.precision import PrecisionSpec
 from planner.structure.linears import layer_kinds_count, layer_linears
+from tests.cli_runner import run, run_json
 
 #: Llama-2-7B (HF meta-llama/Llama-2-7b-hf config.json): 32 layers, hidden 4096, MHA.
 LLAMA2_7B = ModelSpec(
@@ -237,18 +236,6 @@ def test_job_rejects_targets_the_model_lacks():
 
 
 # ----- CLI --------------------------------------------------------------------------------
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys, *argv):
-    code, out, err = run(capsys, *argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 def test_bytes_per_param_qlora_json_shape(capsys):

@@ -48,6 +48,7 @@ from planner.comm.topology import (
     Placement,
     _group_fields,
     _group_shape,
+    merged_runs,
     mesh_factors,
 )
 from planner.cost.context_parallel import (
@@ -135,18 +136,11 @@ def placement_group(placement: Placement, name: str, inner: int | None = None) -
 def _split_shape(shape, inner: int, part: str) -> tuple:
     """The cp group's mesh shape with its member run split into the inner ``inner`` ranks
     and the rest; members: the inner part (``part == 'inner'``) or the outer one."""
-    out: list[tuple[int, bool]] = []
+    pieces = []
     for size, member in shape:
-        pieces = [(inner, part == "inner"), (size // inner, part == "outer")] if member else [
+        pieces += [(inner, part == "inner"), (size // inner, part == "outer")] if member else [
             (size, False)]  # fmt: skip
-        for n, is_member in pieces:
-            if n == 1:
-                continue
-            if out and out[-1][1] == is_member:
-                out[-1] = (out[-1][0] * n, is_member)
-            else:
-                out.append((n, is_member))
-    return tuple(out)
+    return merged_runs(pieces)
 
 
 def _slowest_hop(levels: tuple[Level, ...]) -> Level | None:

@@ -152,9 +152,14 @@ def _group_shape(factors: list[tuple[str, int]], axis: str) -> tuple[tuple[int, 
     Two meshes with the same shape have the same groups (neighbouring factors that are both
     in, or both out of, the group act as one factor of their product).
     """
+    return merged_runs((size, name in GROUP_FACTORS[axis]) for name, size in factors)
+
+
+def merged_runs(pieces) -> tuple[tuple[int, bool], ...]:
+    """(size, in the group) pieces, innermost first, as a mesh shape: pieces of size 1
+    dropped, neighbours both in (or both out of) the group merged into their product."""
     shape: list[tuple[int, bool]] = []
-    for name, size in factors:
-        member = name in GROUP_FACTORS[axis]
+    for size, member in pieces:
         if size == 1:
             continue
         if shape and shape[-1][1] == member:

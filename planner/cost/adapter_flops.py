@@ -5,7 +5,7 @@ arXiv 2310.11454) and the HBM traffic of dequantizing QLoRA's NF4 base weights (
 
 from __future__ import annotations
 
-from planner.cost.flops import OpFlops, gemm_op, model_ops_per_sequence, sum_ops
+from planner.cost.flops import OpFlops, gemm_op, model_ops_per_sequence, scaled_op, sum_ops
 from planner.spec.finetune import (
     FinetuneSpec,
     check_targets,
@@ -15,15 +15,6 @@ from planner.spec.finetune import (
 )
 from planner.spec.model import ModelSpec
 from planner.structure.linears import Linear, layer_kinds_count
-
-
-def _times(op: OpFlops, factor: float) -> OpFlops:
-    return OpFlops(
-        name=op.name,
-        forward=op.forward * factor,
-        input_grad=op.input_grad * factor,
-        weight_grad=op.weight_grad * factor,
-    )
 
 
 def _frozen(op: OpFlops) -> OpFlops:
@@ -76,7 +67,7 @@ def finetune_ops_per_sequence(
     for moe_layer, layers in layer_kinds_count(model).items():
         for linear in targeted_linears(model, spec, moe_layer) if layers else []:
             for op in adapter_ops(linear, spec, seq_len, micro_batch_size):
-                adapters.setdefault(op.name, []).append(_times(op, layers))
+                adapters.setdefault(op.name, []).append(scaled_op(op, layers))
     return [_frozen(op) for op in base] + [sum_ops(ops, name) for name, ops in adapters.items()]
 
 

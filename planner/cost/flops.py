@@ -134,14 +134,15 @@ def model_ops_per_sequence(model: ModelSpec, seq_len: int, causal: bool = True) 
     num_dense = model.num_layers - num_moe
     totals: dict[str, list[OpFlops]] = {}
     for op in dense:
-        totals.setdefault(op.name, []).append(_scaled(op, num_dense))
+        totals.setdefault(op.name, []).append(scaled_op(op, num_dense))
     for op in moe:
-        totals.setdefault(op.name, []).append(_scaled(op, num_moe))
+        totals.setdefault(op.name, []).append(scaled_op(op, num_moe))
     ops = [sum_ops(parts, name) for name, parts in totals.items()]
     return [*ops, lm_head_op(model, seq_len)]
 
 
-def _scaled(op: OpFlops, factor: float) -> OpFlops:
+def scaled_op(op: OpFlops, factor: float) -> OpFlops:
+    """``op``'s FLOPs times ``factor`` (per layer → per model, per token → per sequence)."""
     return OpFlops(
         name=op.name,
         forward=op.forward * factor,

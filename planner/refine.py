@@ -28,10 +28,10 @@ from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage
 from planner.structure.stages import RankStructure, rank_structure
 
 #: Rows of a search the simulator re-times by default: the rows `llmplan plan` prints (the
-#: robust ranking also simulates the first rows of its own order). The default plan takes
-#: 0.75 s in one process with none simulated, 2.4 s with 5 and 4.4 s with 20 (the event
-#: loop walks every action in Python; measured 2026-12-02 on the 2-core machine by
-#: ``api.plan(..., refine_top=K)``); ``refine_top`` sets it.
+#: robust ranking also simulates the first rows of its own order). The default plan's search
+#: takes 0.6 s in one process with none simulated, 0.9 s with 5 and 2.0 s with 20 (the
+#: event loop walks every action in Python; measured 2026-12-02 on the 2-core machine by
+#: ``api.plan(..., refine_top=K)``, warm); ``refine_top`` sets it.
 DEFAULT_REFINE_TOP = 5
 
 

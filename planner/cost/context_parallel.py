@@ -30,7 +30,7 @@ import numpy as np
 
 from planner.cost.compute import GpuRates, layer_op_times
 from planner.spec.model import ModelSpec
-from planner.structure.linears import kv_heads_per_rank
+from planner.structure.linears import kv_heads_per_rank_columns
 
 #: Index of each algorithm in the integer code columns carry (the order of CP_ALGORITHMS).
 ALL_GATHER, RING, ULYSSES, HIERARCHICAL = 0, 1, 2, 3
@@ -58,8 +58,7 @@ def key_value_width(model: ModelSpec, tp) -> np.ndarray:
     tp = np.asarray(tp)
     if model.attention_kind == "mla":
         return model.num_attention_heads / tp * (model.head_dim + model.value_head_dim)
-    kv = np.array([kv_heads_per_rank(model, int(t)) for t in tp.ravel()]).reshape(tp.shape)
-    return 2.0 * kv * model.head_dim
+    return 2.0 * kv_heads_per_rank_columns(model, tp) * model.head_dim
 
 
 def ulysses_kv_repeats(model: ModelSpec, tp, degree, replicate: bool) -> np.ndarray:
@@ -71,7 +70,7 @@ def ulysses_kv_repeats(model: ModelSpec, tp, degree, replicate: bool) -> np.ndar
     tp, degree = np.broadcast_arrays(np.asarray(tp), np.asarray(degree))
     if not replicate or model.attention_kind == "mla":
         return np.ones(tp.shape)
-    kv = np.array([kv_heads_per_rank(model, int(t)) for t in tp.ravel()]).reshape(tp.shape)
+    kv = kv_heads_per_rank_columns(model, tp)
     return np.maximum(degree // kv, 1).astype(float)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from planner.spec.model import ModelSpec
@@ -35,6 +36,11 @@ MODULE_NAMES = tuple(dict.fromkeys(ATTENTION_MODULES + MLA_MODULES + MLP_MODULES
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
     """KV heads held by one TP rank: split when tp ≤ KV heads, replicated (one) beyond."""
     return max(model.num_kv_heads // tp, 1)
+
+
+def kv_heads_per_rank_columns(model: ModelSpec, tp) -> np.ndarray:
+    """:func:`kv_heads_per_rank` of a column of TP degrees."""
+    return np.maximum(model.num_kv_heads // np.asarray(tp), 1)
 
 
 class Linear(BaseModel):

@@ -470,6 +470,10 @@ JOB = FlagGroup(
               "Ulysses CP over more ranks than a TP rank's KV heads: refused (whole: "
               "TransformerEngine, Megatron-Core) or the K/V heads repeated up to the degree "
               "(replicate: verl)", UlyssesKvHeads.whole, show_allowed=True),
+        _switch("tp_comm_overlap", "--tp-comm-overlap/--no-tp-comm-overlap",
+                "the stack overlaps TP collectives with the GEMMs (TransformerEngine "
+                "userbuffers, torch async TP; the profile's learned share is hidden); "
+                "default: the --stack's (megatron on, the others off; no --stack: on)"),
         _flag("moe_imbalance", Number(1.0),
               "MoE, dropless routing: routed tokens on the busiest EP rank over the balanced "
               "share (default: the model's, 1.0)"),
@@ -666,6 +670,7 @@ def build_job(job: Values, default_batch: bool = True):
         memory_measures=value(job.memory_measures),
         weight_pass_memory=value(job.weight_pass_memory),
         ulysses_kv_heads=value(job.ulysses_kv_heads),
+        tp_comm_overlap=job.tp_comm_overlap,
         moe_imbalance=job.moe_imbalance,
         moe_capacity_factor=job.moe_capacity_factor,
     )

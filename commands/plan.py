@@ -383,7 +383,13 @@ def _rank_legend(result) -> str:
 
 def profile_line(entry: dict, prefix: str = "", auto: bool = False) -> str:
     """The profile an estimate used and, with one, its cross-validated band (``auto``: the
-    profile was --profile auto's choice, so none found is said as such)."""
+    profile was --profile auto's choice, so none found is said as such), and whether the
+    stack was taken to overlap TP communication."""
+    overlap = "on" if entry.get("tp_comm_overlap") else "off"
+    return f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}"
+
+
+def _profile_text(entry: dict, prefix: str, auto: bool) -> str:
     if entry.get("step_time_interval_s") is None:
         if entry.get("profile"):
             return f"profile: {entry['profile']}"

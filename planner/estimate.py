@@ -76,6 +76,9 @@ class Estimate(BaseModel):
     #: The efficiency profile applied (None: the ideal model) and, with one, the band its
     #: cross-validated error implies (10th–90th percentile of measured / predicted).
     profile: str | None = None
+    #: Whether the job's stack overlaps TP communication with the GEMMs (the profile's
+    #: ``tp_comm_overlap`` share of it is hidden; :mod:`planner.spec.stack`).
+    tp_comm_overlap: bool = False
     step_time_interval_s: tuple[float, float] | None = None
     tokens_per_s_per_gpu_interval: tuple[float, float] | None = None
     mfu_interval: tuple[float, float] | None = None
@@ -131,6 +134,7 @@ def estimate(
         num_gpus=layout.num_gpus,
         layout=layout,
         num_microbatches=m,
+        tp_comm_overlap=bool(job.tp_comm_overlap),
         step_time_s=float(value["step_time_s"]),
         time_breakdown_s=breakdown,
         tokens_per_s_per_gpu=float(value["tokens_per_s_per_gpu"]),

@@ -73,6 +73,7 @@ def explain_estimate(result, job) -> list[str]:
             lines.append(
                 f"{axis}: {result.comm_bytes_per_step[axis] / 1e9:,.2f} GB per GPU per step, raw {raw:.3f} s, "
                 f"exposed {result.time_breakdown_s[axis + '_exposed']:.3f} s"
+                + (_tp_overlap_note(result, job) if axis == "tp" else "")
             )
     lines += _moe_lines(result, job)
     lines += _ring_lines(result, job)
@@ -88,6 +89,16 @@ def explain_estimate(result, job) -> list[str]:
         f"(6N + 12·L·h·s) / {accelerator.peak_tflops(result.mfu_dtype)} TFLOP/s = {100 * result.mfu:.1f}%"
     )
     return lines
+
+
+def _tp_overlap_note(result, job) -> str:
+    """Whether the stack overlaps TP communication, and what the profile hides of it."""
+    if not result.tp_comm_overlap:
+        return " (the stack does not overlap TP communication: --tp-comm-overlap to say it does)"
+    if result.profile is None:
+        return " (the stack overlaps TP communication; the ideal model hides none of it)"
+    hidden = -result.time_breakdown_s.get("profile_tp_overlap", 0.0)
+    return f" (the stack overlaps TP communication: the profile hides {hidden:.3f} s of it)"
 
 
 def _moe_lines(result, job) -> list[str]:

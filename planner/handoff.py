@@ -116,8 +116,14 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
         ]
     elif not even:
         args.append(f'--pipeline-model-parallel-layout "{_megatron_layout(layers)}"')
+    notes = []
     if lay["sequence_parallel"] and lay["tp"] > 1:
         args.append("--sequence-parallel")
+    if job.tp_comm_overlap and lay["tp"] > 1:  # TransformerEngine's userbuffers need SP
+        if lay["sequence_parallel"]:
+            args.append("--tp-comm-overlap")
+        else:
+            notes.append("TP communication overlap was assumed: --tp-comm-overlap needs SP")
     if lay["recompute"] == "selective":
         args.append("--recompute-granularity selective")
     elif lay["recompute"] == "full":
@@ -126,7 +132,6 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
         )
     if lay["zero_stage"] >= 1:
         args.append("--use-distributed-optimizer")
-    notes = []
     if lay["cp"] > 1:  # Megatron-Core's names of the CP algorithms (--cp-comm-type)
         algorithm = lay.get("cp_algorithm") or "all-gather"
         args.append(f"--cp-comm-type {MEGATRON_CP_COMM_TYPE[algorithm]}")
@@ -189,6 +194,11 @@ def _torchtitan(lay: dict, job, layers: list[int]) -> Emitted:
         "training.max_context_length": job.seq_len,
     }
     notes = []
+    if job.tp_comm_overlap and lay["tp"] > 1:
+        notes.append(
+            "TP communication overlap was assumed: torchtitan's async TP runs under torch.compile "
+            "with symmetric memory; enable it in the config, or re-plan with --no-tp-comm-overlap"
+        )
     if lay["pp"] > 1:
         first, last, middle = layers[0], layers[-1], layers[1:-1]
         if len(set(middle or [first])) == 1:

@@ -68,6 +68,7 @@ def build_job(
     moe_imbalance: float | None = None,
     moe_capacity_factor: float | None = None,
     ulysses_kv_heads: str | None = None,
+    tp_comm_overlap: bool | None = None,
 ):
     """A Job from CLI-style values (batch as tokens or as sequences, not both).
 
@@ -78,6 +79,8 @@ def build_job(
     (:mod:`planner.cost.weight_pass`). ``moe_imbalance`` / ``moe_capacity_factor``: override the
     model's routing load (:meth:`planner.spec.model.ModelSpec.routed_load_factor`).
     ``ulysses_kv_heads``: ``whole`` (default) or ``replicate`` (:class:`planner.spec.job.Job`).
+    ``tp_comm_overlap``: the stack overlaps TP communication (None: the stack's default,
+    :func:`with_profile`).
     """
     from planner.spec.job import Job
     from planner.spec.measures import memory_measures as measures_named
@@ -117,6 +120,7 @@ def build_job(
         memory_measures=measures_named(memory_measures),
         weight_pass_memory=weight_pass_memory or "inputs",
         ulysses_kv_heads=ulysses_kv_heads or "whole",
+        tp_comm_overlap=tp_comm_overlap,
     )
 
 
@@ -163,11 +167,16 @@ def with_profile(job, accelerator: str, profile: str | None, stack: str | None =
     """``job`` under an efficiency profile: ``none`` / None the ideal model; ``auto`` the
     shipped profile of ``accelerator`` for ``stack`` (else its all-stack one, else the
     nearest generation's, else the ideal model); ``shipped`` the same but an error where
-    there is none; else a profile name or TOML path."""
+    there is none; else a profile name or TOML path. A job that does not say whether its
+    stack overlaps TP communication (``tp_comm_overlap`` None) takes ``stack``'s default
+    (:func:`planner.spec.stack.default_tp_comm_overlap`)."""
     from planner.runs.profiles import STACKS, profile_for
+    from planner.spec.stack import default_tp_comm_overlap
 
     if stack is not None and stack not in STACKS:
         raise unknown_name_error("stack", stack, STACKS)
+    if job.tp_comm_overlap is None:
+        job = job.model_copy(update={"tp_comm_overlap": default_tp_comm_overlap(stack)})
     if profile in (None, "none"):
         return job
     shipped = profile in ("auto", "shipped")

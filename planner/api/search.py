@@ -145,6 +145,8 @@ def plan(
         "finetune": job.finetune.model_dump() if job.finetune is not None else None,
         "space": space.model_dump() if space else None,
         "profile": profile_label(job.efficiency_profile),
+        "stack": stack,
+        "tp_comm_overlap": bool(job.tp_comm_overlap),
     }
     if training is not None:
         query["training"] = training.model_dump()
@@ -285,10 +287,12 @@ def plan_page_sample(table):
 
 
 def emit_settings(entry: dict, trainer: str, job):
-    """A plan result's layout as ``trainer``'s settings (see :mod:`planner.handoff`)."""
+    """A plan result's layout as ``trainer``'s settings (see :mod:`planner.handoff`), with
+    the TP communication overlap the result was timed with."""
     from planner.handoff import emit_settings as emit
     from planner.spec.layout import layers_per_virtual_stage
 
+    job = job.model_copy(update={"tp_comm_overlap": bool(entry.get("tp_comm_overlap"))})
     lay = entry["layout"]
     split = lay.get("pipeline_layer_split", "auto")
     layers = layers_per_virtual_stage(job.model.num_layers, lay["pp"], lay["vpp"], split)

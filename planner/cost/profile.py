@@ -27,13 +27,15 @@ show, each its own line of the step's breakdown:
   communication time is added.
 * ``sync_per_doubling_s`` (s, 0–50 ms): a synchronisation cost per step growing with the
   log of the ranks the step waits for (barriers, the slowest rank of a collective tree).
-* ``tp_comm_overlap`` (fraction, 0–1): the share of the tensor-parallel collectives the
-  stack hides behind the GEMMs they feed or follow (all-gather/GEMM and GEMM/reduce-scatter
+* ``tp_comm_overlap`` (fraction, 0–1): the share of the tensor-parallel collectives a
+  stack that overlaps them (the job's ``tp_comm_overlap``, :mod:`planner.spec.stack`) hides
+  behind the GEMMs they feed or follow (all-gather/GEMM and GEMM/reduce-scatter
   pipelining: TransformerEngine's userbuffers ``tp_comm_overlap``, Wang et al. 2023
   "Overlap communication with dependent computation via decomposition", torch's async TP).
   The ideal model exposes every TP collective (Megatron without overlap, Korthikanti et al.
-  2022 §4); the hidden share leaves the step (a negative line) and joins the overlapped
-  communication that ``overlap_slowdown`` charges.
+  2022 §4), and so does a stack that does not overlap them; the hidden share leaves the step
+  (a negative line) and joins the overlapped communication that ``overlap_slowdown``
+  charges.
 
 FLOP shares come from :func:`planner.cost.flops.model_ops_per_sequence` (causal attention).
 Compute-side terms scale with the pipeline's stretch (``pipeline_time / busy``) since the
@@ -144,6 +146,7 @@ def profile_inputs(
         "overlapped_comm_s": np.maximum(comm_s - exposed_comm_s, 0.0),
         "num_gpus": num_gpus * 1.0,
         "fp8": np.full(np.shape(tp), job.precision.gemm_dtype == "fp8"),
+        "stack_overlaps_tp": np.full(np.shape(tp), bool(job.tp_comm_overlap)),
     }
 
 
@@ -154,7 +157,8 @@ def _saturating(width, half_width: float):
 def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarray]:
     """Seconds each term adds to a step, per row. ``columns``: the ideal step's
     ``compute_s``, ``recompute_s``, ``pipeline_time_s``, ``exposed_comm_s``,
-    ``tp_exposed_time_s`` and :func:`profile_inputs`; ``values``: one value per term
+    ``tp_exposed_time_s`` and :func:`profile_inputs` (``stack_overlaps_tp``: 1 where the
+    job's stack overlaps TP communication); ``values``: one value per term
     (missing terms: ideal)."""
     v = {**ideal_values(), **values}
     busy = columns["compute_s"] + columns["recompute_s"]
@@ -168,7 +172,7 @@ def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarr
         + experts / (sustained * expert)
         + attention / v["attention_efficiency"]
     )
-    hidden_tp = v["tp_comm_overlap"] * columns["tp_exposed_time_s"]
+    hidden_tp = v["tp_comm_overlap"] * columns["tp_exposed_time_s"] * columns["stack_overlaps_tp"]
     return {
         "profile_compute": busy * (slowdown - 1) * stretch,
         "profile_kernels": columns["kernels_per_step"] * v["kernel_overhead_s"] * stretch,

@@ -43,6 +43,7 @@ FEATURE_COLUMNS = (
     "expert_share",
     "num_gpus",
     "fp8",
+    "stack_overlaps_tp",
 )
 
 

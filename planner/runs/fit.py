@@ -86,8 +86,8 @@ def informed_terms(cols: dict) -> list[str]:
         names.remove("compute_efficiency_bf16")
     if not cols["expert_share"].any():
         names.remove("expert_gemm_half_width")
-    if not cols["tp_exposed_time_s"].any():
-        names.remove("tp_comm_overlap")
+    if not (cols["tp_exposed_time_s"] * cols["stack_overlaps_tp"]).any():
+        names.remove("tp_comm_overlap")  # no row's stack overlaps a TP collective
     return names
 
 

@@ -22,6 +22,7 @@ from planner.spec.job import Job
 from planner.spec.measures import memory_measures
 from planner.spec.model import ModelSpec
 from planner.spec.precision import PrecisionSpec
+from planner.spec.stack import framework_overlaps_tp
 
 #: The catalog cluster a run on each accelerator is predicted on, grown to the run's GPU
 #: count with its outermost link where the run is larger (rows rarely print their network).
@@ -271,7 +272,8 @@ def cp_algorithm(row: RunRow) -> str:
 
 
 def run_job(row: RunRow, model: ModelSpec) -> Job:
-    """The row's job: its model at its sequence length, batch and precision."""
+    """The row's job: its model at its sequence length, batch and precision, and whether its
+    framework overlapped TP communication (:func:`planner.spec.stack.framework_overlaps_tp`)."""
     if row.training.task == "lora":
         raise Uncovered("LoRA rank and targets not published")
     t = row.training
@@ -285,6 +287,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             global_batch_tokens=t.global_batch_tokens,
             precision=PrecisionSpec(recipe=precision_recipe(t.precision)),
             memory_measures=memory_measures("deepseek-v3" if partial else "none"),
+            tp_comm_overlap=framework_overlaps_tp(t.framework),
         )
     except ValidationError as error:
         raise Uncovered(f"job not expressible: {error.errors()[0]['msg']}") from None

@@ -33,6 +33,10 @@ class Job(BaseModel):
     heads — refused (``whole``: TransformerEngine's ``AttnFuncWithCPAndQKVOA2A``, which
     Megatron-Core's a2a CP runs, re-shards whole heads) or the K/V heads repeated up to the
     degree before it (``replicate``: verl's Ulysses, ``repeat_kv`` by ``degree // kv_heads``).
+    ``tp_comm_overlap``: the stack pipelines TP collectives with the GEMMs they feed or
+    follow (:mod:`planner.spec.stack`); the profile's ``tp_comm_overlap`` term is the share it
+    hides (:mod:`planner.cost.profile`); the ideal model exposes every TP collective. None:
+    the named stack's default (``planner.api.with_profile``), else no overlap.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -46,6 +50,7 @@ class Job(BaseModel):
     memory_measures: MemoryMeasures = MemoryMeasures()
     weight_pass_memory: WeightPassMemory = "inputs"
     ulysses_kv_heads: UlyssesKvHeads = "whole"
+    tp_comm_overlap: bool | None = None
     efficiency_profile: EfficiencyProfile | None = Field(
         None,
         description="fitted terms of the accelerator (and stack) the step loses beyond the "

@@ -126,3 +126,16 @@ def test_expert_tp_is_named(trainer):
         "torchtitan": "--parallelism.expert_parallel_degree 8",
     }
     assert expected[trainer] in text
+
+
+def test_megatron_settings_carry_the_tp_overlap_the_plan_assumed(capsys):
+    pins = ("--tp", "8", "--cp", "1", "--pp", "16", "--micro-batch-size", "1",
+            "--sequence-parallel", "--schedule", "1f1b")  # fmt: skip
+    code, out, err = run(capsys, "plan", *pins, "--stack", "megatron", "--emit", "megatron")
+    assert code == 0, err
+    args = megatron_args(out)
+    assert set(args) <= MEGATRON_FLAGS
+    assert "--tp-comm-overlap" in args and "--sequence-parallel" in args
+    code, out, err = run(capsys, "plan", *pins, "--no-tp-comm-overlap", "--emit", "megatron")
+    assert code == 0, err
+    assert "--tp-comm-overlap" not in megatron_args(out)

@@ -127,6 +127,7 @@ def _synthetic_columns(rng, n: int) -> dict:
         "expert_share": rng.choice([0, 0, 0.4], n),
         "num_gpus": 2.0 ** rng.integers(3, 13, n),
         "fp8": rng.random(n) < 0.5,
+        "stack_overlaps_tp": rng.random(n) < 0.7,
     }
 
 
@@ -146,12 +147,53 @@ def test_tp_comm_overlap_hides_its_share_and_charges_the_overlap_slowdown():
     cols = _synthetic_columns(np.random.default_rng(3), 30)
     values = {**ideal_values(), "tp_comm_overlap": 0.6, "overlap_slowdown": 0.25}
     parts = profile_parts(cols, values)
-    hidden = 0.6 * cols["tp_exposed_time_s"]
+    overlaps = cols["stack_overlaps_tp"]
+    hidden = np.where(overlaps, 0.6 * cols["tp_exposed_time_s"], 0.0)
     assert np.allclose(parts["profile_tp_overlap"], -hidden)
     assert np.allclose(parts["profile_overlap"], 0.25 * (cols["overlapped_comm_s"] + hidden))
-    # The step never loses more than the TP time the ideal model exposed.
+    # The step never loses more than the TP time the ideal model exposed, and a stack that
+    # does not overlap TP keeps all of it.
     step = profiled_step_time(cols, {**ideal_values(), "tp_comm_overlap": 1.0})
-    assert np.allclose(step, cols["step_time_s"] - cols["tp_exposed_time_s"])
+    expected = cols["step_time_s"] - np.where(overlaps, cols["tp_exposed_time_s"], 0.0)
+    assert np.allclose(step, expected)
+
+
+def test_tp_overlap_follows_the_stack_unless_the_job_says():
+    """Megatron-Core's performance recipes overlap TP (NeMo's MegatronCommOverlapCallback);
+    Megatron-LM's --tp-comm-overlap and the other stacks' are off unless asked for; a
+    published run is credited with overlap only where its framework ran it."""
+    from planner.api import build_job, with_profile
+    from planner.runs.profiles import STACKS
+    from planner.spec.stack import STACKS_OVERLAPPING_TP, framework_overlaps_tp
+
+    assert set(STACKS) >= STACKS_OVERLAPPING_TP
+    job = build_job("llama3-8b", 4096, global_batch_tokens=2**20)
+    assert job.tp_comm_overlap is None
+    for stack in (None, "megatron"):  # a plan with no stack named assumes a tuned one
+        assert with_profile(job, "h100-sxm", "none", stack).tp_comm_overlap is True
+    for stack in ("pytorch-fsdp", "jax", "deepspeed"):
+        assert with_profile(job, "h100-sxm", "none", stack).tp_comm_overlap is False
+    said = build_job("llama3-8b", 4096, global_batch_tokens=2**20, tp_comm_overlap=False)
+    assert with_profile(said, "h100-sxm", "auto", "megatron").tp_comm_overlap is False
+    assert framework_overlaps_tp("NeMo (Megatron-Core)")
+    assert framework_overlaps_tp("Megatron-Bridge (Megatron-Core)")
+    for framework in ("Megatron-LM", "Megatron-DeepSpeed", "Meta internal (PyTorch)", None):
+        assert not framework_overlaps_tp(framework)
+
+
+def test_estimate_hides_tp_only_where_the_stack_overlaps_it():
+    from planner.api import build_job, build_layout, estimate
+
+    job = build_job("llama3-70b", 4096, global_batch_tokens=2**21)
+    layout = build_layout(tp=8, pp=1, dp=8, cp=1, micro_batch_size=1)
+    off = estimate(job, layout, "dgx-h100", 64, profile="auto", stack="pytorch-fsdp")
+    on = estimate(job, layout, "dgx-h100", 64, profile="auto", stack="megatron")
+    assert not off.tp_comm_overlap and on.tp_comm_overlap
+    assert (
+        "profile_tp_overlap" not in off.time_breakdown_s
+        or not off.time_breakdown_s["profile_tp_overlap"]
+    )
+    assert on.time_breakdown_s["profile_tp_overlap"] < 0
 
 
 def test_fit_recovers_the_terms_of_rows_the_model_generated():

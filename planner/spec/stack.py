@@ -1,0 +1,36 @@
+"""What a job's software stack does by default that its step time depends on.
+
+Tensor-parallel communication overlap (all-gather/GEMM and GEMM/reduce-scatter pipelining,
+TransformerEngine's userbuffers): Megatron-Core's performance recipes turn it on — NeMo's
+``pretrain_recipe_performance`` adds ``MegatronCommOverlapCallback(tp_comm_overlap=True)``
+(NVIDIA/NeMo @0189a3b ``nemo/collections/llm/recipes/llama3_70b.py``) and Megatron-Bridge's
+performance configs set ``CommOverlapConfig(tp_comm_overlap=True)``; Megatron-LM's own
+``--tp-comm-overlap`` is off unless given (``action='store_true'``,
+``megatron/training/arguments.py``), as torch's async TP is unless enabled.
+
+A named stack takes its own default (on for Megatron-Core, off for the others); a job that
+names none is planned for a stack configured to overlap TP, as the planner's other
+recommendations (zero-bubble and DualPipe schedules) assume the stack that runs them:
+``--emit megatron`` writes ``--tp-comm-overlap`` and every output says which was assumed. A
+published run is credited with overlap only where its framework is known to have run it
+(:func:`framework_overlaps_tp`).
+"""
+
+from __future__ import annotations
+
+#: Stacks whose recipes overlap TP communication with the GEMMs by default.
+STACKS_OVERLAPPING_TP = frozenset({"megatron"})
+
+
+def default_tp_comm_overlap(stack: str | None) -> bool:
+    """Whether a job on ``stack`` overlaps TP communication by default (None, no stack
+    named: planned with overlap on)."""
+    return stack is None or stack in STACKS_OVERLAPPING_TP
+
+
+def framework_overlaps_tp(framework: str | None) -> bool:
+    """Whether a published run's framework overlapped TP communication: Megatron-Core's
+    (NeMo, Megatron-Bridge) performance recipes, which the published tables ran; Megatron-LM
+    and Megatron-DeepSpeed runs, older than TransformerEngine's comm overlap or without it,
+    and every other stack did not."""
+    return "megatron-core" in (framework or "").lower()

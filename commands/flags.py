@@ -254,6 +254,12 @@ class UlyssesKvHeads(str, Enum):
     replicate = "replicate"
 
 
+class AttentionKernel(str, Enum):  # planner.spec.job.AttentionKernel
+    flash_attention_2 = "flash-attention-2"
+    cudnn = "cudnn"
+    flash_attention_3 = "flash-attention-3"
+
+
 class Optimizer(str, Enum):
     adamw = "adamw"
     sgd_momentum = "sgd-momentum"
@@ -485,6 +491,9 @@ JOB = FlagGroup(
               show_allowed=True),
         _switch("flash_attention", "--flash-attention/--no-flash-attention",
                 "attention without the score matrix in memory (default on)", True),
+        _flag("attention_kernel", Choice(AttentionKernel),
+              "the stack's fused attention kernel, timed at the accelerator's measurement of "
+              "it (default: the accelerator's attention rates)", show_allowed=True),
         _flag("recipe", Choice(Recipe), "training recipe: full, or adapters on a frozen base",
               Recipe.full, show_allowed=True),
         _flag("lora_rank", POSITIVE, "adapter rank r (default 8; QLoRA used 64)"),
@@ -671,6 +680,7 @@ def build_job(job: Values, default_batch: bool = True):
         weight_pass_memory=value(job.weight_pass_memory),
         ulysses_kv_heads=value(job.ulysses_kv_heads),
         tp_comm_overlap=job.tp_comm_overlap,
+        attention_kernel=value(job.attention_kernel),
         moe_imbalance=job.moe_imbalance,
         moe_capacity_factor=job.moe_capacity_factor,
     )

@@ -148,6 +148,13 @@ class Accelerator(SourcedSpec):
         description="the same for the attention backward kernel, on FlashAttention's FLOP "
         "count (2.5x the forward's: the scores are recomputed)",
     )
+    attention_kernels: dict[str, list[float]] = Field(
+        default_factory=dict,
+        description="measured [forward, backward] fractions of the dense BF16 peak of each "
+        "named fused attention kernel a stack may run (flash-attention-2, cudnn, "
+        "flash-attention-3; causal, head dim 128), for a job that names its kernel; "
+        "attention_*_efficiency are the rates of a job that names none",
+    )
     hbm_bandwidth_efficiency: float = Field(
         0.8, gt=0, le=1, description="achievable fraction of peak HBM bandwidth"
     )
@@ -201,6 +208,12 @@ class Accelerator(SourcedSpec):
                     raise ValueError(f"{field}.{dtype} must be in (0, 1], got {value}")
                 if self.peak_tflops(dtype) is None:
                     raise ValueError(f"{field}.{dtype} given but {dtype}_tflops is not")
+        for kernel, fractions in self.attention_kernels.items():
+            if len(fractions) != 2 or not all(0 < value <= 1 for value in fractions):
+                raise ValueError(
+                    f"attention_kernels.{kernel} must be [forward, backward] in (0, 1], "
+                    f"got {fractions}"
+                )
         return self
 
     def peak_tflops(self, dtype: str) -> float | None:
@@ -228,14 +241,20 @@ class Accelerator(SourcedSpec):
             )
         return self.peak_flops_per_s(dtype) * self.matmul_efficiency[dtype]
 
-    def achievable_attention_flops_per_s(self, dtype: str = "bf16") -> tuple[float, float]:
-        """(forward, backward) FLOP/s of the fused attention kernels for ``dtype``.
+    def achievable_attention_flops_per_s(
+        self, dtype: str = "bf16", kernel: str | None = None
+    ) -> tuple[float, float]:
+        """(forward, backward) FLOP/s of the fused attention kernels for ``dtype``: those of
+        ``kernel`` where the catalog measured it (BF16), else the accelerator's default.
 
         Where the catalog records no attention measurement, attention runs at the matmul
         rate (documented default rule 6 in ``hwspecs/data/README.md``).
         """
         matmul = self.achievable_matmul_flops_per_s(dtype)
         peak = self.peak_flops_per_s(dtype)
+        if dtype == "bf16" and kernel in self.attention_kernels:
+            forward, backward = self.attention_kernels[kernel]
+            return peak * forward, peak * backward
         forward = self.attention_forward_efficiency.get(dtype)
         backward = self.attention_backward_efficiency.get(dtype)
         return (

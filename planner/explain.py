@@ -61,7 +61,7 @@ def explain_estimate(result, job) -> list[str]:
     lines = [
         f"GEMMs at {dtype}: peak {accelerator.peak_tflops(dtype)} TFLOP/s × matmul efficiency {eff} "
         f"({accelerator.source_of(f'matmul_efficiency.{dtype}')})",
-        _attention_line(accelerator, dtype, job.flash_attention),
+        _attention_line(accelerator, dtype, job.flash_attention, job.attention_kernel),
         f"HBM {accelerator.hbm_bytes_per_s / 1e12:.2f} TB/s × {accelerator.hbm_bandwidth_efficiency} for memory-bound ops",
         f"busiest rank per micro-batch: F {stage['forward'] * 1e3:.2f} ms, B {stage['input_grad'] * 1e3:.2f} ms, "
         f"W {stage['weight_grad'] * 1e3:.2f} ms, recompute {stage['recompute'] * 1e3:.2f} ms",
@@ -202,16 +202,21 @@ def cp_algorithm_lines(job, cluster, results: list[dict], order=None) -> list[st
     return lines
 
 
-def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool) -> str:
+def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool, kernel=None) -> str:
     """The attention kernels' rates an estimate used, with their source."""
     from planner.cost.compute import FLASH_BACKWARD_FLOPS_RATIO, attention_dtype
 
     if not flash_attention:
         return "attention (unfused): two batched GEMMs at the matmul rate, backward 2× forward"
     dtype = attention_dtype(gemm_dtype)
-    forward, backward = accelerator.achievable_attention_flops_per_s(dtype)
-    source = accelerator.source_of(f"attention_forward_efficiency.{dtype}")
+    forward, backward = accelerator.achievable_attention_flops_per_s(dtype, kernel)
+    measured = dtype == "bf16" and kernel in accelerator.attention_kernels
+    source = accelerator.source_of(
+        f"attention_kernels.{kernel}" if measured else f"attention_forward_efficiency.{dtype}"
+    )
     where = source if source else "no attention measurement: at the matmul rate (rule 6)"
+    if kernel is not None and not measured:
+        where = f"no measurement of {kernel} on {accelerator.id}: the default rates; {where}"
     return (
         f"attention (fused, {dtype}): forward {forward / 1e12:.0f}, backward {backward / 1e12:.0f} "
         f"TFLOP/s on {FLASH_BACKWARD_FLOPS_RATIO}× the forward FLOPs ({where})"

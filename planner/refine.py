@@ -41,8 +41,12 @@ def stage_durations(
     """(F, B + recompute, W per virtual stage, F + B + W per rank) for one micro-batch, in
     the simulator's stage numbering (model order; DualPipe: one direction's stages)."""
     model = job.model
-    rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
-    bf16 = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
+    rates = GpuRates.of(accelerator, job.precision.gemm_dtype, job.attention_kernel)
+    bf16 = (
+        GpuRates.of(accelerator, "bf16", job.attention_kernel)
+        if job.precision.gemm_dtype == "fp8"
+        else None
+    )
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     shape = shape_times(
         model, job.seq_len, layout.micro_batch_size, layout.tp, layout.cp, layout.ep,

@@ -69,6 +69,7 @@ def build_job(
     moe_capacity_factor: float | None = None,
     ulysses_kv_heads: str | None = None,
     tp_comm_overlap: bool | None = None,
+    attention_kernel: str | None = None,
 ):
     """A Job from CLI-style values (batch as tokens or as sequences, not both).
 
@@ -80,7 +81,8 @@ def build_job(
     model's routing load (:meth:`planner.spec.model.ModelSpec.routed_load_factor`).
     ``ulysses_kv_heads``: ``whole`` (default) or ``replicate`` (:class:`planner.spec.job.Job`).
     ``tp_comm_overlap``: the stack overlaps TP communication (None: the stack's default,
-    :func:`with_profile`).
+    :func:`with_profile`). ``attention_kernel``: the stack's fused attention kernel (None:
+    the accelerator's default rates).
     """
     from planner.spec.job import Job
     from planner.spec.measures import memory_measures as measures_named
@@ -121,6 +123,7 @@ def build_job(
         weight_pass_memory=weight_pass_memory or "inputs",
         ulysses_kv_heads=ulysses_kv_heads or "whole",
         tp_comm_overlap=tp_comm_overlap,
+        attention_kernel=attention_kernel,
     )
 
 

@@ -276,7 +276,7 @@ def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
     if ring <= 1:
         return None
     group = placement_group(placement, "cp_ring" if algorithm == RING else "cp_outer", inner)
-    rates = GpuRates.of(placement.view.accelerator, job.precision.gemm_dtype)
+    rates = GpuRates.of(placement.view.accelerator, job.precision.gemm_dtype, job.attention_kernel)
     one = np.ones(1, dtype=np.int64)
     times = _ring_step_times(job, one * layout.tp, one * layout.cp, one * layout.micro_batch_size,
                              one * ring, rates)  # fmt: skip

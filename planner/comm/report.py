@@ -99,7 +99,9 @@ def _ring_rates(job: Job, layout: Layout, placement) -> GpuRates | None:
     if layout.cp == 1 or layout.cp_algorithm not in ("ring", "hierarchical"):
         return None
     return GpuRates.of(
-        load_accelerator(placement.view.cluster.accelerator), job.precision.gemm_dtype
+        load_accelerator(placement.view.cluster.accelerator),
+        job.precision.gemm_dtype,
+        job.attention_kernel,
     )
 
 

@@ -156,7 +156,9 @@ def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[t
     if np.isin(key["cpa"], (1, 3)).any():
         from planner.cost.compute import GpuRates
 
-        rates = GpuRates.of(load_accelerator(cluster.accelerator), job.precision.gemm_dtype)
+        rates = GpuRates.of(
+            load_accelerator(cluster.accelerator), job.precision.gemm_dtype, job.attention_kernel
+        )
     terms = step_terms(
         job, *(key[k] for k in ("tp", "cp", "pp", "dp", "ep", "chunks", "b", "m", "sp", "full",
                                  "zero")), split, key["v_shape"], key["etp"], key["mirrored"],

@@ -76,9 +76,13 @@ class GpuRates(BaseModel):
     functional_collective_overhead_s: float = 0.0
 
     @classmethod
-    def of(cls, accelerator: Accelerator, gemm_dtype: str) -> GpuRates:
+    def of(
+        cls, accelerator: Accelerator, gemm_dtype: str, attention_kernel: str | None = None
+    ) -> GpuRates:
+        """The rates of ``gemm_dtype`` GEMMs, with attention at ``attention_kernel``'s
+        measured rates where the accelerator records them (None: its default kernel's)."""
         dtype = attention_dtype(gemm_dtype)
-        forward, backward = accelerator.achievable_attention_flops_per_s(dtype)
+        forward, backward = accelerator.achievable_attention_flops_per_s(dtype, attention_kernel)
         return cls(
             matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(gemm_dtype),
             hbm_bytes_per_s=accelerator.hbm_bytes_per_s * accelerator.hbm_bandwidth_efficiency,

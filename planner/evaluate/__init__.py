@@ -231,8 +231,12 @@ def _rates(job: Job, accelerator: Accelerator | None) -> tuple:
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     if accelerator is None:
         return GpuRates.untimed(), None, tuned
-    rates = GpuRates.of(accelerator, job.precision.gemm_dtype)
-    bf16_rates = GpuRates.of(accelerator, "bf16") if job.precision.gemm_dtype == "fp8" else None
+    rates = GpuRates.of(accelerator, job.precision.gemm_dtype, job.attention_kernel)
+    bf16_rates = (
+        GpuRates.of(accelerator, "bf16", job.attention_kernel)
+        if job.precision.gemm_dtype == "fp8"
+        else None
+    )
     return rates, bf16_rates, tuned
 
 

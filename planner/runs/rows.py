@@ -271,9 +271,20 @@ def cp_algorithm(row: RunRow) -> str:
     return "ring" if stack_label(row) == "megatron" else "all-gather"
 
 
+def attention_kernel(row: RunRow) -> str | None:
+    """The fused attention kernel a row's stack ran, where its software says: llm-foundry's
+    H100 tables (framework_version: its README of 2023-10 to 2024-01, "flash" attention in
+    the configs) predate FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608, July 2024), so
+    they ran FlashAttention-2; other rows take the accelerator's default rates (None)."""
+    if "llm-foundry" in (row.training.framework or "").lower():
+        return "flash-attention-2"
+    return None
+
+
 def run_job(row: RunRow, model: ModelSpec) -> Job:
-    """The row's job: its model at its sequence length, batch and precision, and whether its
-    framework overlapped TP communication (:func:`planner.spec.stack.framework_overlaps_tp`)."""
+    """The row's job: its model at its sequence length, batch and precision, whether its
+    framework overlapped TP communication (:func:`planner.spec.stack.framework_overlaps_tp`)
+    and the attention kernel it ran (:func:`attention_kernel`)."""
     if row.training.task == "lora":
         raise Uncovered("LoRA rank and targets not published")
     t = row.training
@@ -288,6 +299,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             precision=PrecisionSpec(recipe=precision_recipe(t.precision)),
             memory_measures=memory_measures("deepseek-v3" if partial else "none"),
             tp_comm_overlap=framework_overlaps_tp(t.framework),
+            attention_kernel=attention_kernel(row),
         )
     except ValidationError as error:
         raise Uncovered(f"job not expressible: {error.errors()[0]['msg']}") from None

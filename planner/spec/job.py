@@ -16,6 +16,8 @@ from planner.spec.precision import PrecisionSpec
 WeightPassMemory = Literal["inputs", "graph"]
 #: How Ulysses CP meets more ranks than a TP rank's KV heads (:mod:`planner.cost.context_parallel`).
 UlyssesKvHeads = Literal["whole", "replicate"]
+#: Fused attention kernels a stack may run (measured per accelerator: ``attention_kernels``).
+AttentionKernel = Literal["flash-attention-2", "cudnn", "flash-attention-3"]
 
 
 class Job(BaseModel):
@@ -37,6 +39,9 @@ class Job(BaseModel):
     follow (:mod:`planner.spec.stack`); the profile's ``tp_comm_overlap`` term is the share it
     hides (:mod:`planner.cost.profile`); the ideal model exposes every TP collective. None:
     the named stack's default (``planner.api.with_profile``), else no overlap.
+    ``attention_kernel``: the fused attention kernel the stack runs (FlashAttention-2,
+    cuDNN's, FlashAttention-3), timed at the accelerator's measurement of it
+    (``Accelerator.attention_kernels``); None: the accelerator's default attention rates.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -51,6 +56,7 @@ class Job(BaseModel):
     weight_pass_memory: WeightPassMemory = "inputs"
     ulysses_kv_heads: UlyssesKvHeads = "whole"
     tp_comm_overlap: bool | None = None
+    attention_kernel: AttentionKernel | None = None
     efficiency_profile: EfficiencyProfile | None = Field(
         None,
         description="fitted terms of the accelerator (and stack) the step loses beyond the "

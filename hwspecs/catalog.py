@@ -257,7 +257,7 @@ def load_runs(name: str = "train") -> tuple:
     RunRows."""
     import json
 
-    from hwspecs.runs import RunRow, mla_ranks
+    from hwspecs.runs import RunRow, mla_ranks, node_limit
 
     if name in RUN_CATALOGS:
         path, label = DATA_DIR / "runs" / f"{name}.json", f"runs catalog {name}"
@@ -279,7 +279,12 @@ def load_runs(name: str = "train") -> tuple:
         where = entry.get("id", index) if isinstance(entry, dict) else index
         model = entry.get("model") if isinstance(entry, dict) else None
         if isinstance(model, dict) and "mla" not in model:
-            entry = {**entry, "model": {**model, "mla": mla_ranks(model.get("arch_notes"))}}
+            model = {**model, "mla": mla_ranks(model.get("arch_notes"))}
+        moe = model.get("moe") if isinstance(model, dict) else None
+        if isinstance(moe, dict) and "max_nodes_per_token" not in moe:
+            model = {**model, "moe": {**moe, "max_nodes_per_token": node_limit(moe.get("notes"))}}
+        if isinstance(model, dict):
+            entry = {**entry, "model": model}
         rows.append(parse_spec(entry, RunRow, f"{label} row {where}"))
     return tuple(rows)
 

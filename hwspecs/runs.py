@@ -64,6 +64,9 @@ class RunMoE(RunSpecModel):
     shared_expert_ffn: int | None = None
     moe_layers: int | None = None
     dense_layers: int | None = None
+    #: Node-limited routing: a token's experts lie on at most this many nodes (DeepSeek-V3
+    #: §2.1.2); rows in the shared format state it in ``notes`` (:func:`node_limit`).
+    max_nodes_per_token: int | None = Field(None, ge=1)
     notes: str | None = None
 
 
@@ -178,6 +181,16 @@ MLA_PATTERN = re.compile(
 #: "MLA as DeepSeek-V3": the ranks of DeepSeek-V3's MLA (arXiv 2412.19437 §4.2).
 DEEPSEEK_V3_MLA = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                    "qk_rope_head_dim": 64, "v_head_dim": 128}  # fmt: skip
+
+
+#: "node-limited routing (<=4 nodes)": the reference rows' MoE notes on DeepSeek-V3's router.
+NODE_LIMIT_PATTERN = re.compile(r"node-limited routing \(<=\s*(\d+) nodes?\)")
+
+
+def node_limit(moe_notes: str | None) -> int | None:
+    """The most nodes a token's experts lie on, as an MoE note states it, else None."""
+    found = NODE_LIMIT_PATTERN.search(moe_notes or "")
+    return int(found.group(1)) if found else None
 
 
 def mla_ranks(arch_notes: str | None) -> dict | None:

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hwspecs.runs import RunRow, mla_ranks
+from hwspecs.runs import RunRow, mla_ranks, node_limit
 
 OUT_DIR = Path(__file__).resolve().parents[1] / "hwspecs" / "data" / "runs"
 
@@ -44,6 +44,8 @@ def converted(row: dict, cluster: str | None) -> dict:
     out = json.loads(json.dumps(row))
     out["notes"] = our_note(row)
     out["model"]["mla"] = mla_ranks(row["model"].get("arch_notes"))
+    if out["model"].get("moe"):
+        out["model"]["moe"]["max_nodes_per_token"] = node_limit(out["model"]["moe"].get("notes"))
     out["hardware"]["cluster"] = cluster
     return RunRow.model_validate(out).model_dump(mode="json")
 

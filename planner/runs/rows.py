@@ -68,7 +68,8 @@ def _gated(mlp: str) -> bool:
 
 def model_spec(row: RunRow) -> ModelSpec:
     """The row's architecture as a ModelSpec (gated MLPs as SwiGLU's three matrices, other
-    MLPs as two; shared experts counted in units of one routed expert's FFN)."""
+    MLPs as two; shared experts counted in units of one routed expert's FFN; node-limited
+    routing where the row states it)."""
     m = row.model
     fields: dict = {
         "name": m.name,
@@ -103,6 +104,7 @@ def model_spec(row: RunRow) -> ModelSpec:
             moe_ffn_hidden_size=m.moe.expert_ffn,
             num_shared_experts=round(m.moe.shared_experts * shared_ffn / m.moe.expert_ffn),
             num_dense_layers=min(m.moe.dense_layers or 0, m.layers),
+            max_nodes_per_token=m.moe.max_nodes_per_token,
         )
     try:
         return ModelSpec(**fields)

@@ -408,3 +408,19 @@ def test_term_selection_escapes_the_local_minimum_of_backward_elimination(monkey
     assert fit.terms_that_earn_their_place({}, None, ["a", "b", "c"], None) == ["a"]
     held_out[("a", "b", "c")] = 0.20  # the full set best: elimination keeps it
     assert fit.terms_that_earn_their_place({}, None, ["a", "b", "c"], None) == ["a", "b", "c"]
+
+
+def test_node_limited_routing_as_the_rows_state_it():
+    """DeepSeek-V3's rows say "node-limited routing (<=4 nodes)" (its report §2.1.2): the
+    row's model prices its EP all-to-all as the catalog's deepseek-v3 does."""
+    from hwspecs.runs import node_limit
+    from planner.runs.rows import model_spec
+    from planner.spec.model import load_model
+
+    assert node_limit("node-limited routing (<=4 nodes); aux-loss-free balancing") == 4
+    assert node_limit(None) is None and node_limit("aux-loss-free balancing") is None
+    rows = [row for row in load_runs() if row.model.moe is not None]
+    limited = [row for row in rows if row.model.moe.max_nodes_per_token]
+    assert limited and all("DeepSeek-V3" in row.model.name for row in limited)
+    catalog = load_model("deepseek-v3").max_nodes_per_token
+    assert all(model_spec(row).max_nodes_per_token == catalog for row in limited)

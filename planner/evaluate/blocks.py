@@ -1,0 +1,102 @@
+"""Blocks of rows evaluated on a few threads, their results handed back in block order.
+
+The search evaluates its rows in blocks (:data:`planner.evaluate.TIMED_BLOCK_ROWS`), each
+block's numbers independent of the others' and almost all of the work numpy loops, which
+release the interpreter lock: two blocks run on two cores at once. :func:`in_block_order`
+runs a pure function over the blocks on :func:`worker_threads` threads and yields the
+results in block order, so whatever the caller assembles from them (the columns, their
+dtypes, the progress it reports) is what a loop over the blocks in order would give.
+
+What the block functions cache between calls (the GEMM times, the pipelines' rank layers,
+the placements and their groups, the collectives' cost tables) is filled by building a
+value whole and then storing it in one assignment, so two threads can at worst compute the
+same value twice; ``tests/search/test_threads.py`` checks that threaded and sequential
+searches give the same outputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from hwspecs.errors import PlanError
+
+#: The environment variable that sets the number of threads (1: one block after another).
+THREADS_VARIABLE = "LLMPLAN_THREADS"
+#: Most threads by default: a block's temporaries are about 10^8 bytes, and each thread
+#: holds one block's.
+MAX_DEFAULT_THREADS = 4
+
+Result = TypeVar("Result")
+
+
+def worker_threads() -> int:
+    """Threads the blocks run on: :data:`THREADS_VARIABLE` when set, else the CPUs this
+    process may run on (its affinity where the system reports it), at most
+    :data:`MAX_DEFAULT_THREADS`."""
+    given = os.environ.get(THREADS_VARIABLE, "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise PlanError(
+                f"{THREADS_VARIABLE} must be a whole number of threads, 1 or more "
+                f"(1: one block after another); got {given!r}",
+                field=THREADS_VARIABLE,
+                allowed="an integer >= 1",
+                got=given,
+            )
+        return int(given)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this system (macOS, Windows)
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_DEFAULT_THREADS))
+
+
+def row_blocks(num_rows: int, block_rows: int) -> list[slice]:
+    """Consecutive slices of at most ``block_rows`` rows covering ``num_rows`` rows; one
+    empty slice when there are none (an empty evaluation still has its outputs)."""
+    if num_rows == 0:
+        return [slice(0, 0)]
+    return [slice(start, min(start + block_rows, num_rows))
+            for start in range(0, num_rows, block_rows)]  # fmt: skip
+
+
+def in_blocks(
+    work: Callable[[slice], Result], num_rows: int, block_rows: int, threads: int | None = None
+) -> Iterator[tuple[slice, Result]]:
+    """(block, ``work(block)``) for consecutive blocks of ``num_rows`` rows, in row order.
+    ``threads``: how many blocks are worked on at once (default :func:`worker_threads`);
+    each is then ``block_rows / threads`` rows, so that the rows in flight, and so the
+    temporaries, stay ``block_rows`` (:func:`in_block_order`). With one thread, blocks of
+    ``block_rows``, one after the other in the calling thread."""
+    threads = worker_threads() if threads is None else threads
+    blocks = row_blocks(num_rows, max(1, block_rows // threads))
+    return zip(blocks, in_block_order(work, blocks, threads), strict=True)
+
+
+def in_block_order(
+    work: Callable[[slice], Result], blocks: list[slice], threads: int
+) -> Iterator[Result]:
+    """``work(block)`` of each of ``blocks``, yielded in their order, ``threads`` at once;
+    with one thread, or one block, no pool: each block is worked out in the calling thread
+    as it is asked for. With more, the caller takes one block's result while each thread
+    works on a later block, so at most ``threads + 1`` blocks' results are alive at once
+    however slowly they are taken. ``work`` must not depend on the order the blocks are
+    worked out in."""
+    if threads <= 1 or len(blocks) <= 1:
+        yield from map(work, blocks)
+        return
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="llmplan-block")
+    try:
+        pending = deque()
+        for block in blocks:
+            pending.append(pool.submit(work, block))
+            if len(pending) > threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:  # taken to the end, stopped early or failed: no thread outlives the call
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -30,6 +30,7 @@ THREADS_VARIABLE = "LLMPLAN_THREADS"
 #: holds one block's.
 MAX_DEFAULT_THREADS = 4
 
+Block = TypeVar("Block")
 Result = TypeVar("Result")
 
 
@@ -78,9 +79,10 @@ def in_blocks(
 
 
 def in_block_order(
-    work: Callable[[slice], Result], blocks: list[slice], threads: int
+    work: Callable[[Block], Result], blocks: Sequence[Block], threads: int
 ) -> Iterator[Result]:
-    """``work(block)`` of each of ``blocks``, yielded in their order, ``threads`` at once;
+    """``work(block)`` of each of ``blocks`` (slices of rows, or any independent pieces of
+    work), yielded in their order, ``threads`` at once;
     with one thread, or one block, no pool: each block is worked out in the calling thread
     as it is asked for. With more, the caller takes one block's result while each thread
     works on a later block, so at most ``threads + 1`` blocks' results are alive at once

@@ -26,8 +26,7 @@ from hwspecs.errors import PlanError
 
 #: The environment variable that sets the number of threads (1: one block after another).
 THREADS_VARIABLE = "LLMPLAN_THREADS"
-#: Most threads by default: a block's temporaries are about 10^8 bytes, and each thread
-#: holds one block's.
+#: Most threads by default: each holds one block's temporaries (about 10^8 bytes).
 MAX_DEFAULT_THREADS = 4
 
 Block = TypeVar("Block")
@@ -68,13 +67,11 @@ def row_blocks(num_rows: int, block_rows: int) -> list[slice]:
 def in_blocks(
     work: Callable[[slice], Result], num_rows: int, block_rows: int, threads: int | None = None
 ) -> Iterator[tuple[slice, Result]]:
-    """(block, ``work(block)``) for consecutive blocks of ``num_rows`` rows, in row order.
-    ``threads``: how many blocks are worked on at once (default :func:`worker_threads`);
-    each is then ``block_rows / threads`` rows, so that the rows in flight, and so the
-    temporaries, stay ``block_rows`` (:func:`in_block_order`). With one thread, blocks of
-    ``block_rows``, one after the other in the calling thread."""
+    """(block, ``work(block)``) for consecutive blocks of ``block_rows`` rows (the last may
+    be shorter) of ``num_rows`` rows, in row order, ``threads`` blocks worked on at once
+    (default :func:`worker_threads`; :func:`in_block_order`)."""
     threads = worker_threads() if threads is None else threads
-    blocks = row_blocks(num_rows, max(1, block_rows // threads))
+    blocks = row_blocks(num_rows, block_rows)
     return zip(blocks, in_block_order(work, blocks, threads), strict=True)
 
 
@@ -82,12 +79,11 @@ def in_block_order(
     work: Callable[[Block], Result], blocks: Sequence[Block], threads: int
 ) -> Iterator[Result]:
     """``work(block)`` of each of ``blocks`` (slices of rows, or any independent pieces of
-    work), yielded in their order, ``threads`` at once;
-    with one thread, or one block, no pool: each block is worked out in the calling thread
-    as it is asked for. With more, the caller takes one block's result while each thread
-    works on a later block, so at most ``threads + 1`` blocks' results are alive at once
-    however slowly they are taken. ``work`` must not depend on the order the blocks are
-    worked out in."""
+    work), yielded in their order, ``threads`` at once. With one thread, or one block, no
+    pool: each block is worked out in the calling thread as it is asked for. With more, a
+    block starts when the one ``threads`` before it has been taken, so at most ``threads``
+    blocks' results and temporaries are alive at once, however slowly they are taken.
+    ``work`` must not depend on the order the blocks are worked out in."""
     if threads <= 1 or len(blocks) <= 1:
         yield from map(work, blocks)
         return
@@ -95,9 +91,9 @@ def in_block_order(
     try:
         pending = deque()
         for block in blocks:
-            pending.append(pool.submit(work, block))
-            if len(pending) > threads:
+            if len(pending) == threads:  # one block's result taken before the next starts
                 yield pending.popleft().result()
+            pending.append(pool.submit(work, block))
         while pending:
             yield pending.popleft().result()
     finally:  # taken to the end, stopped early or failed: no thread outlives the call

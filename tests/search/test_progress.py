@@ -37,7 +37,6 @@ def test_search_reports_every_phase_in_order_with_counts_that_only_grow(monkeypa
 
 
 def test_timing_advances_once_per_block_of_rows(monkeypatch):
-    monkeypatch.setenv("LLMPLAN_THREADS", "1")  # n threads take blocks of 1/n (evaluate.blocks)
     calls, _ = _calls(monkeypatch, 97)
     timing = [(d, t) for p, d, t in calls if p == "timing"]
     total = timing[0][1]

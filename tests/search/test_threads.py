@@ -57,16 +57,10 @@ def test_threaded_search_gives_the_sequential_search_exactly(monkeypatch):
     ]
     for field in ("candidates_evaluated", "feasible", "rejected", "smallest_memory"):
         assert getattr(threaded, field) == getattr(sequential, field)
-    # The progress: the same phases in order, each block's report in row order (four
-    # threads take blocks of a quarter of the rows).
-    assert list(dict.fromkeys(p for p, _, _ in threaded_calls)) == list(
-        dict.fromkeys(p for p, _, _ in sequential_calls)
-    )
+    assert threaded_calls == sequential_calls  # the progress: the same reports, in order
     for phase in ("memory screen", "timing"):
         done = [d for p, d, _ in threaded_calls if p == phase]
-        one_by_one = [d for p, d, _ in sequential_calls if p == phase]
-        assert done[-1] == one_by_one[-1] and len(done) > 8
-        assert done[:-1] == list(range(0, done[-1], 2**9)) and set(one_by_one) <= set(done)
+        assert len(done) > 8 and done == sorted(done)
 
 
 def test_blocks_come_back_in_order_when_later_ones_finish_first():
@@ -79,8 +73,7 @@ def test_blocks_come_back_in_order_when_later_ones_finish_first():
     results = list(in_block_order(work, blocks, threads=3))
     assert [start for start, _ in results] == [0, 3, 6, 9]
     assert all(name != threading.current_thread().name for _, name in results)
-    halves = [rows for rows, _ in in_blocks(work, 10, 6, threads=2)]  # 6 rows in flight
-    assert halves == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 10)]
+    assert [rows for rows, _ in in_blocks(work, 10, 3, threads=2)] == blocks
 
 
 def test_one_thread_or_one_block_runs_in_the_calling_thread():
@@ -93,7 +86,7 @@ def test_one_thread_or_one_block_runs_in_the_calling_thread():
     assert row_blocks(0, 3) == [slice(0, 0)]  # an empty evaluation still has its one block
 
 
-def test_no_more_blocks_start_than_threads_and_one_waiting_to_be_taken():
+def test_no_more_blocks_are_alive_than_threads_however_slowly_they_are_taken():
     started = []
 
     def work(rows: slice):
@@ -104,7 +97,7 @@ def test_no_more_blocks_start_than_threads_and_one_waiting_to_be_taken():
     taken = in_block_order(work, blocks, threads=2)
     first = next(taken)
     time.sleep(0.05)  # time for the threads to start whatever they were given
-    assert first.tolist() == [0] and len(started) <= 2 + 1
+    assert first.tolist() == [0] and len(started) <= 2
     assert [int(block[0]) for block in taken] == list(range(1, 100))
 
 

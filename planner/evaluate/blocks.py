@@ -80,17 +80,22 @@ def in_block_order(
 ) -> Iterator[Result]:
     """``work(block)`` of each of ``blocks`` (slices of rows, or any independent pieces of
     work), yielded in their order, ``threads`` at once. With one thread, or one block, no
-    pool: each block is worked out in the calling thread as it is asked for. With more, a
-    block starts when the one ``threads`` before it has been taken, so at most ``threads``
-    blocks' results and temporaries are alive at once, however slowly they are taken.
+    pool: each block is worked out in the calling thread as it is asked for. With more, the
+    first block is worked out in the calling thread, then the others on ``threads`` threads,
+    a block starting when the one ``threads`` before it has been taken, so at most
+    ``threads`` blocks' results and temporaries are alive at once, however slowly they are
+    taken.
     ``work`` must not depend on the order the blocks are worked out in."""
     if threads <= 1 or len(blocks) <= 1:
         yield from map(work, blocks)
         return
+    # The first block alone: it fills most of what the blocks cache (placements, cost
+    # tables, pipelines), which threads starting together would each work out.
+    yield work(blocks[0])
     pool = ThreadPoolExecutor(threads, thread_name_prefix="llmplan-block")
     try:
         pending = deque()
-        for block in blocks:
+        for block in blocks[1:]:
             if len(pending) == threads:  # one block's result taken before the next starts
                 yield pending.popleft().result()
             pending.append(pool.submit(work, block))

@@ -65,14 +65,15 @@ def test_threaded_search_gives_the_sequential_search_exactly(monkeypatch):
 
 def test_blocks_come_back_in_order_when_later_ones_finish_first():
     def work(rows: slice):
-        time.sleep(0.02 if rows.start == 0 else 0.0)  # the first block is the slowest
+        time.sleep(0.05 if rows.start == 3 else 0.0)  # the first on the threads is the slowest
         return rows.start, threading.current_thread().name
 
     blocks = row_blocks(10, 3)
     assert blocks == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 10)]
     results = list(in_block_order(work, blocks, threads=3))
     assert [start for start, _ in results] == [0, 3, 6, 9]
-    assert all(name != threading.current_thread().name for _, name in results)
+    here = threading.current_thread().name  # the first block alone, then the threads
+    assert results[0][1] == here and all(name != here for _, name in results[1:])
     assert [rows for rows, _ in in_blocks(work, 10, 3, threads=2)] == blocks
 
 

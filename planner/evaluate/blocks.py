@@ -7,11 +7,17 @@ runs a pure function over the blocks on :func:`worker_threads` threads and yield
 results in block order, so whatever the caller assembles from them (the columns, their
 dtypes, the progress it reports) is what a loop over the blocks in order would give.
 
-What the block functions cache between calls (the GEMM times, the pipelines' rank layers,
-the placements and their groups, the collectives' cost tables) is filled by building a
-value whole and then storing it in one assignment, so two threads can at worst compute the
-same value twice; ``tests/search/test_threads.py`` checks that threaded and sequential
-searches give the same outputs.
+What the block functions keep between calls — ``cost.compute._GEMM_TIMES``, the
+``structure.memo.per_model`` caches ``structure.params._BUSIEST`` and
+``structure.stages._PIPELINES``, ``comm.topology._PLACEMENTS`` and ``_GROUP_FIELDS``, each
+placement's ``derived`` CP groups and inner degree, ``comm.context_parallel._CP_GROUPS``,
+``comm.cost_tables._GROUP_COSTS``, and the catalog loaders' ``functools.cache`` — is filled by
+building a value whole and then storing it in one assignment (a dict's get, set and clear
+are each atomic), and read into a local before use, never read back after a store that a
+``clear`` from another thread could undo: two threads can at worst compute the same value
+twice, and an entry is never seen half-built. A new cache the blocks fill must do the same.
+``tests/search/test_threads.py`` checks that threaded and sequential searches give the same
+outputs from cold caches.
 """
 
 from __future__ import annotations

@@ -29,6 +29,21 @@ def _stopped_while_starting(signum, frame) -> None:
     os._exit(128 + signum)
 
 
+def _one_malloc_arena() -> None:
+    """One malloc arena for the process where the C library is glibc (unless
+    ``MALLOC_ARENA_MAX`` says otherwise): glibc gives each thread that allocates an arena of
+    its own, which keeps what that thread freed, so the search's block threads
+    (:mod:`planner.evaluate.blocks`) would each keep a block's freed temporaries (DeepSeek-V3
+    plan peak 1.61 GB on one thread, 1.78-1.81 GB on two, 1.69 GB on two with one arena)."""
+    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+        return
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: its own allocator
+        ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX (glibc's malloc.h)
+
+
 if __name__ == "__main__":
     for _signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signal, _stopped_while_starting)
@@ -79,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     from hwspecs.errors import PlanError
 
     from_command_line = argv is None  # a process of its own (tests pass argv in-process)
+    if from_command_line:  # before any thread allocates: the program's choice, not the library's
+        _one_malloc_arena()
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(argv)
     command = typer.main.get_command(app)

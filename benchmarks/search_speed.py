@@ -15,9 +15,10 @@ Qwen3-235B-A22B on 1,024 H100s (seq 4,096, 16M tokens per step). For each:
   on an idle core) and the peak resident memory (the child's ``ru_maxrss``).
 
 The machine may be shared: CPU seconds show what the search itself used, medians what a
-user waits. Run from the repository root: ``python benchmarks/search_speed.py`` (this
-checkout's ``planner``; ``--only deepseek-v3`` for one query, ``--no-process`` to skip the
-child processes).
+user waits. The search's blocks run on threads (``LLMPLAN_THREADS``; the count is printed,
+with the load average): its CPU seconds may exceed its wall. Run from the repository root:
+``python benchmarks/search_speed.py`` (this checkout's ``planner``; ``--only deepseek-v3``
+for one query, ``--no-process`` to skip the child processes).
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ def main() -> None:
     for name in [] if args.no_process else names:
         print(name)
         whole_process(name, args.repeat)
+    from planner.evaluate.blocks import THREADS_VARIABLE, worker_threads  # after the children
+
+    print(f"threads: {worker_threads()} ({THREADS_VARIABLE} sets it; the children's too), "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     for name in names:
         print(name)
         in_process(name, args.repeat)

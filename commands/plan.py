@@ -116,7 +116,10 @@ def plan(
     """Search every layout and rank them (default: Llama 3 405B on 16,384 H100s).
 
     Objectives: step_time, memory, mfu, time-to-train (expected wall time of
-    --train-tokens, failures and checkpoints included)."""
+    --train-tokens, failures and checkpoints included).
+
+    The search runs on LLMPLAN_THREADS threads (default: the CPUs this process may
+    use, at most 4; 1: one block of rows after another); the results do not depend on it."""
     from planner import api
 
     gpus = cluster.gpus

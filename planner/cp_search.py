@@ -15,7 +15,7 @@ the algorithms' different link use can change a little.
 
 The probe is one call of :func:`planner.comm.traffic.axis_times_vectorized` on one row per
 distinct (degrees, micro-batch size, algorithm), once without and once with full
-recomputation.
+recomputation (the two on threads, as the search's blocks: :mod:`planner.evaluate.blocks`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from planner.columns.codes import Labels, distinct_rows
 from planner.comm.context_parallel import cp_inner_degree
 from planner.comm.traffic import axis_times_vectorized
 from planner.cost.context_parallel import cp_buffer_bytes
+from planner.evaluate.blocks import in_block_order, worker_threads
 from planner.spec.layout import DEFAULT_MESH_ORDER, cp_algorithm_codes
 
 #: Why rows whose CP algorithm another beats on the same layout are not timed.
@@ -105,7 +106,8 @@ def dominated_cp_rows(job, cluster, order, columns: dict, alive: np.ndarray) -> 
     variants, variant = np.unique(np.stack([algorithm, probe["cp_inner"]], axis=-1), axis=0,
                                   return_inverse=True)  # fmt: skip
     variant = variant.reshape(-1)
-    cost = [_exposed_cp_s(job, cluster, order, probe, algorithm, r) for r in ("none", "full")]
+    cost = list(in_block_order(lambda r: _exposed_cp_s(job, cluster, order, probe, algorithm, r),
+                               ["none", "full"], worker_threads()))  # fmt: skip
     cost.append(cp_buffer_bytes(job.model, job.seq_len, probe["micro_batch_size"], probe["tp"],
                                 probe["cp"], algorithm, job.precision.activation_bytes,
                                 job.ulysses_kv_heads == "replicate"))  # fmt: skip

@@ -3,7 +3,9 @@
 The search runs in labelled phases (:data:`PHASES`); within a phase it calls
 ``progress(phase, done, total)`` with counts of that phase's own unit (rows of layouts,
 or layouts simulated), once when the phase starts (``done`` 0) and after each chunk of work
-(the timing: each block of :data:`planner.evaluate.TIMED_BLOCK_ROWS` rows); a ``total`` of
+(the memory screen and the timing: each block of :data:`planner.evaluate.TIMED_BLOCK_ROWS`
+rows, in row order whatever the threads, :mod:`planner.evaluate.blocks`), always from the
+thread that called the search; a ``total`` of
 0 means not known yet (the enumeration, before it has counted the rows). A front end
 turns that into a bar whose rate, and so whose estimate of the time left, is the phase's.
 """

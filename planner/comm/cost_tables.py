@@ -67,16 +67,15 @@ class CostTables:
     def _price(self, group_name: str, op: str) -> tuple[np.ndarray, np.ndarray, dict]:
         routing = self.routing if group_name == "ep" else None
         where, groups = self._distinct_groups(group_name)
-        entries = []
+        costs = [(np.full(NUM_ALGORITHMS, np.inf), np.zeros(NUM_ALGORITHMS), {})]
         for group in groups:
             key = (id(group.levels), id(group.neighbour_level), group.group_size, op, routing)
-            if key not in self.groups:
+            entry = self.groups.get(key)
+            if entry is None:  # built whole, then stored once (blocks run on threads)
                 if len(self.groups) >= _GROUP_COSTS_SIZE:
                     self.groups.clear()
-                self.groups[key] = (*_group_costs(group, op, routing), group)
-            entries.append(key)
-        costs = [(np.full(NUM_ALGORITHMS, np.inf), np.zeros(NUM_ALGORITHMS), {})]
-        costs += [self.groups[key][:3] for key in entries]
+                entry = self.groups[key] = (*_group_costs(group, op, routing), group)
+            costs.append(entry[:3])  # held here: emptying the cache cannot lose it
         alpha = np.stack([cost[0] for cost in costs])[where]
         beta = np.stack([cost[1] for cost in costs])[where]
         busy_links = dict.fromkeys(link for cost in costs for link in cost[2])

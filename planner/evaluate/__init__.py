@@ -33,6 +33,7 @@ from planner.columns.layout import LayoutColumns
 from planner.columns.tables import one_value_or_column, shape_table, structure_table
 from planner.comm.traffic import AXES, chunks_column, placeable
 from planner.cost.compute import GpuRates
+from planner.evaluate.blocks import in_blocks
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
 from planner.evaluate.time import data_parallel_form, time_columns
 from planner.progress import report
@@ -184,18 +185,23 @@ def _memory_in_blocks(
     n = len(c)
     parts: dict[str, list[np.ndarray]] = {}
     timed_rows = []
-    for start in range(0, n, TIMED_BLOCK_ROWS) if n else (0,):
-        stop = min(start + TIMED_BLOCK_ROWS, n)
-        block = memory_columns(job, c.take(slice(start, stop)), shapes, structs, tuned)
-        fits = valid[start:stop] & (block["memory_per_gpu_bytes"] <= limit_bytes)
-        at = np.flatnonzero(fits)
-        timed_rows.append(at + start)
+
+    def screened(rows: slice) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        block = memory_columns(job, c.take(rows), shapes, structs, tuned)
+        at = np.flatnonzero(valid[rows] & (block["memory_per_gpu_bytes"] <= limit_bytes))
+        kept = {}
         for key, value in block.items():
-            kept = value[at] if parts_of_timed_rows and key != "memory_per_gpu_bytes" else value
-            if compact:
-                kept = kept.astype(compact_dtype(key, kept.dtype), copy=False)
-            parts.setdefault(key, []).append(kept)
-        report(progress, "memory screen", stop, n)
+            value = value[at] if parts_of_timed_rows and key != "memory_per_gpu_bytes" else value
+            kept[key] = (
+                value.astype(compact_dtype(key, value.dtype), copy=False) if compact else value
+            )
+        return at + rows.start, kept
+
+    for rows, (at, kept) in in_blocks(screened, n, TIMED_BLOCK_ROWS):
+        timed_rows.append(at)
+        for key, value in kept.items():
+            parts.setdefault(key, []).append(value)
+        report(progress, "memory screen", rows.stop, n)
     memory = {key: np.concatenate(values) for key, values in parts.items()}
     return memory, np.concatenate(timed_rows)
 
@@ -209,19 +215,21 @@ def _timed_in_blocks(
     n = len(c)
     timed: dict[str, np.ndarray] = {}
     report(progress, "timing", 0, n)
-    for start in range(0, n, TIMED_BLOCK_ROWS) if n else (0,):
-        stop = min(start + TIMED_BLOCK_ROWS, n)
-        sub = c.take(slice(start, stop))
-        part = time_columns(
+
+    def timed_block(rows: slice) -> dict[str, np.ndarray]:
+        sub = c.take(rows)
+        return time_columns(
             job, cluster, accelerator, sub, shapes, structs, order, mfu_dtype, rates, tuned
         )
+
+    for rows, part in in_blocks(timed_block, n, TIMED_BLOCK_ROWS):
         for key, value in part.items():
-            value = np.broadcast_to(value, (stop - start,))
+            value = np.broadcast_to(value, (rows.stop - rows.start,))
             if key not in timed:
                 dtype = compact_dtype(key, value.dtype) if compact else value.dtype
                 timed[key] = np.empty(n, dtype=dtype)
-            timed[key][start:stop] = value
-        report(progress, "timing", stop, n)
+            timed[key][rows] = value
+        report(progress, "timing", rows.stop, n)
     return timed
 
 

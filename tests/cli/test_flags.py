@@ -155,3 +155,22 @@ def test_memory_and_estimate_default_to_the_same_layout(capsys):
     estimate = json.loads(capsys.readouterr().out)
     assert memory["layout"] == estimate["layout"]
     assert memory["memory_per_gpu_bytes"] == pytest.approx(estimate["memory_per_gpu_bytes"])
+
+
+def test_choice_flags_offer_exactly_the_values_the_specs_accept():
+    """The CLI's choice enums are written out (front ends import planner.api only): each must
+    list exactly what the model it feeds accepts."""
+    from typing import get_args
+
+    from commands import flags
+    from planner.spec import job
+    from planner.spec.layout import CP_ALGORITHMS
+
+    pairs = {
+        flags.AttentionKernel: get_args(job.AttentionKernel),
+        flags.UlyssesKvHeads: get_args(job.UlyssesKvHeads),
+        flags.WeightPass: get_args(job.WeightPassMemory),
+        flags.CpAlgorithm: tuple(CP_ALGORITHMS),
+    }
+    for choice, accepted in pairs.items():
+        assert [member.value for member in choice] == list(accepted), choice.__name__

@@ -149,6 +149,7 @@ def plan(
             training=training,
             rank=enum_value(rank),
             stack=stack,
+            every_output=bool(csv or html or png),  # the table is written out
         )
     if csv:
         from commands.outputs import atomic_path

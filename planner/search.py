@@ -22,7 +22,7 @@ from planner.cp_search import (
     CP_DOMINATED,
     dominated_cp_rows,
 )
-from planner.evaluate import in_output_order, screen_columns
+from planner.evaluate import FULL_PRECISION_OUTPUTS, in_output_order, screen_columns
 from planner.progress import report
 from planner.rank import RankSettings, rank_order
 from planner.refine import DEFAULT_REFINE_TOP
@@ -76,6 +76,7 @@ def search(
     refine_top: int = DEFAULT_REFINE_TOP,
     training=None,
     rank_settings: RankSettings | None = None,
+    every_output: bool = True,
 ) -> SearchResult:
     """Screen, evaluate and rank every layout of ``job`` on the first ``gpus`` of ``cluster``;
     the first ``refine_top`` rows are re-timed by the event simulator (:mod:`planner.refine`)
@@ -83,7 +84,11 @@ def search(
 
     With ``training`` (a :class:`planner.cost.goodput.TrainingRun`) every row gains
     ``expected_wall_time_s`` and ``goodput`` (:func:`planner.cost.goodput.
-    time_to_train_columns`), which objective ``time_to_train`` ranks by."""
+    time_to_train_columns`), which objective ``time_to_train`` ranks by. Without
+    ``every_output`` the table holds the layout, the ranking's columns and
+    :data:`planner.evaluate.FULL_PRECISION_OUTPUTS` only (what the search ranks by and the
+    event simulator reads: a plan that writes no table; the rows and their order are the
+    same)."""
     space = space or SearchSpace()
     report(progress, "enumerating layouts", 0, 0)  # how many: not known before
     grid, cells, grid_shape = screening_grid(job, cluster, gpus, space, order)
@@ -105,14 +110,32 @@ def search(
     cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), ("auto",))
     report(progress, "enumerating layouts", total, total)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
+    smallest = None
+
+    def timed_rows_only(memory_out: dict, valid: np.ndarray, rows: np.ndarray) -> dict:
+        """After the memory screen: the smallest row that does not fit noted, and the
+        layout columns narrowed to the rows to time (the full-size ones released)."""
+        nonlocal smallest
+        memory = memory_out["memory_per_gpu_bytes"]
+        too_big = np.flatnonzero(valid & (memory > usable))
+        if len(too_big):
+            best = _smallest(memory, too_big)
+            smallest = {
+                **{k: _plain(cols[k][best]) for k in LAYOUT_COLUMNS},
+                "memory_per_gpu_bytes": float(memory[best]),
+            }
+        for key in list(cols):  # one at a time: one extra column alive at most
+            cols[key] = cols[key][rows]
+        return cols
+
     screened = (  # rows that do not fit are not timed
         screen_columns(
-            job, cluster, accelerator, cols, usable, order, mfu_dtype, True, progress, True
+            job, cluster, accelerator, cols, usable, order, mfu_dtype, True, progress, True,
+            None if every_output else FULL_PRECISION_OUTPUTS, timed_rows_only,
         )
         if len(cols["tp"])
         else None
     )
-    smallest = None
     table = pd.DataFrame(columns=LAYOUT_COLUMNS)
     if screened:
         memory_out, placeable, rows, timed = screened
@@ -123,33 +146,22 @@ def search(
         if not placeable.all():
             rejected["cannot be placed on the cluster"] = int((~placeable).sum())
         memory = memory_out["memory_per_gpu_bytes"]
-        too_big = placeable & (memory > usable)
+        too_big = placeable & (memory > usable)  # none of them timed
         if too_big.any():
             rejected[f"does not fit in {usable / GIB:.1f} GiB per GPU"] = int(too_big.sum())
-            best = _smallest(memory, np.flatnonzero(too_big))
-            smallest = {
-                **{k: _plain(cols[k][best]) for k in LAYOUT_COLUMNS},
-                "memory_per_gpu_bytes": float(memory[best]),
-            }
+        # Kept rows (placeable and fitting) are timed rows: read at their place among them
+        # (``at``), the layout columns too; memory per GPU, of every row, at ``kept``.
         kept = np.flatnonzero(placeable & ~too_big)
-        # Kept rows are timed rows (placeable and fitting): read their times in place.
-        at = np.minimum(np.searchsorted(rows, kept), max(len(rows) - 1, 0))
-        if len(kept) and not np.array_equal(rows[at], kept):  # not timed: NaN times
-            timed = {k: _spread(v, rows, len(memory), placeable) for k, v in timed.items()}
-            for key, value in memory_out.items():  # the parts, as the timed outputs
-                if key != "memory_per_gpu_bytes":
-                    memory_out[key] = _spread(value, rows, len(memory), placeable)
-            at = kept
+        at = np.searchsorted(rows, kept)
         merged = in_output_order(timed, memory_out)
 
         def kept_rows(key: str, positions: tuple | None = None) -> np.ndarray:
             """A kept column in the kept rows' order, or at ``positions`` of it (the pair
-            ``at[p], kept[p]``: timed outputs and memory parts, one per timed row, are read
-            at ``at``, the others at ``kept``)."""
-            timed_rows = key in timed or (key in memory_out and key != "memory_per_gpu_bytes")
+            ``at[p], kept[p]``: memory per GPU is read at ``kept``, every other column —
+            one per timed row — at ``at``)."""
             rows = (at, kept) if positions is None else positions
-            rows = rows[0] if timed_rows else rows[1]
-            if timed_rows:
+            rows = rows[1] if key == "memory_per_gpu_bytes" else rows[0]
+            if key in timed or key in memory_out:
                 return np.take(timed[key] if key in timed else memory_out[key], rows)
             value = cols[key] if key in LAYOUT_COLUMNS else merged[key]
             if isinstance(value, Labels):
@@ -262,13 +274,6 @@ def _smallest(memory: np.ndarray, rows: np.ndarray) -> int:
     if len(least) == 1:
         return int(least[0])
     return int(rows[np.argsort(memory[rows], kind="quicksort")[0]])
-
-
-def _spread(values: np.ndarray, rows: np.ndarray, n: int, placeable: np.ndarray) -> np.ndarray:
-    """Timed outputs of ``rows`` over all ``n`` rows: NaN elsewhere (valid: ``placeable``)."""
-    full = placeable.copy() if values.dtype == bool else np.full(n, np.nan)
-    full[rows] = values
-    return full
 
 
 def _plain(value):

@@ -69,6 +69,7 @@ def plan(
     training=None,
     rank: str = "robust",
     stack: str | None = None,
+    every_output: bool = True,
 ):
     """Search every layout and return the top ones with their full estimates; also the table.
     ``refine_top``: rows re-timed by the event simulator (default
@@ -76,7 +77,9 @@ def plan(
     ``training`` (:func:`build_training`) adds each result's time to train and the
     ``expected_wall_time_s`` column; objective ``time_to_train`` ranks by it. ``rank``:
     ``robust`` (layouts within the measured ratio error of the fastest are ties, ordered by
-    :mod:`planner.rank`'s rules) or ``time`` (by predicted step time alone)."""
+    :mod:`planner.rank`'s rules) or ``time`` (by predicted step time alone).
+    ``every_output``: the table holds every output (False: the layout and what the
+    ranking reads, :func:`planner.search.search`; the results are the same)."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.comm.mesh import resolve_order
     from planner.cost.profile import profile_label
@@ -104,7 +107,7 @@ def plan(
     found = search(
         job, spec, accelerator, gpus, space, objective, mem_headroom, mesh, mfu_dtype, progress,
         DEFAULT_REFINE_TOP if refine_top is None else refine_top,
-        training=training, rank_settings=ranking,
+        training=training, rank_settings=ranking, every_output=every_output,
     )  # fmt: skip
     results = []
     for place, row in enumerate(found.table.head(top).to_dict("records"), start=1):
@@ -238,7 +241,7 @@ def sweep(
         try:
             result, _ = plan(
                 job, cluster, point_gpus, space, objective, mem_headroom, top=1,
-                training=training, profile=profile, stack=stack,
+                training=training, profile=profile, stack=stack, every_output=False,
             )  # fmt: skip
         except PlanError as error:  # nothing fits at this point: the sweep goes on
             if getattr(error, "reasons", None) is None:

@@ -25,6 +25,8 @@ INT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_micr
               "zero_stage")  # fmt: skip
 #: String layout fields, travelling as codes.
 LABEL_FIELDS = ("schedule", "recompute", "pipeline_layer_split")
+#: Each row's indices into the evaluation's tables (:meth:`LayoutColumns.index`).
+TABLE_INDICES = ("shape", "structure", "held", "states", "data_parallel_form")
 
 
 @dataclass(eq=False)
@@ -105,10 +107,15 @@ class LayoutColumns:
             },
         )
 
+    def table_indices(self, rows) -> dict:
+        """The selected rows' table indices (those set), as :meth:`index` takes them."""
+        return {name: value[rows] for name in TABLE_INDICES
+                if (value := getattr(self, name)) is not None}  # fmt: skip
+
     def index(self, **tables: Labels | np.ndarray) -> None:
         """Record each row's index into the evaluation's tables (``shape=…``, …)."""
         for name, value in tables.items():
-            if name not in {"shape", "structure", "held", "states", "data_parallel_form"}:
+            if name not in TABLE_INDICES:
                 raise AttributeError(f"no table index {name!r}")
             setattr(self, name, value)
 

@@ -134,6 +134,8 @@ def screen_columns(
     memory_parts_of_timed_rows: bool = False,
     progress=None,
     compact: bool = False,
+    outputs: frozenset[str] | None = None,
+    timed_columns=None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
     without spreading the timed rows back over all rows: (memory outputs of every row,
@@ -145,20 +147,32 @@ def screen_columns(
     the timing (the search reads no other row's parts). ``progress``: see
     :mod:`planner.progress` (the memory screen, then each timed block). ``compact``: the
     outputs of the timed rows outside :data:`FULL_PRECISION_OUTPUTS` are float32 (the
-    search's feasible table)."""
+    search's feasible table). ``outputs``: the outputs kept (None: all); ``valid`` and
+    ``memory_per_gpu_bytes`` are always kept (the screen reads them), and every output is
+    still computed (a row's numbers are the same with any ``outputs``). ``timed_columns``:
+    called after the memory screen with (the memory outputs, ``valid``, the rows to time),
+    it returns ``columns`` at those rows, which are timed from it (a caller that then
+    releases its full-size columns holds none while the rows are timed)."""
     c = LayoutColumns.of(columns)
+    kept = None if outputs is None else outputs | {"valid", "memory_per_gpu_bytes"}
     report(progress, "memory screen", 0, len(c))
     rates, bf16_rates, tuned = _rates(job, accelerator)
     shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
     valid = _placeable(job, cluster, c)
     memory, rows = _memory_in_blocks(
         job, c, shapes, structs, tuned, valid, memory_limit_bytes, memory_parts_of_timed_rows,
-        progress, compact,
+        progress, compact, kept,
     )  # fmt: skip
-    c = c.take(rows)  # the timed rows' columns only
+    if timed_columns is None:
+        c = c.take(rows)  # the timed rows' columns only
+    else:  # the caller's, as given (no copies of int64 columns), and the rows' table indices
+        indices = c.table_indices(rows)
+        del c  # no full-size column of the screen's own while the caller narrows its own
+        c = LayoutColumns.of(timed_columns(memory, valid, rows))
+        c.index(**indices)
     timed = _timed_in_blocks(
         job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress,
-        compact,
+        compact, kept,
     )  # fmt: skip
     return memory, valid, rows, timed
 
@@ -175,13 +189,13 @@ def _placeable(job: Job, cluster: Cluster, c: LayoutColumns) -> np.ndarray:
 
 def _memory_in_blocks(
     job, c, shapes, structs, tuned, valid, limit_bytes, parts_of_timed_rows, progress=None,
-    compact=False,
+    compact=False, outputs=None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
     """:func:`planner.evaluate.memory.memory_columns` of the rows of ``c``,
     :data:`TIMED_BLOCK_ROWS` at a time (its [row, examined rank] sums stay small), and the
     rows to time: placeable (``valid``) and fitting in ``limit_bytes``. With
     ``parts_of_timed_rows`` every output but ``memory_per_gpu_bytes`` is kept for those rows
-    only (one per row of them)."""
+    only (one per row of them); with ``outputs`` only those are kept."""
     n = len(c)
     parts: dict[str, list[np.ndarray]] = {}
     timed_rows = []
@@ -191,6 +205,8 @@ def _memory_in_blocks(
         at = np.flatnonzero(valid[rows] & (block["memory_per_gpu_bytes"] <= limit_bytes))
         kept = {}
         for key, value in block.items():
+            if outputs is not None and key not in outputs:
+                continue
             value = value[at] if parts_of_timed_rows and key != "memory_per_gpu_bytes" else value
             kept[key] = (
                 value.astype(compact_dtype(key, value.dtype), copy=False) if compact else value
@@ -208,10 +224,10 @@ def _memory_in_blocks(
 
 def _timed_in_blocks(
     job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress=None,
-    compact=False,
+    compact=False, outputs=None,
 ) -> dict[str, np.ndarray]:  # fmt: skip
     """:func:`planner.evaluate.time.time_columns` of the rows of ``c``, :data:`TIMED_BLOCK_ROWS`
-    at a time, into one column per output."""
+    at a time, into one column per output (with ``outputs``: those only)."""
     n = len(c)
     timed: dict[str, np.ndarray] = {}
     report(progress, "timing", 0, n)
@@ -224,6 +240,8 @@ def _timed_in_blocks(
 
     for rows, part in in_blocks(timed_block, n, TIMED_BLOCK_ROWS):
         for key, value in part.items():
+            if outputs is not None and key not in outputs:
+                continue
             value = np.broadcast_to(value, (rows.stop - rows.start,))
             if key not in timed:
                 dtype = compact_dtype(key, value.dtype) if compact else value.dtype
@@ -275,12 +293,28 @@ def _tables(
 
 def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
     """Timed and memory outputs in one order: throughput, memory per GPU and peak rank,
-    exposed communication and validity, the memory parts, then per-axis communication."""
+    exposed communication and validity, the memory parts, then per-axis communication
+    (any of them may be absent: a screen that kept some outputs only)."""
     keys = list(timed)
-    after_hfu, first_axis = keys.index("hfu") + 1, keys.index(f"{AXES[0]}_exposed_time_s")
+    after_hfu = keys.index("hfu") + 1 if "hfu" in keys else _first_of(keys, TIMED_AFTER_HFU)
+    first_axis = _first_of(keys, AXIS_OUTPUTS)
     out = {key: timed[key] for key in keys[:after_hfu]}
-    out.update({key: memory[key] for key in MEMORY_OUTPUTS})
+    out.update({key: memory[key] for key in MEMORY_OUTPUTS if key in memory})
     out.update({key: timed[key] for key in keys[after_hfu:first_axis]})
     out.update({key: value for key, value in memory.items() if key not in MEMORY_OUTPUTS})
     out.update({key: timed[key] for key in keys[first_axis:]})
     return out
+
+
+
+#: The timed outputs after ``hfu`` and before the per-axis ones (where the memory outputs
+#: go when ``hfu`` is absent) and the per-axis ones (:func:`planner.evaluate.time.time_columns`).
+TIMED_AFTER_HFU = frozenset({"exposed_comm_s", "busiest_link_s", "valid", "bubble_fraction"})
+AXIS_OUTPUTS = frozenset(
+    f"{axis}_{what}" for axis in AXES for what in ("exposed_time_s", "time_s", "bytes_per_step")
+)
+
+
+def _first_of(keys: list[str], names: frozenset[str]) -> int:
+    """The position of the first key in ``names``, else the end of ``keys``."""
+    return next((at for at, key in enumerate(keys) if key in names), len(keys))

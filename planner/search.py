@@ -130,8 +130,18 @@ def search(
 
     screened = (  # rows that do not fit are not timed
         screen_columns(
-            job, cluster, accelerator, cols, usable, order, mfu_dtype, True, progress, True,
-            None if every_output else FULL_PRECISION_OUTPUTS, timed_rows_only,
+            job,
+            cluster,
+            accelerator,
+            cols,
+            usable,
+            order,
+            mfu_dtype,
+            True,
+            progress,
+            True,
+            None if every_output else FULL_PRECISION_OUTPUTS,
+            timed_rows_only,
         )
         if len(cols["tp"])
         else None

@@ -306,7 +306,6 @@ def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
     return out
 
 
-
 #: The timed outputs after ``hfu`` and before the per-axis ones (where the memory outputs
 #: go when ``hfu`` is absent) and the per-axis ones (:func:`planner.evaluate.time.time_columns`).
 TIMED_AFTER_HFU = frozenset({"exposed_comm_s", "busiest_link_s", "valid", "bubble_fraction"})

@@ -128,24 +128,14 @@ def search(
             cols[key] = cols[key][rows]
         return cols
 
-    screened = (  # rows that do not fit are not timed
-        screen_columns(
-            job,
-            cluster,
-            accelerator,
-            cols,
-            usable,
-            order,
-            mfu_dtype,
-            True,
-            progress,
-            True,
-            None if every_output else FULL_PRECISION_OUTPUTS,
-            timed_rows_only,
-        )
-        if len(cols["tp"])
-        else None
-    )
+    screened = None  # rows that do not fit are not timed
+    if len(cols["tp"]):
+        screened = screen_columns(
+            job, cluster, accelerator, cols, usable, order, mfu_dtype,
+            memory_parts_of_timed_rows=True, progress=progress, compact=True,
+            outputs=None if every_output else FULL_PRECISION_OUTPUTS,
+            timed_columns=timed_rows_only,
+        )  # fmt: skip
     table = pd.DataFrame(columns=LAYOUT_COLUMNS)
     if screened:
         memory_out, placeable, rows, timed = screened

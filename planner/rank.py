@@ -78,35 +78,53 @@ def schedule_complexity(name: str, vpp) -> np.ndarray:
     )
 
 
-def _shallowest(columns: dict, axis: str, others: tuple[str, ...]) -> np.ndarray:
-    """Per row: the smallest ``axis`` degree among the rows sharing its ``others`` (one
-    group per distinct tuple of them, :func:`planner.columns.codes.distinct_rows`)."""
-    _, group = distinct_rows(*(columns[key] for key in others))
-    values = np.asarray(columns[axis])
+def _shallowest(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Per row: the smallest of ``values`` among the rows of its group."""
     least = np.full(int(group.max(initial=-1)) + 1, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(least, group, values)
     return least[group]
 
 
-def preference_keys(columns: dict, scale_up_domain: int, usable_bytes: float) -> np.ndarray:
-    """Rows × rules: each rule's key per row (lower preferred), in :data:`RULES` order."""
-    tp, cp, pp, dp, ep = (np.asarray(columns[k]) for k in ("tp", "cp", "pp", "dp", "ep"))
-    axes = (tp > 1).astype(int) + (cp > 1) + (pp > 1) + (dp > 1) + (ep > 1)
+def preference_keys(
+    columns, scale_up_domain: int, usable_bytes: float, rows: np.ndarray | None = None
+) -> np.ndarray:
+    """Rows × rules: each rule's key per row (lower preferred), in :data:`RULES` order; with
+    ``rows`` (indices), those rows' only.
+
+    ``columns``: a dict of :data:`RANK_INPUTS`, or a function giving one by name (each is
+    then asked for when it is read and released after: a few are alive at once). Rules 3
+    and 4 compare a row's pp (cp) with the least among all the rows sharing every other
+    degree and memory measure (one group per distinct tuple of them,
+    :func:`planner.columns.codes.distinct_rows`), ``rows`` or not."""
+    get = columns if callable(columns) else columns.__getitem__
+    at = slice(None) if rows is None else rows
+    tp, cp, pp = (np.asarray(get(k)) for k in ("tp", "cp", "pp"))
+    keys = np.empty((len(tp[at]), len(RULES)))  # filled in place: no stacked copy
+    axes = (tp > 1).astype(int) + (cp > 1) + (pp > 1)
+    for key in ("dp", "ep"):
+        axes += np.asarray(get(key)) > 1
+    keys[:, 0] = axes[at]
+    del axes
     reference = min(scale_up_domain, int(tp.max()))
-    tp_short = np.where(cp * pp > 1, np.log2(np.maximum(reference / tp, 1)), 0.0)
-    tp_first = tp_short + np.log2(np.maximum(tp / scale_up_domain, 1))
-    pp_depth = np.log2(pp / _shallowest(columns, "pp", ("tp", "cp", "ep", *MEMORY_MEASURES)))
-    cp_need = np.log2(cp / _shallowest(columns, "cp", ("tp", "pp", "ep", *MEMORY_MEASURES)))
-    free_gib = np.floor((usable_bytes - np.asarray(columns["memory_per_gpu_bytes"])) / GIB)
-    schedule = Labels.of(columns["schedule"])
-    vpp = np.asarray(columns["vpp"])
-    simple = np.zeros(len(tp))
+    t, c, p = tp[at], cp[at], pp[at]
+    tp_short = np.where(c * p > 1, np.log2(np.maximum(reference / t, 1)), 0.0)
+    keys[:, 1] = tp_short + np.log2(np.maximum(t / scale_up_domain, 1))
+    # The rows sharing tp, ep and the memory measures; pp's groups add cp, cp's add pp.
+    shared = tp
+    for key in ("ep", *MEMORY_MEASURES):  # one column at a time: two alive at most
+        _, shared = distinct_rows(shared, get(key))
+    keys[:, 2] = np.log2(p / _shallowest(pp, distinct_rows(shared, cp)[1])[at])
+    keys[:, 3] = np.log2(c / _shallowest(cp, distinct_rows(shared, pp)[1])[at])
+    del shared, tp, cp, pp
+    memory = np.asarray(get("memory_per_gpu_bytes"))[at]
+    keys[:, 4] = -np.floor((usable_bytes - memory) / GIB)
+    schedule = Labels.of(get("schedule"))[at]
+    vpp = np.asarray(get("vpp"))[at]
+    simple = np.zeros(len(keys))
     for code, name in enumerate(schedule.values):  # one pass per schedule name
-        rows = schedule.codes == code
-        simple[rows] = schedule_complexity(name, vpp[rows])
-    keys = np.empty((len(tp), len(RULES)))  # filled in place: no stacked copy
-    for rule, key in enumerate((axes, tp_first, pp_depth, cp_need, -free_gib, simple)):
-        keys[:, rule] = key
+        held = schedule.codes == code
+        simple[held] = schedule_complexity(name, vpp[held])
+    keys[:, 5] = simple
     return keys
 
 
@@ -118,12 +136,14 @@ def equivalent_to_best(step_time_s: np.ndarray, band: float) -> np.ndarray:
     return step_time_s <= np.nanmin(step_time_s) * (1 + band)
 
 
-def robust_order(step_time_s: np.ndarray, keys: np.ndarray, band: float, time_rank) -> np.ndarray:
+def robust_order(step_time_s: np.ndarray, keys, band: float, time_rank) -> np.ndarray:
     """Row order: equivalent rows by the rules, then step time, then ``time_rank``; the
-    others after them by ``time_rank`` (their place in the time ranking)."""
+    others after them by ``time_rank`` (their place in the time ranking). ``keys``: the
+    rows' :func:`preference_keys`, or a function giving them for the rows (indices) asked."""
     equivalent = equivalent_to_best(step_time_s, band)
     inside = np.flatnonzero(equivalent)
-    columns = [time_rank[inside], step_time_s[inside], *keys[inside].T[::-1]]
+    keys_of = keys if callable(keys) else keys.__getitem__
+    columns = [time_rank[inside], step_time_s[inside], *keys_of(inside).T[::-1]]
     inside = inside[np.lexsort(columns)]
     outside = np.flatnonzero(~equivalent)
     return np.concatenate([inside, outside[np.argsort(time_rank[outside], kind="stable")]])
@@ -223,18 +243,23 @@ def rank_order(
             "preference": pd.Categorical([TIME_RANK] * count, categories=PREFERENCES),
             "rank": rank_by_time[order].copy(),
         }
-    inputs = {key: column(key) for key in RANK_INPUTS}
-    keys = preference_keys(inputs, scale_up_domain, usable_bytes)
-    del inputs
+
+    def keys_of(rows: np.ndarray) -> np.ndarray:  # the rules read the rows in the band only
+        return preference_keys(column, scale_up_domain, usable_bytes, rows)
+
     order = robust_order(
-        effective_step_time({"step_time_s": step_time_s, **simulated}), keys, band, rank_by_time
-    )
+        effective_step_time({"step_time_s": step_time_s, **simulated}), keys_of, band,
+        rank_by_time,
+    )  # fmt: skip
     simulate_rows(job, accelerator, simulated, order[:top], records, layout_of_row, memo)
     time_s = effective_step_time({"step_time_s": step_time_s, **simulated})
-    order = robust_order(time_s, keys, band, rank_by_time)
+    order = robust_order(time_s, keys_of, band, rank_by_time)
     equivalent = equivalent_to_best(time_s[order], band)
     fastest = int(np.argmin(time_s[order]))
-    codes = placing_rules(keys[order], equivalent, fastest)
+    # The rows in the band come first (robust_order) and only their keys place them.
+    inside = int(equivalent.sum())
+    codes = np.full(count, PREFERENCES.index(OUTSIDE))
+    codes[:inside] = placing_rules(keys_of(order[:inside]), equivalent[:inside], fastest)
     return order, {
         **{key: value[order] for key, value in simulated.items()},
         "rank_by_time": rank_by_time[order],

@@ -203,7 +203,7 @@ def search(
         for key in names:
             value = kept_rows(key, final)
             columns[key] = value.strings() if isinstance(value, Labels) else value
-            for source in (timed, merged, memory_out):
+            for source in (timed, merged, memory_out, cols):
                 source.pop(key, None)
         columns.update({key: value[order] for key, value in extra.items()})
         del memory_out, merged, cols

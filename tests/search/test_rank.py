@@ -177,6 +177,18 @@ def test_rows_every_rule_ties_are_ordered_by_time():
     assert order == [1, 0] and why == [FASTEST, BY_TIME]
 
 
+def test_the_keys_of_some_rows_are_those_rows_keys_of_all():
+    # Rules 3 and 4 read the least pp (cp) over every row sharing the others, asked or not.
+    columns = rows({"pp": 8, "dp": 128}, {"pp": 16, "dp": 64}, {"cp": 2, "pp": 8, "dp": 64},
+                   {"tp": 4, "pp": 32, "dp": 64, "schedule": "zbv", "vpp": 2},
+                   {"cp": 4, "pp": 4, "dp": 64, "memory_per_gpu_bytes": 70 * GIB})  # fmt: skip
+    every = preference_keys(columns, 8, USABLE)
+    assert every[1, 2] == 1.0 and every[3, 2] == 0.0  # pp 16 against pp 8 on the same rest
+    for chosen in ([1], [4, 0], [3, 1, 2]):
+        some = preference_keys(columns.__getitem__, 8, USABLE, np.array(chosen))
+        np.testing.assert_array_equal(some, every[chosen])
+
+
 # ----- the band: the ratio error of same-job pairs ------------------------------------------
 
 

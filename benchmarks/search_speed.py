@@ -7,7 +7,9 @@ Qwen3-235B-A22B on 1,024 H100s (seq 4,096, 16M tokens per step). For each:
 * in-process: the search (:func:`planner.search.search`) once cold (placements and tables
   built) and ``--repeat`` times warm, wall and CPU seconds and candidates per second, then
   the screen alone ``--repeat`` times (``refine_top=0``: no event simulation of the top
-  rows);
+  rows); each as ``llmplan plan`` runs it when it writes no table (``every_output=False``:
+  the table keeps what the ranking reads; ``--every-output`` keeps every output, as
+  ``--csv``/``--html`` do);
 * whole-process: ``python cli.py plan …`` run ``--repeat`` times as a child process
   (all of them first, while this process is small)
   (interpreter, imports, search, the top rows' estimates and the printed table), median
@@ -48,7 +50,7 @@ QUERIES = {
 }  # fmt: skip
 
 
-def in_process(name: str, repeat: int) -> None:
+def in_process(name: str, repeat: int, every_output: bool = False) -> None:
     """Cold and warm searches of one query in this process."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.api import build_job
@@ -62,7 +64,9 @@ def in_process(name: str, repeat: int) -> None:
     runs += [(f"screen {run}", 0) for run in range(1, 1 + repeat)]
     seconds_of: dict[str, list[tuple[float, float]]] = {"warm": [], "screen": []}
     for label, refine_top in runs:
-        options = {} if refine_top is None else {"refine_top": refine_top}
+        options = {"every_output": every_output}
+        if refine_top is not None:
+            options["refine_top"] = refine_top
         start, cpu = time.perf_counter(), time.process_time()
         found = search(job, cluster, accelerator, gpus, **options)
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
@@ -110,6 +114,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="warm runs and processes (3)")
     parser.add_argument("--only", choices=list(QUERIES), help="one query")
     parser.add_argument("--no-process", action="store_true", help="skip the child processes")
+    parser.add_argument("--every-output", action="store_true",
+                        help="in-process searches keep every output (as a plan with --csv)")  # fmt: skip
     args = parser.parse_args()
     names = [args.only] if args.only else list(QUERIES)
     # Child processes first, from a parent that has imported nothing large: a child's
@@ -123,7 +129,7 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     for name in names:
         print(name)
-        in_process(name, args.repeat)
+        in_process(name, args.repeat, args.every_output)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ class FitResult(BaseModel):
     stack: str | None
     values: dict[str, float]
     fitted_terms: list[str]
+    #: The terms the rows could inform (:func:`informed_terms`); those of them not fitted
+    #: did not lower the held-out error (:func:`terms_that_earn_their_place`).
+    informed_terms: list[str] = []
     training_ids: list[str]
     num_rows: int
     num_groups: int
@@ -192,7 +195,7 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
     cols = _columns(rows)
     weights = _group_weights(np.array([r.group for r in rows]))
     families = np.array([r.source_family for r in rows])
-    names = informed_terms(cols)
+    names = informed = informed_terms(cols)
     groups = np.array([r.group for r in rows])
     # Terms earn their place on held-out sources; with one source, on held-out groups.
     held_out_by = families if len(set(families)) > 1 else groups
@@ -227,6 +230,7 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
         stack=stack,
         values={**{n: TERMS[n].ideal for n in TERMS}, **values},
         fitted_terms=names,
+        informed_terms=informed,
         training_ids=[r.id for r in rows],
         num_rows=len(rows),
         num_groups=len({r.group for r in rows}),
@@ -257,9 +261,14 @@ def profile_toml(result: FitResult, command: str, date: str) -> str:
     ]
     if result.stack:
         out.append(line("stack", result.stack))
-    fixed = [n for n in TERMS if n not in result.fitted_terms]
-    note = "terms left at their ideal values (no row informs them): " + ", ".join(fixed)
-    out.append(line("notes", note if fixed else "every term fitted"))
+    uninformed = [n for n in TERMS if n not in result.informed_terms]
+    dropped = [n for n in result.informed_terms if n not in result.fitted_terms]
+    notes = [f"{', '.join(names)} ({why})" for names, why in (
+        (uninformed, "no row informs them"),
+        (dropped, "fitted, they did not lower the held-out error"),
+    ) if names]  # fmt: skip
+    note = "terms left at their ideal values: " + "; ".join(notes)
+    out.append(line("notes", note if notes else "every term fitted"))
     out.append("")
     for name, term in TERMS.items():
         out += [f"[terms.{name}]", line("value", float(result.values[name])),

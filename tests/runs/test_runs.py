@@ -424,3 +424,24 @@ def test_node_limited_routing_as_the_rows_state_it():
     assert limited and all("DeepSeek-V3" in row.model.name for row in limited)
     catalog = load_model("deepseek-v3").max_nodes_per_token
     assert all(model_spec(row).max_nodes_per_token == catalog for row in limited)
+
+
+def test_a_profile_says_why_each_term_stayed_ideal():
+    """Uninformed terms and informed ones the cross-validation dropped are told apart."""
+    from planner.runs.fit import FitResult, profile_toml
+
+    names = list(TERMS)
+    result = FitResult(
+        accelerator="h100-sxm", stack=None, values=ideal_values(), fitted_terms=names[:2],
+        informed_terms=names[:4], training_ids=["a"], num_rows=1, num_groups=1,
+        in_sample_mape=0.1, kfold_mape=None, loso_mape=None, loso_mape_by_source={},
+        in_sample_mape_by_source={}, step_time_ratio_p10=1.0, step_time_ratio_p90=1.0,
+        ideal_mape=0.2,
+    )  # fmt: skip
+    note = next(line for line in profile_toml(result, "fit", "d").splitlines() if "notes" in line)
+    assert f"{', '.join(names[4:])} (no row informs them)" in note
+    assert f"{', '.join(names[2:4])} (fitted, they did not lower the held-out error)" in note
+    for name in profile_names():  # a term a shipped note names was left at its ideal value
+        profile = load_profile(name)
+        for term in (t for t in TERMS if re.search(rf"\b{t}\b", profile.notes)):
+            assert profile.terms[term].value == TERMS[term][3], (name, term)

@@ -85,37 +85,48 @@ def _shallowest(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     return least[group]
 
 
-def preference_keys(
-    columns, scale_up_domain: int, usable_bytes: float, rows: np.ndarray | None = None
-) -> np.ndarray:
-    """Rows × rules: each rule's key per row (lower preferred), in :data:`RULES` order; with
-    ``rows`` (indices), those rows' only.
-
-    ``columns``: a dict of :data:`RANK_INPUTS`, or a function giving one by name (each is
-    then asked for when it is read and released after: a few are alive at once). Rules 3
-    and 4 compare a row's pp (cp) with the least among all the rows sharing every other
-    degree and memory measure (one group per distinct tuple of them,
-    :func:`planner.columns.codes.distinct_rows`), ``rows`` or not."""
+def over_every_row(columns) -> tuple[np.ndarray, np.ndarray, int]:
+    """What the rules read over every row, not just the ones they place: per row the least
+    pp and the least cp among the rows sharing every other degree and memory measure (one
+    group per distinct tuple of them, :func:`planner.columns.codes.distinct_rows`; rules 3
+    and 4), and the largest tp (rule 2's reference). ``columns``: see
+    :func:`preference_keys`."""
     get = columns if callable(columns) else columns.__getitem__
-    at = slice(None) if rows is None else rows
     tp, cp, pp = (np.asarray(get(k)) for k in ("tp", "cp", "pp"))
-    keys = np.empty((len(tp[at]), len(RULES)))  # filled in place: no stacked copy
-    axes = (tp > 1).astype(int) + (cp > 1) + (pp > 1)
-    for key in ("dp", "ep"):
-        axes += np.asarray(get(key)) > 1
-    keys[:, 0] = axes[at]
-    del axes
-    reference = min(scale_up_domain, int(tp.max()))
-    t, c, p = tp[at], cp[at], pp[at]
-    tp_short = np.where(c * p > 1, np.log2(np.maximum(reference / t, 1)), 0.0)
-    keys[:, 1] = tp_short + np.log2(np.maximum(t / scale_up_domain, 1))
     # The rows sharing tp, ep and the memory measures; pp's groups add cp, cp's add pp.
     shared = tp
     for key in ("ep", *MEMORY_MEASURES):  # one column at a time: two alive at most
         _, shared = distinct_rows(shared, get(key))
-    keys[:, 2] = np.log2(p / _shallowest(pp, distinct_rows(shared, cp)[1])[at])
-    keys[:, 3] = np.log2(c / _shallowest(cp, distinct_rows(shared, pp)[1])[at])
-    del shared, tp, cp, pp
+    least_pp = _shallowest(pp, distinct_rows(shared, cp)[1])
+    least_cp = _shallowest(cp, distinct_rows(shared, pp)[1])
+    return least_pp, least_cp, int(tp.max(initial=1))
+
+
+def preference_keys(
+    columns, scale_up_domain: int, usable_bytes: float, rows: np.ndarray | None = None,
+    every_row: tuple | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Rows × rules: each rule's key per row (lower preferred), in :data:`RULES` order; with
+    ``rows`` (indices), those rows' only.
+
+    ``columns``: a dict of :data:`RANK_INPUTS`, or a function giving one by name (each is
+    then asked for when it is read and released after: a few are alive at once).
+    ``every_row``: :func:`over_every_row` of the same columns, when the caller has it (the
+    keys of some rows still read every row: the same keys, ``rows`` or not)."""
+    get = columns if callable(columns) else columns.__getitem__
+    least_pp, least_cp, tp_max = every_row or over_every_row(get)
+    at = slice(None) if rows is None else rows
+    tp, cp, pp = (np.asarray(get(k))[at] for k in ("tp", "cp", "pp"))
+    keys = np.empty((len(tp), len(RULES)))  # filled in place: no stacked copy
+    axes = (tp > 1).astype(int) + (cp > 1) + (pp > 1)
+    for key in ("dp", "ep"):
+        axes += np.asarray(get(key))[at] > 1
+    keys[:, 0] = axes
+    reference = min(scale_up_domain, tp_max)
+    tp_short = np.where(cp * pp > 1, np.log2(np.maximum(reference / tp, 1)), 0.0)
+    keys[:, 1] = tp_short + np.log2(np.maximum(tp / scale_up_domain, 1))
+    keys[:, 2] = np.log2(pp / least_pp[at])
+    keys[:, 3] = np.log2(cp / least_cp[at])
     memory = np.asarray(get("memory_per_gpu_bytes"))[at]
     keys[:, 4] = -np.floor((usable_bytes - memory) / GIB)
     schedule = Labels.of(get("schedule"))[at]
@@ -243,9 +254,10 @@ def rank_order(
             "preference": pd.Categorical([TIME_RANK] * count, categories=PREFERENCES),
             "rank": rank_by_time[order].copy(),
         }
+    every_row = over_every_row(column)  # once; the keys are built for the band's rows only
 
-    def keys_of(rows: np.ndarray) -> np.ndarray:  # the rules read the rows in the band only
-        return preference_keys(column, scale_up_domain, usable_bytes, rows)
+    def keys_of(rows: np.ndarray) -> np.ndarray:
+        return preference_keys(column, scale_up_domain, usable_bytes, rows, every_row)
 
     order = robust_order(
         effective_step_time({"step_time_s": step_time_s, **simulated}), keys_of, band,

@@ -163,7 +163,7 @@ def search(
             rows = rows[1] if key == "memory_per_gpu_bytes" else rows[0]
             if key in timed or key in memory_out:
                 return np.take(timed[key] if key in timed else memory_out[key], rows)
-            value = cols[key] if key in LAYOUT_COLUMNS else merged[key]
+            value = cols[key]  # a layout column (every other one is timed or memory)
             if isinstance(value, Labels):
                 return value[rows]
             return np.take(value, rows)

@@ -296,8 +296,8 @@ def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
     exposed communication and validity, the memory parts, then per-axis communication
     (any of them may be absent: a screen that kept some outputs only)."""
     keys = list(timed)
-    after_hfu = keys.index("hfu") + 1 if "hfu" in keys else _first_of(keys, TIMED_AFTER_HFU)
-    first_axis = _first_of(keys, AXIS_OUTPUTS)
+    first_axis = next((at for at, key in enumerate(keys) if key in AXIS_OUTPUTS), len(keys))
+    after_hfu = keys.index("hfu") + 1 if "hfu" in keys else first_axis
     out = {key: timed[key] for key in keys[:after_hfu]}
     out.update({key: memory[key] for key in MEMORY_OUTPUTS if key in memory})
     out.update({key: timed[key] for key in keys[after_hfu:first_axis]})
@@ -306,14 +306,7 @@ def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:
     return out
 
 
-#: The timed outputs after ``hfu`` and before the per-axis ones (where the memory outputs
-#: go when ``hfu`` is absent) and the per-axis ones (:func:`planner.evaluate.time.time_columns`).
-TIMED_AFTER_HFU = frozenset({"exposed_comm_s", "busiest_link_s", "valid", "bubble_fraction"})
+#: The per-axis timed outputs (:func:`planner.evaluate.time.time_columns`), last in order.
 AXIS_OUTPUTS = frozenset(
     f"{axis}_{what}" for axis in AXES for what in ("exposed_time_s", "time_s", "bytes_per_step")
 )
-
-
-def _first_of(keys: list[str], names: frozenset[str]) -> int:
-    """The position of the first key in ``names``, else the end of ``keys``."""
-    return next((at for at, key in enumerate(keys) if key in names), len(keys))

@@ -14,8 +14,12 @@ the result is printed as it comes out.
 
 The DeepSeek-V3 table estimates its published layout (2,048 H800s, PP 16 DualPipe, EP 64,
 ZeRO-1 DP 128, no TP, 4K sequences, 15,360 per batch) with the model's own training recipe
-(FP8 GEMMs and the report's memory measures) and prints memory per GPU, causal MFU and
-tokens/s per GPU next to the published ones; then its search says whether that layout is
+(FP8 GEMMs and the report's memory measures, one MTP module) and prints memory per GPU,
+causal MFU and tokens/s per GPU next to the published ones, under two layer splits (the
+report publishes none): ``auto`` (3 layers on each end, as a trainer's default spreads 61
+layers) and ``work-balanced`` (the split the search gives every candidate: the first and
+last stage's layers set so that rank 0, which holds both ends and the head and MTP module,
+is not the busiest by more than needed). Then its search says whether that layout is
 inside the equivalent set.
 
 Run: ``python benchmarks/published_runs.py`` (about two minutes on 2 cores).
@@ -170,30 +174,34 @@ def deepseek_v3() -> None:
     the shipped profile (H800 borrows H100's); the model's own training recipe (FP8)."""
     run = DEEPSEEK_V3
     job = api.build_job("deepseek-v3", run["seq_len"], global_batch_size=run["global_batch_size"])
-    layout = api.build_layout(**run["layout"])
-    print(f"{'DeepSeek-V3':<20} {'memory/GPU':>16} {'MFU causal':>11} {'tokens/s/GPU':>13}")
+    print(f"{'DeepSeek-V3':<34} {'memory/GPU':>16} {'MFU causal':>11} {'tokens/s/GPU':>13}")
     fits = f"< {run['capacity_gb']} GB"
     print(
-        f"{'published':<20} {fits:>16} {run['mfu_causal']:>11.1%} "
+        f"{'published':<34} {fits:>16} {run['mfu_causal']:>11.1%} "
         f"{run['tokens_per_s_per_gpu']:>13,.0f}"
     )
     gaps = []
-    for profile in ("none", "shipped"):
-        result = api.estimate(job, layout, "dgx-h800", 2048, profile=profile)
-        memory = f"{result.memory_per_gpu_bytes / 1e9:.1f} GB" + (" fits" if result.fits else " NO")
-        label = "predicted, " + ("ideal" if profile == "none" else "shipped")
-        print(
-            f"{label:<20} {memory:>16} {result.mfu_causal:>11.1%} "
-            f"{result.tokens_per_s_per_gpu:>13,.0f}"
-        )
-        points = (result.mfu_causal - run["mfu_causal"]) * 100
-        speed = result.tokens_per_s_per_gpu / run["tokens_per_s_per_gpu"] - 1
-        gaps.append(
-            f"gap ({'ideal' if profile == 'none' else 'shipped'}): {points:+.1f} MFU points "
-            f"(target ±4), tokens/s {speed:+.0%} (target ±10%); step {result.step_time_s:.2f} s, "
-            f"of which EP exposed {result.time_breakdown_s['ep_exposed']:.2f} s, bubble "
-            f"{result.time_breakdown_s['pipeline_bubble']:.2f} s ({result.profile or 'no profile'})"
-        )
+    for split in ("auto", "work-balanced"):
+        layout = api.build_layout(**run["layout"], pipeline_layer_split=split)
+        for profile in ("none", "shipped"):
+            result = api.estimate(job, layout, "dgx-h800", 2048, profile=profile)
+            memory = f"{result.memory_per_gpu_bytes / 1e9:.1f} GB"
+            memory += " fits" if result.fits else " NO"
+            label = f"predicted, {'ideal' if profile == 'none' else 'shipped'}, {split}"
+            print(
+                f"{label:<34} {memory:>16} {result.mfu_causal:>11.1%} "
+                f"{result.tokens_per_s_per_gpu:>13,.0f}"
+            )
+            points = (result.mfu_causal - run["mfu_causal"]) * 100
+            speed = result.tokens_per_s_per_gpu / run["tokens_per_s_per_gpu"] - 1
+            gaps.append(
+                f"gap ({'ideal' if profile == 'none' else 'shipped'}, {split}): {points:+.1f} "
+                f"MFU points (target ±4), tokens/s {speed:+.0%} (target ±10%); step "
+                f"{result.step_time_s:.2f} s, of which EP exposed "
+                f"{result.time_breakdown_s['ep_exposed']:.2f} s, bubble "
+                f"{result.time_breakdown_s['pipeline_bubble']:.2f} s "
+                f"({result.profile or 'no profile'})"
+            )
     print("\n".join(gaps))
 
 

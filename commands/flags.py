@@ -294,6 +294,22 @@ class CpAlgorithm(str, Enum):  # planner.spec.layout.CP_ALGORITHMS
     hierarchical = "hierarchical"
 
 
+class LayerSplitName(str, Enum):  # planner.spec.layout.LayerSplit
+    auto = "auto"
+    even = "even"
+    first_last_fewer = "first-last-fewer"
+    balanced = "balanced"
+    work_balanced = "work-balanced"
+
+
+SPLIT_HELP = (
+    "layers per pipeline stage: even; first-last-fewer (one fewer on the first and last, "
+    "Llama 3); balanced (stages differ by at most one); work-balanced (the first and last "
+    "stage's layers set so the busiest rank, head and MTP counted, does the least); auto "
+    "(even, else first-last-fewer, else balanced)"
+)
+
+
 class Recipe(str, Enum):
     full = "full"
     lora = "lora"
@@ -574,6 +590,8 @@ LAYOUT = FlagGroup(
               show_allowed=True),
         _switch("sequence_parallel", "--sequence-parallel/--no-sequence-parallel",
                 "shard norms and dropout over TP (default on)", True),
+        _flag("pipeline_layer_split", Choice(LayerSplitName), SPLIT_HELP, LayerSplitName.auto,
+              show_allowed=True),
     )
 )  # fmt: skip
 
@@ -601,6 +619,10 @@ PINS = FlagGroup(
         _switch("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", "pin"),
         _switch("allow_cross_node_tp", "--allow-cross-node-tp/--no-cross-node-tp",
                 "let TP groups span nodes", False),
+        _flag("pipeline_layer_split", Choice(LayerSplitName),
+              "how every candidate splits its layers over its stages (default work-balanced); "
+              "the choices as for estimate's --pipeline-layer-split",
+              show_allowed=True),
     )
 )  # fmt: skip
 

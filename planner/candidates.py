@@ -24,7 +24,7 @@ from planner.cp_search import (
 )
 from planner.pipeline.schedules import SCHEDULES
 from planner.spec.job import Job
-from planner.spec.layout import CP_ALGORITHMS, CpAlgorithm
+from planner.spec.layout import CP_ALGORITHMS, CpAlgorithm, LayerSplit
 from planner.spec.rules import RULES, schedule_rules
 
 
@@ -50,6 +50,10 @@ class SearchSpace(BaseModel):
     cp_algorithm: list[CpAlgorithm] = Field(default_factory=lambda: list(CP_ALGORITHMS))
     #: Hierarchical CP's inner degrees searched (None: the CP ranks of one scale-up domain).
     cp_inner: list[int] | None = None
+    #: How every candidate splits its layers over its stages (one split, not searched): by
+    #: default the split a practitioner would set, the ends' work counted (legal wherever
+    #: ``auto`` is, and as fast or faster on its busiest rank).
+    pipeline_layer_split: LayerSplit = "work-balanced"
     allow_cross_node_tp: bool = False
     max_cp: int = 64
     max_interleave: int = 8

@@ -54,7 +54,7 @@ def stage_durations(
         job.precision.activation_bytes, tuned, bf16, job.active_memory_measures, layout.etp,
     )  # fmt: skip
     dense, moe = dense_and_moe_layers_per_virtual_stage(
-        model, layout.pp, layout.vpp, layout.pipeline_layer_split
+        model, layout.pp, layout.vpp, layout.pipeline_layer_split, layout.schedule
     )
     stages = len(dense)
     per_stage = rank_times(

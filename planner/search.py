@@ -47,6 +47,7 @@ LAYOUT_COLUMNS = (
     "sequence_parallel",
     "cp_algorithm",
     "cp_inner",
+    "pipeline_layer_split",
 )
 
 
@@ -107,7 +108,8 @@ def search(
     alive &= ~beaten
     grid = {key: value[alive] for key, value in grid.items()}
     cols = expand_rows(grid, cells[alive], grid_shape, space)
-    cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), ("auto",))
+    split = (space.pipeline_layer_split,)
+    cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), split)
     report(progress, "enumerating layouts", total, total)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     smallest = None

@@ -10,7 +10,8 @@ distinct value and broadcast to the rows by index (no Python loop per row):
 * **structures** (tp, ep, etp, pp, vpp, schedule, layer split): what the examined pipeline ranks
   ("slots") hold — layers, parameters, embedding and head — and their model-state terms
   (:func:`planner.cost.model_states.slot_states`); layers and ends once per pipeline (pp,
-  vpp, schedule, split), parameters per virtual stage once per (tp, ep, etp, pp, vpp, split).
+  vpp, schedule, split), parameters per virtual stage once per (tp, ep, etp, pp, vpp,
+  schedule, split).
 """
 
 from __future__ import annotations
@@ -267,22 +268,24 @@ def structure_table(
     structure.
 
     Layers and ends are worked out once per pipeline (pp, vpp, schedule, split), parameters
-    per virtual stage once per (tp, ep, etp, pp, vpp, split), each distinct rank's states
+    per virtual stage once per (tp, ep, etp, pp, vpp, schedule, split), each distinct rank's states
     once."""
     model = job.model
     structs, struct_inv = unique_rows(tp, ep, etp, pp, vpp, schedule, split)
     pipelines: dict[tuple, int] = {}  # (pp, vpp, schedule, split) → its index
     per_pipeline, layouts = [], []
-    stage_params: dict[tuple, tuple] = {}  # (tp, ep, etp, pp, vpp, split) → (dense, expert)
-    stage_layers: dict[tuple, tuple] = {}  # (pp, vpp, split) → (dense, MoE) layers per stage
+    # (tp, ep, etp, pp, vpp, schedule, split) → (dense, expert) parameters per stage
+    stage_params: dict[tuple, tuple] = {}
+    stage_layers: dict[tuple, tuple] = {}  # (pp, vpp, schedule, split) → (dense, MoE) per stage
     pipe_of = np.zeros(len(structs), dtype=np.int64)
     for u, (_, _, _, p, v, sch, spl) in enumerate(structs):
-        if (p, v, spl) not in stage_layers:
-            stage_layers[p, v, spl] = dense_and_moe_layers_per_virtual_stage(model, p, v, spl)
         if (p, v, sch, spl) not in pipelines:
+            stage_layers[p, v, sch, spl] = dense_and_moe_layers_per_virtual_stage(
+                model, p, v, spl, sch
+            )
             pipelines[p, v, sch, spl] = len(per_pipeline)
             per_pipeline.append(
-                _pipeline_slots(model, p, v, sch, spl, stage_layers[p, v, spl], every_rank)
+                _pipeline_slots(model, p, v, sch, spl, stage_layers[p, v, sch, spl], every_rank)
             )
             layout = Layout(pp=p, vpp=v, schedule=sch, pipeline_layer_split=spl)
             layouts.append((layout, virtual_stage_ranks(sch, p, v)))
@@ -291,13 +294,13 @@ def structure_table(
     per_pipeline = [{k: _padded(a, width) for k, a in pipe.items()} for pipe in per_pipeline]
     dense_params, expert_params = np.zeros((2, len(structs), width))
     for u, (t, x, et, p, v, sch, spl) in enumerate(structs):
-        if (t, x, et, p, v, spl) not in stage_params:
+        if (t, x, et, p, v, sch, spl) not in stage_params:
             layout = Layout(tp=t, ep=x, etp=None if et == t else et, pp=p, vpp=v, dp=x,
                             schedule=sch, pipeline_layer_split=spl)  # fmt: skip
-            stage_params[t, x, et, p, v, spl] = params_per_virtual_stage(
-                model, layout, stage_layers[p, v, spl]
+            stage_params[t, x, et, p, v, sch, spl] = params_per_virtual_stage(
+                model, layout, stage_layers[p, v, sch, spl]
             )
-        dense_stage, expert_stage = stage_params[t, x, et, p, v, spl]
+        dense_stage, expert_stage = stage_params[t, x, et, p, v, sch, spl]
         pipe = pipe_of[u]
         slots = per_pipeline[pipe]["slot"].astype(np.int64)
         dense_params[u] = rank_sums(dense_stage, *layouts[pipe])[slots]  # reads pp, vpp, schedule

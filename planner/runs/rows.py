@@ -258,10 +258,13 @@ def search_space(row: RunRow, model: ModelSpec) -> SearchSpace:
     pins |= _recompute_pins(t.recompute)
     if t.cp > 1:
         pins["cp_algorithm"] = [cp_algorithm(row)]
-    # The run ran: its TP may cross a node and its CP be as large as it was.
+    # The run ran: its TP may cross a node and its CP be as large as it was. No row names its
+    # layer split: it ran its trainer's default, even where the layers divide (Megatron-LM
+    # splits evenly unless --decoder-first/last-pipeline-num-layers are set), i.e. ``auto``.
     return SearchSpace(
-        **pins, allow_cross_node_tp=True, max_cp=max(64, t.cp), max_interleave=max(8, t.vpp or 1)
-    )
+        **pins, allow_cross_node_tp=True, max_cp=max(64, t.cp), max_interleave=max(8, t.vpp or 1),
+        pipeline_layer_split="auto",
+    )  # fmt: skip
 
 
 def cp_algorithm(row: RunRow) -> str:

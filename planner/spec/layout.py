@@ -16,10 +16,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hwspecs.errors import PlanError
-from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
+from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES, V_SHAPE_SCHEDULES
 
 RecomputeName = Literal["none", "selective", "full"]
-LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced"]
+LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced", "work-balanced"]
 #: Context-parallel algorithms (planner.comm.context_parallel): Llama 3's K/V all-gather,
 #: ring attention, DeepSpeed-Ulysses all-to-all, Ulysses inside the scale-up domain with a
 #: ring across (Megatron-Core's ``a2a+p2p``).
@@ -89,7 +89,10 @@ class Layout(BaseModel):
         "auto",
         description="'first-last-fewer': one layer fewer on the first and last stage "
         "(Llama 3 §3.3.2); 'balanced': stage sizes differ by at most one, the extra layers "
-        "on the middle stages; 'auto' picks 'even', else 'first-last-fewer', else 'balanced'",
+        "on the middle stages; 'auto' picks 'even', else 'first-last-fewer', else 'balanced'; "
+        "'work-balanced': the first and last stage's layers chosen so that the busiest rank, "
+        "the embedding, LM head and MTP modules counted, does the least work (Megatron-LM's "
+        "--decoder-first/last-pipeline-num-layers)",
     )
 
     @model_validator(mode="after")
@@ -179,15 +182,25 @@ def expert_data_parallel_size(dp, cp, tp, ep, etp):
 
 
 def layers_per_virtual_stage(
-    num_layers: int, pp: int, vpp: int = 1, split: LayerSplit = "auto"
+    num_layers: int,
+    pp: int,
+    vpp: int = 1,
+    split: LayerSplit = "auto",
+    ends: tuple[float, float] = (0.0, 0.0),
+    schedule: str = "1f1b",
 ) -> np.ndarray:
     """Transformer layers in each virtual stage, in torch's stage order (chunk c, rank r → c·pp + r).
 
     ``first-last-fewer`` gives the first and the last virtual stage one layer fewer, as
     Llama 3 405B did (126 layers on 16 stages: 7, 8, …, 8, 7), leaving room for the
     embedding and the LM head. ``balanced`` spreads ``L mod S`` extra layers over the
-    middle stages (DeepSeek-V3's 61 layers on 16 stages: 3, 3, 4, …, 4, 3, 3).
+    middle stages (DeepSeek-V3's 61 layers on 16 stages: 3, 4, …, 4, 3, 3).
+    ``work-balanced`` (:func:`work_balanced_layers`) reads ``ends``, the first and the last
+    stage's work beyond their layers in layers (:func:`end_stage_work`), and ``schedule``,
+    which places the stages on ranks.
     """
+    if split == "work-balanced":
+        return work_balanced_layers(num_layers, pp, vpp, ends, schedule)
     stages = pp * vpp
     if split == "auto":
         if num_layers % stages == 0:
@@ -223,12 +236,75 @@ def layers_per_virtual_stage(
     return layers
 
 
+def end_stage_work(model) -> tuple[float, float]:
+    """What the first and the last virtual stage run beyond their transformer layers, in
+    mean transformer layers of ``model``, by matmul parameters per token (a matmul parameter
+    costs 2 FLOPs per token forward and 6 per training step, Kaplan et al. 2020; the
+    attention's score and context products, which grow with the sequence, are left out).
+
+    The first stage's embedding is a lookup (0). The last stage's LM head multiplies its
+    vocab × hidden matrix (tied or not), and each MTP module runs its 2h → h projection, one
+    transformer layer (top-k experts) and a second pass through the shared head
+    (DeepSeek-V3 §2.2): DeepSeek-V3's head is 1.6 layers, head and MTP module 4.4.
+    """
+    dense = model.num_dense_layers if model.is_moe else model.num_layers
+    layers = dense * model.layer_params(moe_layer=False)
+    layers += model.num_moe_layers * model.layer_params(moe_layer=True, active=True)
+    mean_layer = layers / model.num_layers
+    head = model.vocab_size * model.hidden_size
+    mtp_layer = model.layer_params(moe_layer=model.is_moe, active=True)
+    mtp = model.mtp_module_params() - model.layer_params(moe_layer=model.is_moe) + mtp_layer
+    return 0.0, (head + model.num_mtp_modules * (mtp + head)) / mean_layer
+
+
+def work_balanced_layers(
+    num_layers: int, pp: int, vpp: int, ends: tuple[float, float], schedule: str
+) -> np.ndarray:
+    """The split whose busiest pipeline rank does the least work, counting each stage's
+    layers plus ``ends`` (the first and the last stage's extra work, in layers).
+
+    Candidates give the first and the last virtual stage ``a`` and ``b`` layers (each 0 to
+    ⌊L/S⌋ + ⌈e₀ + e₁⌉ + 1) and spread the rest over the middle stages as ``balanced`` does:
+    Megatron-LM's ``--decoder-first/last-pipeline-num-layers``. A rank's work is the sum
+    of its stages' (``schedule``'s placement: interleaved, V-shape), DualPipe's the mean of
+    its two directions'. Ties keep the ``auto`` split, then the candidate nearest it: a
+    model whose ends are light keeps ``auto``'s split. Legal wherever ``auto`` is.
+    """
+    stages = pp * vpp
+    candidates = [layers_per_virtual_stage(num_layers, pp, vpp, "auto")]  # raises where auto does
+    if stages == 1:
+        return candidates[0]
+    most = min(num_layers, num_layers // stages + int(np.ceil(sum(ends))) + 1)
+    for first in range(most + 1):
+        for last in range(most + 1):
+            middle = num_layers - first - last
+            if middle < stages - 2 or (stages == 2 and middle):
+                continue
+            split = np.zeros(stages, dtype=np.int64)
+            split[0], split[-1] = first, last
+            if stages > 2:
+                split[1:-1] = layers_per_virtual_stage(middle, stages - 2, 1, "balanced")
+            candidates.append(split)
+    layers = np.array(candidates)
+    work = layers.astype(float)
+    work[:, 0] += ends[0]
+    work[:, -1] += ends[1]
+    per_rank = work @ (virtual_stage_ranks(schedule, pp, vpp)[:, None] == np.arange(pp))
+    if schedule in BIDIRECTIONAL_SCHEDULES:
+        per_rank = (per_rank + per_rank[:, ::-1]) / 2
+    busiest = np.round(per_rank.max(axis=1), 9)
+    distance = np.abs(layers - layers[0]).sum(axis=1)
+    return layers[np.lexsort((distance, busiest))[0]]
+
+
 def dense_and_moe_layers_per_virtual_stage(
-    model, pp: int, vpp: int = 1, split: LayerSplit = "auto"
+    model, pp: int, vpp: int = 1, split: LayerSplit = "auto", schedule: str = "1f1b"
 ) -> tuple[np.ndarray, np.ndarray]:
     """(dense, MoE) transformer layers in each virtual stage; an MoE model's first
-    ``num_dense_layers`` layers are dense (DeepSeek-V3's first three), the rest MoE."""
-    layers = layers_per_virtual_stage(model.num_layers, pp, vpp, split)
+    ``num_dense_layers`` layers are dense (DeepSeek-V3's first three), the rest MoE.
+    ``schedule`` places the stages on ranks (read by the ``work-balanced`` split)."""
+    ends = end_stage_work(model) if split == "work-balanced" else (0.0, 0.0)
+    layers = layers_per_virtual_stage(model.num_layers, pp, vpp, split, ends, schedule)
     starts = np.concatenate([[0], np.cumsum(layers)[:-1]])
     first_moe = model.num_dense_layers if model.is_moe else model.num_layers
     dense = np.clip(first_moe - starts, 0, layers)

@@ -57,7 +57,7 @@ def params_per_virtual_stage(
     """(dense, expert) parameters per virtual stage on one of its TP/EP ranks; ``layers``:
     the stages' (dense, MoE) layer counts, when the caller has them already."""
     num_dense, num_moe = layers or dense_and_moe_layers_per_virtual_stage(
-        model, layout.pp, layout.vpp, layout.pipeline_layer_split
+        model, layout.pp, layout.vpp, layout.pipeline_layer_split, layout.schedule
     )
     dense_layer, _ = layer_params_per_rank(model, layout.tp, layout.ep, moe_layer=False)
     moe_dense, moe_expert = layer_params_per_rank(

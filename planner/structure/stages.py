@@ -35,7 +35,7 @@ def rank_structure(
 ) -> RankStructure:
     """Layers per rank for one direction of the pipeline (DualPipe's mirror is its copy);
     ``layers``: the virtual stages' (dense, MoE) layer counts, when the caller has them."""
-    dense, moe = layers or dense_and_moe_layers_per_virtual_stage(model, pp, vpp, split)
+    dense, moe = layers or dense_and_moe_layers_per_virtual_stage(model, pp, vpp, split, schedule)
     ranks = virtual_stage_ranks(schedule, pp, vpp)
     return RankStructure(
         dense_layers=np.bincount(ranks, weights=dense, minlength=pp).tolist(),

@@ -45,7 +45,7 @@ def reference_ranks(job, layout) -> list[dict]:
     dense = rank_sums(dense_stage, layout)
     expert = rank_sums(expert_stage, layout)
     dense_stage_layers, moe_stage_layers = dense_and_moe_layers_per_virtual_stage(
-        model, layout.pp, layout.vpp, layout.pipeline_layer_split
+        model, layout.pp, layout.vpp, layout.pipeline_layer_split, layout.schedule
     )
     layers = rank_sums((dense_stage_layers + moe_stage_layers).astype(float), layout)
     moe_layers = rank_sums(moe_stage_layers.astype(float), layout)

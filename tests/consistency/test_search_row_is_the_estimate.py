@@ -70,6 +70,7 @@ def jobs_and_layouts(draw):
         zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
         sequence_parallel=draw(st.booleans()), cp_algorithm=cp_algorithm,
+        pipeline_layer_split=draw(st.sampled_from(["auto", "work-balanced"])),
     )  # fmt: skip
     try:
         layout = Layout(**layout_fields)

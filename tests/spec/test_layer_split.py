@@ -1,0 +1,110 @@
+"""The work-balanced layer split against brute force, against ``auto``, and on DeepSeek-V3
+(whose LM head and MTP module sit on the last stage)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwspecs.errors import PlanError
+from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
+from planner.spec.layout import (
+    end_stage_work,
+    layers_per_virtual_stage,
+    virtual_stage_ranks,
+    work_balanced_layers,
+)
+from planner.spec.model import load_model
+
+#: (schedule, vpp): one chunk, interleaved, V-shape, bidirectional.
+PLACEMENTS = [("1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2), ("dualpipe", 1)]
+
+
+def busiest_rank(layers, ends, schedule, pp, vpp) -> float:
+    """The most work a pipeline rank does per micro-batch, written out rank by rank."""
+    work = np.asarray(layers, dtype=float)
+    work[0] += ends[0]
+    work[-1] += ends[1]
+    per_rank = np.zeros(pp)
+    for stage, rank in enumerate(virtual_stage_ranks(schedule, pp, vpp)):
+        per_rank[rank] += work[stage]
+    if schedule in BIDIRECTIONAL_SCHEDULES:
+        per_rank = [(per_rank[r] + per_rank[pp - 1 - r]) / 2 for r in range(pp)]
+    return max(per_rank)
+
+
+def every_split(num_layers: int, stages: int):
+    """Every split with at least one layer on each middle stage (the ends may hold none)."""
+    for cuts in itertools.combinations_with_replacement(range(num_layers + 1), stages - 1):
+        layers = np.diff([0, *cuts, num_layers])
+        if (layers[1:-1] >= 1).all():
+            yield layers
+
+
+@pytest.mark.parametrize("num_layers", range(3, 15))
+@pytest.mark.parametrize("pp", [2, 3, 4])
+@pytest.mark.parametrize("last", [0.0, 0.6, 1.7, 3.2, 6.0])
+def test_one_chunk_split_is_the_best_of_every_split(num_layers, pp, last):
+    """One stage per rank: no split of the layers has a less busy rank (brute force)."""
+    ends = (0.0, last)
+    try:
+        split = work_balanced_layers(num_layers, pp, 1, ends, "1f1b")
+    except PlanError:
+        pytest.skip("auto cannot split these layers")
+    assert split.sum() == num_layers and (split[1:-1] >= 1).all()
+    best = min(busiest_rank(s, ends, "1f1b", pp, 1) for s in every_split(num_layers, pp))
+    assert busiest_rank(split, ends, "1f1b", pp, 1) == pytest.approx(best)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 130),
+    st.sampled_from([1, 2, 4, 8, 16]),
+    st.sampled_from(PLACEMENTS),
+    st.floats(0, 1),
+    st.floats(0, 8),
+)
+def test_never_busier_than_auto_and_light_ends_keep_auto(num_layers, pp, placement, first, last):
+    schedule, vpp = placement
+    try:
+        auto = layers_per_virtual_stage(num_layers, pp, vpp, "auto")
+    except PlanError:
+        with pytest.raises(PlanError):
+            work_balanced_layers(num_layers, pp, vpp, (first, last), schedule)
+        return
+    split = work_balanced_layers(num_layers, pp, vpp, (first, last), schedule)
+    assert split.sum() == num_layers and len(split) == pp * vpp and (split >= 0).all()
+    ends = (first, last)
+    assert (
+        busiest_rank(split, ends, schedule, pp, vpp)
+        <= busiest_rank(auto, ends, schedule, pp, vpp) + 1e-9
+    )
+    if schedule == "1f1b":  # auto already has the least busy stage without ends
+        np.testing.assert_array_equal(work_balanced_layers(num_layers, pp, 1, (0, 0), "1f1b"), auto)
+
+
+def test_deepseek_v3_head_is_one_and_a_half_layers_of_its_37b_active_parameters():
+    """DeepSeek-V3 §1: 37B activated parameters per token over 61 layers, the embedding
+    and the head (129,280 × 7,168 each): the head is about 1.6 layers' matmuls."""
+    model = load_model("deepseek-v3").model_copy(update={"num_mtp_modules": 0})
+    head = 129_280 * 7_168
+    published = head / ((37e9 - 2 * head) / 61)
+    assert end_stage_work(model)[1] == pytest.approx(published, rel=0.05)
+
+
+def test_deepseek_v3_dualpipe_split_unloads_the_rank_with_both_ends():
+    """PP 16 DualPipe: rank 0 holds the first stage and the last (head and MTP module).
+    ``auto`` gives both ends 3 layers, so rank 0 does about 5.2 layers of work per micro-
+    batch against the middle ranks' 4; the work-balanced split brings the busiest rank
+    within half a layer of the mean ((61 + the ends) / 16)."""
+    model = load_model("deepseek-v3")
+    ends = end_stage_work(model)
+    auto = layers_per_virtual_stage(61, 16, 1, "auto")
+    split = layers_per_virtual_stage(61, 16, 1, "work-balanced", ends, "dualpipe")
+    assert busiest_rank(auto, ends, "dualpipe", 16, 1) > 5
+    mean = (61 + sum(ends)) / 16
+    assert busiest_rank(split, ends, "dualpipe", 16, 1) < mean + 0.5

@@ -105,6 +105,9 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
             f"--expert-model-parallel-size {lay['ep']}",
             f"--expert-tensor-parallel-size {etp}",
         ]
+    mtp = job.model.num_mtp_modules
+    if mtp:  # on the last stage, with the head (as the layout below and the cost model)
+        args.append(f"--mtp-num-layers {mtp}")
     vpp = lay["vpp"] if lay["schedule"] == "interleaved-1f1b" else 1
     even = len(set(layers)) == 1
     if even and vpp > 1:
@@ -115,7 +118,7 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
             f"--decoder-last-pipeline-num-layers {layers[-1]}",
         ]
     elif not even:
-        args.append(f'--pipeline-model-parallel-layout "{_megatron_layout(layers)}"')
+        args.append(f'--pipeline-model-parallel-layout "{_megatron_layout(layers, mtp)}"')
     notes = []
     if lay["sequence_parallel"] and lay["tp"] > 1:
         args.append("--sequence-parallel")
@@ -158,11 +161,12 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
     return Emitted(trainer="megatron", text=" \\\n  ".join(args), notes=notes)
 
 
-def _megatron_layout(layers: list[int]) -> str:
-    """Megatron-LM's layout string: stages split by '|', E embedding, t a layer, L the loss."""
+def _megatron_layout(layers: list[int], mtp: int = 0) -> str:
+    """Megatron-LM's layout string: stages split by '|', E embedding, t a layer, m an MTP
+    module (on the last stage), L the loss."""
     stages = [f"t*{count}" if count > 1 else "t" * count for count in layers]
     stages[0] = "E" + stages[0]
-    stages[-1] = stages[-1] + "L"
+    stages[-1] = stages[-1] + "m" * mtp + "L"
     text, start = "", 0
     while start < len(stages) - 1:  # runs of equal stages as Megatron's "(t*8|)*14"
         end = start

@@ -64,6 +64,25 @@ def test_megatron_uneven_one_chunk_split_uses_first_and_last_stage_flags(capsys)
     assert args["--decoder-last-pipeline-num-layers"] == "7"
 
 
+def test_megatron_mtp_model_names_its_module_and_unloads_the_last_stage(capsys):
+    """DeepSeek-V3 (one MTP module, §2.2): --mtp-num-layers and an 'm' on the last stage,
+    which holds the head and the module and so fewer layers than the middle stages (the
+    search's work-balanced split)."""
+    code, out, err = run(
+        capsys, "plan", "--model", "deepseek-v3", "--cluster", "dgx-h800", "--gpus", "2048",
+        "--seq-len", "4096", "--global-batch-size", "15360", "--tp", "1", "--pp", "16",
+        "--ep", "64", "--schedule", "1f1b", "--emit", "megatron",
+    )  # fmt: skip
+    assert code == 0, err
+    args = megatron_args(out)
+    assert set(args) <= MEGATRON_FLAGS, set(args) - MEGATRON_FLAGS
+    assert args["--mtp-num-layers"] == "1"
+    stages = expand_layout(args["--pipeline-model-parallel-layout"])
+    assert len(stages) == 16 and sum(stage.count("t") for stage in stages) == 61
+    assert stages[-1].endswith("mL") and stages[-1].count("m") == 1
+    assert stages[-1].count("t") < min(stage.count("t") for stage in stages[1:-1])
+
+
 def test_emit_keeps_the_search_to_the_trainers_schedules(capsys):
     code, out, err = run(capsys, "plan", *LLAMA_PINS, "--emit", "megatron", "--json")
     assert code == 0, err

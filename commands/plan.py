@@ -301,6 +301,9 @@ def _print_plan(result, explain: bool, console=None, profile: str = "auto") -> N
     etp = any((entry["layout"].get("etp") or entry["layout"]["tp"]) != entry["layout"]["tp"]
               for entry in result.results)  # fmt: skip
     degrees_header = "tp/cp/pp/dp" + ("/ep" if ep else "") + ("/etp" if etp else "")
+    recompute_header = "recomp"
+    if etp:  # six degrees: two-line headers keep the row at 80 columns (no name folds)
+        degrees_header, recompute_header = "tp/cp/pp/dp/\nep/etp", "re-\ncomp"
     columns = (
         "#",
         "t#",
@@ -309,7 +312,7 @@ def _print_plan(result, explain: bool, console=None, profile: str = "auto") -> N
         "schedule",
         "mbs",
         "Z",
-        "recomp",
+        recompute_header,
         "step s",
         "MFU%",
         "GiB",
@@ -318,8 +321,8 @@ def _print_plan(result, explain: bool, console=None, profile: str = "auto") -> N
     timed = result.results[0].get("time_to_train") is not None
     columns += ("days", "good%") if timed else ()
     for column in columns:
-        left = column in (degrees_header, "schedule", "recomp")
-        wraps = column in ("schedule", "recomp")
+        left = column in (degrees_header, "schedule", recompute_header)
+        wraps = column in ("schedule", recompute_header)
         table.add_column(
             column,
             justify="left" if left else "right",

@@ -79,17 +79,26 @@ def test_every_command_table_fits_80_columns_with_every_number_whole(capsys, mon
         ("--schedule", "interleaved-1f1b"),
         # DeepSeek-V3: five degrees per row (pinned to keep the test fast; same widths).
         (*DEEPSEEK_QUERY, "--tp", "1", "--cp", "1,2", "--pp", "8,16"),
+        # Six: the routed experts' TP degree differs from tp (the widest degrees).
+        (*DEEPSEEK_QUERY, "--tp", "4", "--etp", "1", "--pp", "2", "--schedule", "dualpipev"),
     ],
-    ids=["llama3-default", "llama3-interleaved", "deepseek-v3"],
+    ids=["llama3-default", "llama3-interleaved", "deepseek-v3", "deepseek-v3-etp"],
 )
 def test_plan_table_fits_80_columns_with_every_value_whole(capsys, monkeypatch, argv):
     out = render(capsys, monkeypatch, 80, "plan", *argv)
     assert_fits(out, 80)
-    header = next(line for line in out.splitlines() if line.startswith("#"))
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("#"))
     for column in ("step s", "MFU%", "GiB", "bub%"):
         assert column in header
-    rows = [line.split() for line in out.splitlines() if re.match(r"\d+ ", line)]
+    rows = [line.split() for line in lines if re.match(r"\d+ ", line)]
     assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1))
+    rule = next(i for i, line in enumerate(lines) if line.startswith("─"))
+    assert lines[rule + 1 : rule + 1 + len(rows)] == [
+        line for line in lines if re.match(r"\d+ ", line)
+    ], "a row folded onto a second line"
+    after = lines[rule + 1 + len(rows)]  # a folded cell's second line starts blank
+    assert not after.startswith(" "), "a row folded onto a second line"
 
 
 def test_plan_table_values_match_json(capsys, monkeypatch):

@@ -10,6 +10,7 @@ validator. Axes are ``tp`` (tensor), ``cp`` (context), ``pp`` (pipeline), ``dp``
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -270,22 +271,32 @@ def work_balanced_layers(
     its two directions'. Ties keep the ``auto`` split, then the candidate nearest it: a
     model whose ends are light keeps ``auto``'s split. Legal wherever ``auto`` is.
     """
+    return _work_balanced(num_layers, pp, vpp, tuple(float(e) for e in ends), schedule).copy()
+
+
+@lru_cache(maxsize=4096)
+def _work_balanced(num_layers: int, pp: int, vpp: int, ends: tuple, schedule: str) -> np.ndarray:
+    """:func:`work_balanced_layers`, once per distinct argument (every candidate at once)."""
     stages = pp * vpp
-    candidates = [layers_per_virtual_stage(num_layers, pp, vpp, "auto")]  # raises where auto does
+    auto = layers_per_virtual_stage(num_layers, pp, vpp, "auto")  # raises where auto does
     if stages == 1:
-        return candidates[0]
+        return auto
     most = min(num_layers, num_layers // stages + int(np.ceil(sum(ends))) + 1)
-    for first in range(most + 1):
-        for last in range(most + 1):
-            middle = num_layers - first - last
-            if middle < stages - 2 or (stages == 2 and middle):
-                continue
-            split = np.zeros(stages, dtype=np.int64)
-            split[0], split[-1] = first, last
-            if stages > 2:
-                split[1:-1] = layers_per_virtual_stage(middle, stages - 2, 1, "balanced")
-            candidates.append(split)
-    layers = np.array(candidates)
+    first, last = (a.ravel() for a in np.meshgrid(np.arange(most + 1), np.arange(most + 1)))
+    middle = num_layers - first - last
+    inner = stages - 2
+    keep = middle >= inner if inner else middle == 0
+    first, last, middle = first[keep], last[keep], middle[keep]
+    layers = np.zeros((len(first), stages), dtype=np.int64)
+    layers[:, 0], layers[:, -1] = first, last
+    if inner:  # as ``balanced``: the L mod S extra layers on the middle stages
+        extra = middle % inner
+        begin = (inner - extra) // 2
+        slot = np.arange(inner)
+        layers[:, 1:-1] = (middle // inner)[:, None] + (
+            (slot >= begin[:, None]) & (slot < (begin + extra)[:, None])
+        )
+    layers = np.vstack([auto, layers])
     work = layers.astype(float)
     work[:, 0] += ends[0]
     work[:, -1] += ends[1]
@@ -293,8 +304,10 @@ def work_balanced_layers(
     if schedule in BIDIRECTIONAL_SCHEDULES:
         per_rank = (per_rank + per_rank[:, ::-1]) / 2
     busiest = np.round(per_rank.max(axis=1), 9)
-    distance = np.abs(layers - layers[0]).sum(axis=1)
-    return layers[np.lexsort((distance, busiest))[0]]
+    distance = np.abs(layers - auto).sum(axis=1)
+    best = layers[np.lexsort((distance, busiest))[0]]
+    best.flags.writeable = False
+    return best
 
 
 def dense_and_moe_layers_per_virtual_stage(

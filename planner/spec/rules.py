@@ -56,16 +56,21 @@ def _fold(c: Columns) -> np.ndarray:
 
 
 def layers_broken(layers: int, c: Columns) -> np.ndarray:
-    """Rows whose ``layers`` cannot split over pp·vpp stages (the auto split: evenly, one
-    fewer on the first and last stage, or balanced; a named split is checked per distinct
-    value)."""
+    """Rows whose ``layers`` cannot split over pp·vpp stages (the auto split, and the
+    work-balanced one, which is legal wherever auto is: evenly, one fewer on the first and
+    last stage, or balanced; another named split is checked per distinct value)."""
     stages = c["pp"] * c["vpp"]
     split = c.get("split", "auto")
-    if isinstance(split, str) and split == "auto":
+    if isinstance(split, str) and split in ("auto", "work-balanced"):  # legal where auto is
         return (stages > layers) & ((layers + 2) % stages != 0)
     splits = np.broadcast_to(np.asarray(split, dtype=object), stages.shape)
     bad = np.zeros(stages.shape, dtype=bool)
-    for key in {(int(p), int(v), s) for p, v, s in zip(c["pp"], c["vpp"], splits, strict=True)}:
+    if isinstance(split, str):  # one split: per distinct (pp, vpp)
+        pairs = np.unique(np.stack(np.broadcast_arrays(c["pp"], c["vpp"])).reshape(2, -1), axis=1)
+        keys = {(int(p), int(v), split) for p, v in pairs.T}
+    else:
+        keys = {(int(p), int(v), s) for p, v, s in zip(c["pp"], c["vpp"], splits, strict=True)}
+    for key in keys:
         try:
             layers_per_virtual_stage(layers, *key)
         except PlanError:

@@ -7,6 +7,12 @@ Pure functions from results to text; the CLI prints them.
 from __future__ import annotations
 
 from planner.cost.memory import usable_memory_bytes
+from planner.spec.layout import (
+    busiest_rank_work,
+    dense_and_moe_layers_per_virtual_stage,
+    end_stage_work,
+    layers_per_virtual_stage,
+)
 
 
 def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -> list[str]:
@@ -47,6 +53,42 @@ def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -
             f"dp {small['dp']}, {small['schedule']}, recompute {small['recompute']})"
         )
     return lines
+
+
+def layer_split_lines(model, result: dict) -> list[str]:
+    """The winner's layers per virtual stage, and what its split gains on the busiest rank
+    over ``auto``'s where they differ (:func:`planner.spec.layout.work_balanced_layers`)."""
+    lay = result["layout"]
+    pp, vpp, schedule = lay["pp"], lay["vpp"], lay["schedule"]
+    if pp * vpp == 1:
+        return []
+    split = lay.get("pipeline_layer_split", "auto")
+    layers = sum(dense_and_moe_layers_per_virtual_stage(model, pp, vpp, split, schedule))
+    line = f"layers per virtual stage: {_counts_text(layers)} ({split})"
+    auto = layers_per_virtual_stage(model.num_layers, pp, vpp, "auto")
+    if split == "work-balanced" and (layers != auto).any():
+        ends = end_stage_work(model)
+        line += (
+            f"; auto's {_counts_text(auto)} would leave the busiest rank "
+            f"{busiest_rank_work(auto, ends, pp, vpp, schedule):.2f} layers' work per "
+            f"micro-batch against {busiest_rank_work(layers, ends, pp, vpp, schedule):.2f} "
+            f"(the last stage's head and MTP modules count {ends[1]:.2f} layers)"
+        )
+    return [line]
+
+
+def _counts_text(layers) -> str:
+    """Layer counts with runs of equal counts as ``4×6``: "1, 4×6, 5×2, 4×6, 3"."""
+    parts, values = [], [int(v) for v in layers]
+    start = 0
+    while start < len(values):
+        end = start
+        while end + 1 < len(values) and values[end + 1] == values[start]:
+            end += 1
+        run = end - start + 1
+        parts.append(f"{values[start]}×{run}" if run > 1 else str(values[start]))
+        start = end + 1
+    return ", ".join(parts)
 
 
 def explain_estimate(result, job) -> list[str]:

@@ -13,7 +13,7 @@ from planner.api.inputs import (
     with_profile,
 )
 from planner.api.layout import _with_time_to_train
-from planner.explain import cp_algorithm_lines, explain_plan
+from planner.explain import cp_algorithm_lines, explain_plan, layer_split_lines
 from planner.rank import RANK_MODES, RankSettings, explain_ranking
 
 
@@ -174,6 +174,7 @@ def plan(
         explanation=explain_ranking(found.table, ranking, objective)
         + _time_to_train_ranking(objective, results)
         + explain_plan(found, results, accelerator, mem_headroom)
+        + layer_split_lines(job.model, results[0])
         + cp_algorithm_lines(job, spec, results, mesh),
     )
     return result, found.table

@@ -297,17 +297,25 @@ def _work_balanced(num_layers: int, pp: int, vpp: int, ends: tuple, schedule: st
             (slot >= begin[:, None]) & (slot < (begin + extra)[:, None])
         )
     layers = np.vstack([auto, layers])
-    work = layers.astype(float)
-    work[:, 0] += ends[0]
-    work[:, -1] += ends[1]
-    per_rank = work @ (virtual_stage_ranks(schedule, pp, vpp)[:, None] == np.arange(pp))
-    if schedule in BIDIRECTIONAL_SCHEDULES:
-        per_rank = (per_rank + per_rank[:, ::-1]) / 2
-    busiest = np.round(per_rank.max(axis=1), 9)
+    busiest = np.round(busiest_rank_work(layers, ends, pp, vpp, schedule), 9)
     distance = np.abs(layers - auto).sum(axis=1)
     best = layers[np.lexsort((distance, busiest))[0]]
     best.flags.writeable = False
     return best
+
+
+def busiest_rank_work(layers, ends: tuple[float, float], pp: int, vpp: int, schedule: str):
+    """The busiest pipeline rank's work per micro-batch, in layers, of each split in
+    ``layers`` ([..., stage]): its stages' layers plus ``ends`` on the first and the last
+    stage, summed over the rank's stages as ``schedule`` places them (DualPipe: the mean of
+    its two directions)."""
+    work = np.asarray(layers, dtype=float).copy()
+    work[..., 0] += ends[0]
+    work[..., -1] += ends[1]
+    per_rank = work @ (virtual_stage_ranks(schedule, pp, vpp)[:, None] == np.arange(pp))
+    if schedule in BIDIRECTIONAL_SCHEDULES:
+        per_rank = (per_rank + per_rank[..., ::-1]) / 2
+    return per_rank.max(axis=-1)
 
 
 def dense_and_moe_layers_per_virtual_stage(

@@ -108,3 +108,26 @@ def test_deepseek_v3_dualpipe_split_unloads_the_rank_with_both_ends():
     assert busiest_rank(auto, ends, "dualpipe", 16, 1) > 5
     mean = (61 + sum(ends)) / 16
     assert busiest_rank(split, ends, "dualpipe", 16, 1) < mean + 0.5
+
+
+def test_plan_explains_the_split_and_what_it_gains_over_auto():
+    """``plan --explain``'s split line: the counts in stage order (runs written n×k) and
+    the busiest rank's work under auto's split and the chosen one, as brute force counts
+    them rank by rank."""
+    from planner.explain import layer_split_lines
+
+    model = load_model("deepseek-v3")
+    layout = {"pp": 16, "vpp": 1, "schedule": "dualpipe", "pipeline_layer_split": "work-balanced"}
+    (line,) = layer_split_lines(model, {"layout": layout})
+    ends = end_stage_work(model)
+    split = layers_per_virtual_stage(61, 16, 1, "work-balanced", ends, "dualpipe")
+    auto = layers_per_virtual_stage(61, 16, 1, "auto")
+    assert line.startswith(f"layers per virtual stage: {split[0]}, ")
+    assert "auto's 3, 4×13, 3×2" in line
+    assert f"{busiest_rank(auto, ends, 'dualpipe', 16, 1):.2f} layers' work" in line
+    assert f"against {busiest_rank(split, ends, 'dualpipe', 16, 1):.2f}" in line
+    llama = load_model("llama3-405b")  # light ends: auto's split, nothing to compare
+    layout = {"pp": 16, "vpp": 1, "schedule": "1f1b", "pipeline_layer_split": "work-balanced"}
+    assert layer_split_lines(llama, {"layout": layout}) == [
+        "layers per virtual stage: 7, 8×14, 7 (work-balanced)"
+    ]

@@ -265,8 +265,9 @@ def work_balanced_layers(
     layers plus ``ends`` (the first and the last stage's extra work, in layers).
 
     Candidates give the first and the last virtual stage ``a`` and ``b`` layers (each 0 to
-    ⌊L/S⌋ + ⌈e₀ + e₁⌉ + 1) and spread the rest over the middle stages as ``balanced`` does:
-    Megatron-LM's ``--decoder-first/last-pipeline-num-layers``. A rank's work is the sum
+    ⌊L/S⌋ + ⌈e₀ + e₁⌉ + 1) and spread the rest over the middle stages as ``balanced`` does
+    (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``), and, where a rank holds
+    several stages, also with each extra layer on the least busy rank. A rank's work is the sum
     of its stages' (``schedule``'s placement: interleaved, V-shape), DualPipe's the mean of
     its two directions'. Ties keep the ``auto`` split, then the candidate nearest it: a
     model whose ends are light keeps ``auto``'s split. Legal wherever ``auto`` is.
@@ -289,19 +290,55 @@ def _work_balanced(num_layers: int, pp: int, vpp: int, ends: tuple, schedule: st
     first, last, middle = first[keep], last[keep], middle[keep]
     layers = np.zeros((len(first), stages), dtype=np.int64)
     layers[:, 0], layers[:, -1] = first, last
+    spread = None
     if inner:  # as ``balanced``: the L mod S extra layers on the middle stages
         extra = middle % inner
         begin = (inner - extra) // 2
         slot = np.arange(inner)
+        spread = layers.copy()
+        spread[:, 1:-1] = (middle // inner)[:, None]
         layers[:, 1:-1] = (middle // inner)[:, None] + (
             (slot >= begin[:, None]) & (slot < (begin + extra)[:, None])
         )
+    paired = vpp > 1 or schedule in BIDIRECTIONAL_SCHEDULES
+    if spread is not None and paired:  # and with each extra layer on the least busy rank
+        spread = _extras_on_least_busy_ranks(spread, extra, ends, pp, vpp, schedule)
+        layers = np.vstack([layers, spread])
     layers = np.vstack([auto, layers])
     busiest = np.round(busiest_rank_work(layers, ends, pp, vpp, schedule), 9)
     distance = np.abs(layers - auto).sum(axis=1)
     best = layers[np.lexsort((distance, busiest))[0]]
     best.flags.writeable = False
     return best
+
+
+def _extras_on_least_busy_ranks(layers, extra, ends, pp: int, vpp: int, schedule: str):
+    """``layers`` ([candidate, stage]) with ``extra`` more layers each, one at a time on the
+    middle stage (at most one each) whose rank does the least work so far, the central
+    stage first among equals: where a rank holds several stages (interleaved, V-shape,
+    DualPipe's two directions), ``balanced``'s run of extra layers in the middle can stack
+    two on one rank."""
+    layers = layers.copy()
+    stages = layers.shape[1]
+    on_rank = virtual_stage_ranks(schedule, pp, vpp)[:, None] == np.arange(pp)
+    centre = np.abs(np.arange(stages) - (stages - 1) / 2)
+    taken = np.zeros(layers.shape, dtype=bool)
+    taken[:, [0, -1]] = True
+    rows = np.arange(len(layers))
+    for step in range(int(extra.max(initial=0))):
+        work = layers.astype(float)
+        work[:, 0] += ends[0]
+        work[:, -1] += ends[1]
+        per_rank = work @ on_rank
+        if schedule in BIDIRECTIONAL_SCHEDULES:
+            per_rank = (per_rank + per_rank[:, ::-1]) / 2
+        stage_work = per_rank @ on_rank.T + centre * 1e-6  # the rank's work at each stage
+        stage_work[taken] = np.inf
+        pick = np.argmin(stage_work, axis=1)
+        needs = extra > step
+        layers[rows[needs], pick[needs]] += 1
+        taken[rows[needs], pick[needs]] = True
+    return layers
 
 
 def busiest_rank_work(layers, ends: tuple[float, float], pp: int, vpp: int, schedule: str):

@@ -131,3 +131,21 @@ def test_plan_explains_the_split_and_what_it_gains_over_auto():
     assert layer_split_lines(llama, {"layout": layout}) == [
         "layers per virtual stage: 7, 8×14, 7 (work-balanced)"
     ]
+
+
+@pytest.mark.parametrize("pp", [4, 8, 16])
+@pytest.mark.parametrize("per_stage", [2, 3, 4])
+@pytest.mark.parametrize(("schedule", "vpp"), [("dualpipe", 1), ("zbv", 2)])
+def test_paired_stages_get_one_extra_layer_per_rank(pp, per_stage, schedule, vpp):
+    """Where a rank holds two stages (DualPipe's directions, the V), L = S·k + ranks' worth
+    of extra layers splits with one extra per rank: the busiest rank does 2k + 1 layers
+    (DualPipe: their mean, k + ½), where the balanced run of extras in the middle stacks
+    two on the central ranks."""
+    extras = pp // 2 if schedule == "dualpipe" else pp  # DualPipe: one per pair of ranks
+    layers = pp * vpp * per_stage + extras
+    split = work_balanced_layers(layers, pp, vpp, (0.0, 0.0), schedule)
+    assert split.sum() == layers
+    expected = per_stage + 0.5 if schedule == "dualpipe" else 2 * per_stage + 1
+    assert busiest_rank(split, (0, 0), schedule, pp, vpp) == pytest.approx(expected)
+    auto = layers_per_virtual_stage(layers, pp, vpp, "auto")
+    assert busiest_rank(auto, (0, 0), schedule, pp, vpp) > expected

@@ -92,7 +92,7 @@ class Layout(BaseModel):
         "(Llama 3 §3.3.2); 'balanced': stage sizes differ by at most one, the extra layers "
         "on the middle stages; 'auto' picks 'even', else 'first-last-fewer', else 'balanced'; "
         "'work-balanced': the first and last stage's layers chosen so that the busiest rank, "
-        "the embedding, LM head and MTP modules counted, does the least work (Megatron-LM's "
+        "the LM head and MTP modules counted, does the least work (Megatron-LM's "
         "--decoder-first/last-pipeline-num-layers)",
     )
 

@@ -6,6 +6,8 @@ Pure functions from results to text; the CLI prints them.
 
 from __future__ import annotations
 
+from itertools import groupby
+
 from planner.cost.memory import usable_memory_bytes
 from planner.spec.layout import (
     busiest_rank_work,
@@ -79,16 +81,8 @@ def layer_split_lines(model, result: dict) -> list[str]:
 
 def _counts_text(layers) -> str:
     """Layer counts with runs of equal counts as ``4×6``: "1, 4×6, 5×2, 4×6, 3"."""
-    parts, values = [], [int(v) for v in layers]
-    start = 0
-    while start < len(values):
-        end = start
-        while end + 1 < len(values) and values[end + 1] == values[start]:
-            end += 1
-        run = end - start + 1
-        parts.append(f"{values[start]}×{run}" if run > 1 else str(values[start]))
-        start = end + 1
-    return ", ".join(parts)
+    runs = ((int(count), len(list(run))) for count, run in groupby(layers))
+    return ", ".join(f"{count}×{n}" if n > 1 else str(count) for count, n in runs)
 
 
 def explain_estimate(result, job) -> list[str]:

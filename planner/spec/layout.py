@@ -320,19 +320,14 @@ def _extras_on_least_busy_ranks(layers, extra, ends, pp: int, vpp: int, schedule
     two on one rank."""
     layers = layers.copy()
     stages = layers.shape[1]
-    on_rank = virtual_stage_ranks(schedule, pp, vpp)[:, None] == np.arange(pp)
+    rank_of_stage = virtual_stage_ranks(schedule, pp, vpp)
     centre = np.abs(np.arange(stages) - (stages - 1) / 2)
     taken = np.zeros(layers.shape, dtype=bool)
     taken[:, [0, -1]] = True
     rows = np.arange(len(layers))
     for step in range(int(extra.max(initial=0))):
-        work = layers.astype(float)
-        work[:, 0] += ends[0]
-        work[:, -1] += ends[1]
-        per_rank = work @ on_rank
-        if schedule in BIDIRECTIONAL_SCHEDULES:
-            per_rank = (per_rank + per_rank[:, ::-1]) / 2
-        stage_work = per_rank @ on_rank.T + centre * 1e-6  # the rank's work at each stage
+        # The work of the rank that holds each stage; the central stage first among equals.
+        stage_work = rank_work(layers, ends, pp, vpp, schedule)[:, rank_of_stage] + centre * 1e-6
         stage_work[taken] = np.inf
         pick = np.argmin(stage_work, axis=1)
         needs = extra > step
@@ -341,8 +336,8 @@ def _extras_on_least_busy_ranks(layers, extra, ends, pp: int, vpp: int, schedule
     return layers
 
 
-def busiest_rank_work(layers, ends: tuple[float, float], pp: int, vpp: int, schedule: str):
-    """The busiest pipeline rank's work per micro-batch, in layers, of each split in
+def rank_work(layers, ends: tuple[float, float], pp: int, vpp: int, schedule: str):
+    """Each pipeline rank's work per micro-batch, in layers ([..., rank]), of each split in
     ``layers`` ([..., stage]): its stages' layers plus ``ends`` on the first and the last
     stage, summed over the rank's stages as ``schedule`` places them (DualPipe: the mean of
     its two directions)."""
@@ -352,7 +347,12 @@ def busiest_rank_work(layers, ends: tuple[float, float], pp: int, vpp: int, sche
     per_rank = work @ (virtual_stage_ranks(schedule, pp, vpp)[:, None] == np.arange(pp))
     if schedule in BIDIRECTIONAL_SCHEDULES:
         per_rank = (per_rank + per_rank[..., ::-1]) / 2
-    return per_rank.max(axis=-1)
+    return per_rank
+
+
+def busiest_rank_work(layers, ends: tuple[float, float], pp: int, vpp: int, schedule: str):
+    """The most work a pipeline rank does per micro-batch (:func:`rank_work`), per split."""
+    return rank_work(layers, ends, pp, vpp, schedule).max(axis=-1)
 
 
 def dense_and_moe_layers_per_virtual_stage(

@@ -260,6 +260,11 @@ class AttentionKernel(str, Enum):  # planner.spec.job.AttentionKernel
     flash_attention_3 = "flash-attention-3"
 
 
+class CrossEntropy(str, Enum):  # planner.spec.job.CrossEntropyKernel
+    unfused = "unfused"
+    fused = "fused"
+
+
 class Optimizer(str, Enum):
     adamw = "adamw"
     sgd_momentum = "sgd-momentum"
@@ -510,6 +515,10 @@ JOB = FlagGroup(
         _flag("attention_kernel", Choice(AttentionKernel),
               "the stack's fused attention kernel, timed at the accelerator's measurement of "
               "it (default: the accelerator's attention rates)", show_allowed=True),
+        _flag("cross_entropy", Choice(CrossEntropy),
+              "the loss kernel: unfused (FP32 probabilities kept) or fused (FlashAttention's "
+              "CrossEntropyLoss: logits and their gradient only)", CrossEntropy.unfused,
+              show_allowed=True),
         _flag("recipe", Choice(Recipe), "training recipe: full, or adapters on a frozen base",
               Recipe.full, show_allowed=True),
         _flag("lora_rank", POSITIVE, "adapter rank r (default 8; QLoRA used 64)"),
@@ -703,6 +712,7 @@ def build_job(job: Values, default_batch: bool = True):
         ulysses_kv_heads=value(job.ulysses_kv_heads),
         tp_comm_overlap=job.tp_comm_overlap,
         attention_kernel=value(job.attention_kernel),
+        cross_entropy=value(job.cross_entropy),
         moe_imbalance=job.moe_imbalance,
         moe_capacity_factor=job.moe_capacity_factor,
     )

@@ -256,9 +256,11 @@ def _explain(model, layout, job, peak, bpp, per_dense_layer, m, copies) -> list[
         ),
         ExplainTerm(
             term="logits_buffers",
-            formula="s·b/cp × vocab × (e + 4 + e bytes: logits, FP32 softmax, logits gradient) / tp on the last stage",
+            formula="s·b/cp × vocab × (e + 4 + e bytes: logits, FP32 softmax, logits gradient; "
+            "fused cross-entropy: e + e) / tp on the last stage",
             values=f"{job.seq_len}·{layout.micro_batch_size}/{layout.cp} × {model.vocab_size} × "
-            f"{2 * job.precision.activation_bytes + 4:g} / {layout.tp}",
+            f"{act.logits_bytes_per_element(job.precision.activation_bytes, job.cross_entropy):g} "
+            f"/ {layout.tp} ({job.cross_entropy} cross-entropy)",
             bytes=peak.logits_buffers,
         ),
         ExplainTerm(

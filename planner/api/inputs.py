@@ -70,6 +70,7 @@ def build_job(
     ulysses_kv_heads: str | None = None,
     tp_comm_overlap: bool | None = None,
     attention_kernel: str | None = None,
+    cross_entropy: str | None = None,
 ):
     """A Job from CLI-style values (batch as tokens or as sequences, not both).
 
@@ -82,7 +83,8 @@ def build_job(
     ``ulysses_kv_heads``: ``whole`` (default) or ``replicate`` (:class:`planner.spec.job.Job`).
     ``tp_comm_overlap``: the stack overlaps TP communication (None: the stack's default,
     :func:`with_profile`). ``attention_kernel``: the stack's fused attention kernel (None:
-    the accelerator's default rates).
+    the accelerator's default rates). ``cross_entropy``: ``unfused`` (default) or ``fused``,
+    the loss kernel (:class:`planner.spec.job.Job`).
     """
     from planner.spec.job import Job
     from planner.spec.measures import memory_measures as measures_named
@@ -124,6 +126,7 @@ def build_job(
         ulysses_kv_heads=ulysses_kv_heads or "whole",
         tp_comm_overlap=tp_comm_overlap,
         attention_kernel=attention_kernel,
+        cross_entropy=cross_entropy or "unfused",
     )
 
 

@@ -177,7 +177,7 @@ def _activation_entries(job: Job, tuned, shape: act.ActivationShape) -> tuple[fl
         )
         + sum(ft.adapter_working_max(model, tuned, shape).values()),
         act.backward_working_bytes(model, shape),
-        act.logits_buffer_bytes(model, shape),
+        act.logits_buffer_bytes(model, shape, job.cross_entropy),
     )
 
 

@@ -291,13 +291,24 @@ def last_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, fl
     return tensors
 
 
-def logits_buffer_bytes(model: ModelSpec, shape: ActivationShape) -> float:
+def logits_buffer_bytes(
+    model: ModelSpec, shape: ActivationShape, cross_entropy: str = "unfused"
+) -> float:
     """Logits, the FP32 softmax the cross-entropy keeps, and the logits' gradient.
 
     Vocabulary split over TP; one micro-batch at the turn from forward to backward, where
     the logits (activation dtype), the FP32 probabilities and the gradient of the logits
     (activation dtype) are alive together. With 128K-token vocabularies this is large:
-    s·b·V·(2 + 4 + 2)/tp bytes in 16-bit training.
+    s·b·V·(2 + 4 + 2)/tp bytes in 16-bit training. A ``fused`` cross-entropy keeps no FP32
+    probabilities: FlashAttention's ``CrossEntropyLoss`` (Dao-AILab/flash-attention
+    ``flash_attn/losses/cross_entropy.py``) saves one FP32 log-sum-exp per token and writes
+    the gradient in the logits' dtype, s·b·V·(2 + 2)/tp bytes.
     """
-    e = shape.element_bytes
-    return shape.local_tokens * model.vocab_size * (e + 4 + e) / shape.tp
+    per_element = logits_bytes_per_element(shape.element_bytes, cross_entropy)
+    return shape.local_tokens * model.vocab_size * per_element / shape.tp
+
+
+def logits_bytes_per_element(element_bytes: float, cross_entropy: str = "unfused") -> float:
+    """Bytes alive per logit at the loss (:func:`logits_buffer_bytes`): the logits and their
+    gradient in the activation dtype, and unfused the FP32 probabilities."""
+    return 2 * element_bytes + (0 if cross_entropy == "fused" else 4)

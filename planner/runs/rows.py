@@ -61,8 +61,12 @@ def precision_recipe(text: str) -> str:
     return "bf16-mixed"
 
 
-def _gated(mlp: str) -> bool:
+def mlp_is_gated(mlp: str) -> bool:
+    """Whether a row's MLP text names a gated MLP (SwiGLU, GeGLU, "gated": three matrices,
+    Shazeer 2020, arXiv 2002.05202); "non-gated" and "ungated" say it is not."""
     lower = mlp.lower()
+    if re.search(r"\b(non|un)-?gated\b", lower):
+        return False
     return "glu" in lower or "gated" in lower
 
 
@@ -80,7 +84,7 @@ def model_spec(row: RunRow) -> ModelSpec:
         "num_kv_heads": m.kv_heads or m.heads,
         "vocab_size": m.vocab,
         "tied_embeddings": bool(m.tied_embeddings),
-        "mlp_kind": "swiglu" if _gated(m.mlp) else "gelu",
+        "mlp_kind": "swiglu" if mlp_is_gated(m.mlp) else "gelu",
     }
     if m.head_dim:
         fields["head_dim"] = m.head_dim
@@ -250,7 +254,7 @@ def search_space(row: RunRow, model: ModelSpec) -> SearchSpace:
     else:
         pins["ep"] = [1]
     if t.micro_batch:
-        pins["micro_batch_size"] = [t.micro_batch]
+        pins["micro_batch_size"] = [replica_micro_batch(row, dp)]
     if t.sequence_parallel is not None:
         pins["sequence_parallel"] = [t.sequence_parallel]
     pins |= _schedule_pins(t.pp_schedule, t.pp, t.vpp)
@@ -265,6 +269,20 @@ def search_space(row: RunRow, model: ModelSpec) -> SearchSpace:
         **pins, allow_cross_node_tp=True, max_cp=max(64, t.cp), max_interleave=max(8, t.vpp or 1),
         pipeline_layer_split="auto",
     )  # fmt: skip
+
+
+def replica_micro_batch(row: RunRow, dp: int) -> int:
+    """The sequences one data-parallel replica runs per micro-batch. MaxText's
+    ``per_device_batch_size``, which its rows publish as the micro-batch, counts every chip,
+    the TP, CP and PP ones too (its pyconfig: global batch = per_device_batch_size · chips ·
+    gradient_accumulation_steps), so a replica runs the global batch over dp · accumulation
+    steps; other stacks publish the micro-batch per replica."""
+    t = row.training
+    if "maxtext" in (t.framework or "").lower() and t.global_batch_seqs:
+        per_replica, rest = divmod(t.global_batch_seqs, dp * (t.grad_accum or 1))
+        if per_replica and not rest:
+            return per_replica
+    return t.micro_batch
 
 
 def cp_algorithm(row: RunRow) -> str:
@@ -286,6 +304,14 @@ def attention_kernel(row: RunRow) -> str | None:
     return None
 
 
+def cross_entropy_kernel(row: RunRow) -> str:
+    """The loss kernel a row's stack ran: llm-foundry's MPT computes its loss with
+    FlashAttention's fused ``CrossEntropyLoss`` unless configured otherwise
+    (mosaicml/llm-foundry ``llmfoundry/models/mpt/modeling_mpt.py``: ``loss_fn`` defaults to
+    ``fused_crossentropy``; its benchmark configs set none); other rows the unfused one."""
+    return "fused" if "llm-foundry" in (row.training.framework or "").lower() else "unfused"
+
+
 def run_job(row: RunRow, model: ModelSpec) -> Job:
     """The row's job: its model at its sequence length, batch and precision, whether its
     framework overlapped TP communication (:func:`planner.spec.stack.framework_overlaps_tp`)
@@ -305,6 +331,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             memory_measures=memory_measures("deepseek-v3" if partial else "none"),
             tp_comm_overlap=framework_overlaps_tp(t.framework),
             attention_kernel=attention_kernel(row),
+            cross_entropy=cross_entropy_kernel(row),
         )
     except ValidationError as error:
         raise Uncovered(f"job not expressible: {error.errors()[0]['msg']}") from None

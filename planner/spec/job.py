@@ -18,6 +18,8 @@ WeightPassMemory = Literal["inputs", "graph"]
 UlyssesKvHeads = Literal["whole", "replicate"]
 #: Fused attention kernels a stack may run (measured per accelerator: ``attention_kernels``).
 AttentionKernel = Literal["flash-attention-2", "cudnn", "flash-attention-3"]
+#: How the loss is computed from the logits (:func:`planner.cost.activations.logits_buffer_bytes`).
+CrossEntropyKernel = Literal["unfused", "fused"]
 
 
 class Job(BaseModel):
@@ -42,6 +44,10 @@ class Job(BaseModel):
     ``attention_kernel``: the fused attention kernel the stack runs (FlashAttention-2,
     cuDNN's, FlashAttention-3), timed at the accelerator's measurement of it
     (``Accelerator.attention_kernels``); None: the accelerator's default attention rates.
+    ``cross_entropy``: the loss over the logits as separate ops that keep FP32 probabilities
+    (``unfused``: torch's ``cross_entropy`` on upcast logits, Megatron-LM's
+    ``vocab_parallel_cross_entropy``) or one kernel that keeps a per-token FP32 log-sum-exp
+    only (``fused``: FlashAttention's ``CrossEntropyLoss``, llm-foundry's default loss).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -57,6 +63,7 @@ class Job(BaseModel):
     ulysses_kv_heads: UlyssesKvHeads = "whole"
     tp_comm_overlap: bool | None = None
     attention_kernel: AttentionKernel | None = None
+    cross_entropy: CrossEntropyKernel = "unfused"
     efficiency_profile: EfficiencyProfile | None = Field(
         None,
         description="fitted terms of the accelerator (and stack) the step loses beyond the "

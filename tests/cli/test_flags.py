@@ -168,6 +168,7 @@ def test_choice_flags_offer_exactly_the_values_the_specs_accept():
 
     pairs = {
         flags.AttentionKernel: get_args(job.AttentionKernel),
+        flags.CrossEntropy: get_args(job.CrossEntropyKernel),
         flags.UlyssesKvHeads: get_args(job.UlyssesKvHeads),
         flags.WeightPass: get_args(job.WeightPassMemory),
         flags.CpAlgorithm: tuple(CP_ALGORITHMS),

@@ -94,7 +94,7 @@ def reference_ranks(job, layout) -> list[dict]:
     working += math.fsum(adapter_working.values())
 
     per_layer = (act_layers - act_moe_layers) * per_dense_layer + act_moe_layers * per_moe_layer
-    logits_bytes = act.logits_buffer_bytes(model, shape)
+    logits_bytes = act.logits_buffer_bytes(model, shape, job.cross_entropy)
     holds_head = np.zeros(layout.pp)
     holds_head[last_rank] = 1.0
     if layout.schedule in BIDIRECTIONAL_SCHEDULES:

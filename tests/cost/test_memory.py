@@ -139,3 +139,17 @@ def test_zero_shards_of_model_states_sum_to_the_unsharded_states(fields):
         for part, first in sharded_parts.items():
             copies = dp if stage >= first else 1
             assert np.isclose(getattr(a, part) * copies, getattr(b, part))
+
+
+def test_fused_cross_entropy_keeps_no_fp32_probabilities():
+    """A fused loss (FlashAttention's CrossEntropyLoss) frees the s·b·V·4/tp bytes of FP32
+    probabilities on the last stage, and nothing else."""
+    layout = Layout(tp=8, pp=16, dp=128, zero_stage=1)
+    unfused = memory_report(llama3_job(), layout, H100)
+    fused = memory_report(llama3_job(cross_entropy="fused"), layout, H100)
+    probabilities = 8192 * 1 * LLAMA_405B.vocab_size * 4 / 8
+    last = unfused.per_stage[-1].logits_buffers - fused.per_stage[-1].logits_buffers
+    assert last == pytest.approx(probabilities)
+    assert fused.per_stage[-1].logits_buffers == pytest.approx(probabilities)  # 2 + 2 of 8 B
+    for before, after in zip(unfused.per_stage[:-1], fused.per_stage[:-1], strict=True):
+        assert before.memory_per_gpu_bytes == after.memory_per_gpu_bytes

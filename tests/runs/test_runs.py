@@ -445,3 +445,45 @@ def test_a_profile_says_why_each_term_stayed_ideal():
         profile = load_profile(name)
         for term in (t for t in TERMS if re.search(rf"\b{t}\b", profile.notes)):
             assert profile.terms[term].value == TERMS[term][3], (name, term)
+
+
+@pytest.mark.parametrize(
+    ("text", "gated"),
+    [("SwiGLU", True), ("SwiGLU (clamped)", True), ("GeGLU (gated)", True), ("GELU", False),
+     ("squared-ReLU", False), ("ReLU", False), ("ReLU (non-gated)", False), ("ungated GELU", False)],
+)  # fmt: skip
+def test_mlp_text_names_gated_or_not(text, gated):
+    """Every MLP text the catalog's rows use (and "ungated"): "non-gated" is not gated."""
+    from planner.runs.rows import mlp_is_gated
+
+    assert mlp_is_gated(text) is gated
+
+
+def test_catalog_mlp_texts_are_all_classified():
+    """A new MLP text in the catalog must be added to the cases above."""
+    known = {"SwiGLU", "SwiGLU (clamped)", "GeGLU (gated)", "GELU", "squared-ReLU", "ReLU",
+             "ReLU (non-gated)"}  # fmt: skip
+    assert {row.model.mlp for row in load_runs("train")} <= known
+
+
+def test_maxtext_22b_has_22b_parameters():
+    """MaxText's 22B (README's TPU v4 table; two-matrix ReLU MLP) as its row's model: 22B
+    parameters within 3% (as a gated MLP it would be 29B)."""
+    from planner.runs.rows import model_spec
+
+    row = next(r for r in load_runs("train") if r.id == "maxtext-v4-22b-x1")
+    assert model_spec(row).num_params() == pytest.approx(22e9, rel=0.03)
+
+
+def test_llm_foundry_rows_run_the_fused_loss_and_fit():
+    """llm-foundry's MPT computes its loss with FlashAttention's fused CrossEntropyLoss: the
+    MPT-350m rows at micro-batch 18 on A100 40GB, which ran, fit (the unfused loss's FP32
+    probabilities, 7.4 GB at 36,864 tokens × 50,368 vocab, would not leave room)."""
+    from planner.runs.rows import cross_entropy_kernel
+
+    rows = [r for r in load_runs("train") if r.id.startswith("llmfoundry-a10040gb-mpt350m-s2048")]
+    assert {cross_entropy_kernel(row) for row in rows} == {"fused"}
+    big = next(row for row in rows if row.training.micro_batch == 18)
+    prediction = predict_row(big)
+    assert prediction.covered, prediction.reason
+    assert prediction.predicted_memory_gib < 40

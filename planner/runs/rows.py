@@ -39,6 +39,7 @@ REFERENCE_CLUSTERS = {
     "mi300x": "mi300x",
     "tpu-v4": "tpu-v4",
     "tpu-v5p": "tpu-v5p",
+    "tpu-v5e": "tpu-v5e",
     "tpu-v6e": "tpu-v6e",
 }
 
@@ -141,7 +142,10 @@ def run_cluster(row: RunRow) -> Cluster:
 
 
 def _grown(cluster: Cluster, gpus: int) -> Cluster:
-    if cluster.torus_shape is not None:
+    """``cluster`` with one more tier of its outermost link holding ``gpus``: copies of it
+    joined as its own copies are (a TPU cluster of pods over DCN by more DCN; a single TPU
+    pod, whose one tier is its torus, does not grow)."""
+    if cluster.torus_shape is not None and len(cluster.tiers) == 1:
         raise Uncovered("run larger than the catalog's TPU pod")
     outer = cluster.tiers[-1]
     size = -(-gpus // outer.group_size) * outer.group_size

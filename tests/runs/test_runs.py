@@ -244,9 +244,9 @@ def test_predict_row_pins_the_published_layout():
 
 
 def test_uncovered_rows_say_why():
-    row = next(r for r in load_runs("train") if r.hardware.accelerator == "tpu-v5e")
+    row = next(r for r in load_runs("train") if r.id == "maxtext-v5e-32b-x2")
     prediction = predict_row(row)
-    assert not prediction.covered and "tpu-v5e" in prediction.reason
+    assert not prediction.covered and prediction.reason == "no layout fits in memory"
     row = next(r for r in load_runs("train") if "fp4" in r.training.precision.lower())
     assert predict_row(row).reason == "FP4 training is not modelled"
 
@@ -487,3 +487,36 @@ def test_llm_foundry_rows_run_the_fused_loss_and_fit():
     prediction = predict_row(big)
     assert prediction.covered, prediction.reason
     assert prediction.predicted_memory_gib < 40
+
+
+def test_maxtext_per_device_batch_counts_every_chip():
+    """MaxText's per_device_batch_size (the rows' micro-batch) counts the TP chips too: the
+    global batch is it times the chips times the accumulation steps (MaxText's pyconfig), so
+    a replica's micro-batch is the global batch over dp · accumulation steps."""
+    from planner.runs.rows import replica_micro_batch
+
+    rows = [r for r in load_runs("train") if "maxtext" in (r.training.framework or "").lower()]
+    tensor_parallel = [r for r in rows if r.training.tp > 1]
+    assert tensor_parallel
+    for row in rows:
+        t = row.training
+        dp = row.hardware.num_gpus // (t.tp * t.pp * t.cp)
+        assert t.micro_batch * row.hardware.num_gpus * (t.grad_accum or 1) == t.global_batch_seqs
+        assert replica_micro_batch(row, dp) == t.micro_batch * t.tp * t.pp * t.cp
+    other = _plain_train_row()
+    dp = other.hardware.num_gpus // (other.training.tp * other.training.pp * other.training.cp)
+    assert replica_micro_batch(other, dp) == other.training.micro_batch
+
+
+def test_tpu_pods_over_dcn_grow_and_a_single_pod_does_not():
+    """A run larger than the reference cluster of TPU v5e pods joined by DCN is predicted on
+    more pods over DCN; a single v4 pod (its one tier is its torus) does not grow."""
+    from planner.runs.rows import run_cluster
+
+    big = next(r for r in load_runs("train") if r.id == "maxtext-v5e-16b-x32")
+    cluster = run_cluster(big)
+    assert cluster.num_gpus >= 8192 and cluster.tiers[0].link == "tpu-ici-v5e"
+    assert {tier.link for tier in cluster.tiers[1:]} == {"dcn"}
+    assert predict_row(big).covered
+    palm = next(r for r in load_runs("train") if r.id == "palm-540b-6144xtpuv4")
+    assert predict_row(palm).reason == "run larger than the catalog's TPU pod"

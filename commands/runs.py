@@ -158,7 +158,7 @@ def fit(
     out: Annotated[Path | None, typer.Option(help="write the profile TOML here")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Fit an efficiency profile (≤ 7 bounded terms) to measured runs by robust least squares
+    """Fit an efficiency profile (at most 8 bounded terms) to measured runs by robust least squares
     on log throughput; report in-sample, k-fold and leave-one-source-out errors."""
     import shlex
     import sys

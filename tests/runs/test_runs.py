@@ -520,3 +520,10 @@ def test_tpu_pods_over_dcn_grow_and_a_single_pod_does_not():
     assert predict_row(big).covered
     palm = next(r for r in load_runs("train") if r.id == "palm-540b-6144xtpuv4")
     assert predict_row(palm).reason == "run larger than the catalog's TPU pod"
+
+
+def test_fit_help_counts_the_profile_terms():
+    """The fit command's summary says how many terms a profile has (as many as TERMS)."""
+    import commands.runs
+
+    assert f"at most {len(TERMS)} bounded terms" in commands.runs.fit.__doc__

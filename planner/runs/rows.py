@@ -71,6 +71,21 @@ def mlp_is_gated(mlp: str) -> bool:
     return "glu" in lower or "gated" in lower
 
 
+#: A row's configuration label trained with multi-token prediction ("DeepSeekV3 (w/ MTP)").
+WITH_MTP = re.compile(r"\bw/\s*MTP\b", re.IGNORECASE)
+#: The MTP depth an architecture note states ("MTP depth 1").
+MTP_DEPTH = re.compile(r"\bMTP depth (\d+)")
+
+
+def mtp_modules(row: RunRow) -> int:
+    """The MTP modules a row trained: the depth its architecture note states, where its
+    configuration is labelled as trained with MTP ("w/ MTP"; DeepSeek-V3 §2.2); 0 where the
+    row does not say (its benchmark may have left MTP out: "some benchmark rows exclude
+    MTP")."""
+    depth = MTP_DEPTH.search(row.model.arch_notes or "")
+    return int(depth.group(1)) if depth and WITH_MTP.search(row.notes or "") else 0
+
+
 def model_spec(row: RunRow) -> ModelSpec:
     """The row's architecture as a ModelSpec (gated MLPs as SwiGLU's three matrices, other
     MLPs as two; shared experts counted in units of one routed expert's FFN; node-limited
@@ -101,6 +116,8 @@ def model_spec(row: RunRow) -> ModelSpec:
         )
     elif m.arch_notes and "MLA" in m.arch_notes:
         raise Uncovered("MLA model without its ranks (model.mla)")
+    if mtp_modules(row):
+        fields["num_mtp_modules"] = mtp_modules(row)
     if m.moe is not None:
         shared_ffn = m.moe.shared_expert_ffn or m.moe.expert_ffn
         fields.update(

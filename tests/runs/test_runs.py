@@ -527,3 +527,17 @@ def test_fit_help_counts_the_profile_terms():
     import commands.runs
 
     assert f"at most {len(TERMS)} bounded terms" in commands.runs.fit.__doc__
+
+
+def test_a_row_labelled_with_mtp_trains_its_modules():
+    """Megatron-Bridge labels DeepSeek-V3's configurations "(w/ MTP)" and "(w/o MTP)"; the
+    architecture note states the depth (1): only the labelled row's model has the module."""
+    from planner.runs.rows import model_spec, mtp_modules
+
+    rows = [r for r in load_runs("train") if "DeepSeek-V3" in r.model.name]
+    labelled = [r for r in rows if "w/ MTP" in (r.notes or "")]
+    assert labelled and all(mtp_modules(r) == 1 for r in labelled)
+    assert all(model_spec(r).num_mtp_modules == 1 for r in labelled)
+    without = [r for r in rows if "w/o MTP" in (r.notes or "")]
+    assert without and all(mtp_modules(r) == 0 for r in without)
+    assert sum(mtp_modules(r) for r in rows) == len(labelled)

@@ -79,6 +79,9 @@ class Estimate(BaseModel):
     #: Whether the job's stack overlaps TP communication with the GEMMs (the profile's
     #: ``tp_comm_overlap`` share of it is hidden; :mod:`planner.spec.stack`).
     tp_comm_overlap: bool = False
+    #: The fused attention kernel timed (None: the accelerator's default rates), the job's
+    #: or its stack's (:func:`planner.spec.stack.stack_attention_kernel`).
+    attention_kernel: str | None = None
     step_time_interval_s: tuple[float, float] | None = None
     tokens_per_s_per_gpu_interval: tuple[float, float] | None = None
     mfu_interval: tuple[float, float] | None = None
@@ -135,6 +138,7 @@ def estimate(
         layout=layout,
         num_microbatches=m,
         tp_comm_overlap=bool(job.tp_comm_overlap),
+        attention_kernel=job.attention_kernel,
         step_time_s=float(value["step_time_s"]),
         time_breakdown_s=breakdown,
         tokens_per_s_per_gpu=float(value["tokens_per_s_per_gpu"]),

@@ -97,7 +97,7 @@ def explain_estimate(result, job) -> list[str]:
     lines = [
         f"GEMMs at {dtype}: peak {accelerator.peak_tflops(dtype)} TFLOP/s × matmul efficiency {eff} "
         f"({accelerator.source_of(f'matmul_efficiency.{dtype}')})",
-        _attention_line(accelerator, dtype, job.flash_attention, job.attention_kernel),
+        _attention_line(accelerator, dtype, job.flash_attention, result.attention_kernel),
         f"HBM {accelerator.hbm_bytes_per_s / 1e12:.2f} TB/s × {accelerator.hbm_bandwidth_efficiency} for memory-bound ops",
         f"busiest rank per micro-batch: F {stage['forward'] * 1e3:.2f} ms, B {stage['input_grad'] * 1e3:.2f} ms, "
         f"W {stage['weight_grad'] * 1e3:.2f} ms, recompute {stage['recompute'] * 1e3:.2f} ms",

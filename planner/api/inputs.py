@@ -175,14 +175,22 @@ def with_profile(job, accelerator: str, profile: str | None, stack: str | None =
     nearest generation's, else the ideal model); ``shipped`` the same but an error where
     there is none; else a profile name or TOML path. A job that does not say whether its
     stack overlaps TP communication (``tp_comm_overlap`` None) takes ``stack``'s default
-    (:func:`planner.spec.stack.default_tp_comm_overlap`)."""
+    (:func:`planner.spec.stack.default_tp_comm_overlap`), and one that names no attention
+    kernel the one ``stack`` runs on ``accelerator``
+    (:func:`planner.spec.stack.stack_attention_kernel`)."""
+    from hwspecs.catalog import load_accelerator
     from planner.runs.profiles import STACKS, profile_for
-    from planner.spec.stack import default_tp_comm_overlap
+    from planner.spec.stack import default_tp_comm_overlap, stack_attention_kernel
 
     if stack is not None and stack not in STACKS:
         raise unknown_name_error("stack", stack, STACKS)
     if job.tp_comm_overlap is None:
         job = job.model_copy(update={"tp_comm_overlap": default_tp_comm_overlap(stack)})
+    if job.attention_kernel is None and stack is not None:
+        measured = load_accelerator(accelerator).attention_kernels
+        kernel = stack_attention_kernel(stack, measured)
+        if kernel is not None:
+            job = job.model_copy(update={"attention_kernel": kernel})
     if profile in (None, "none"):
         return job
     shipped = profile in ("auto", "shipped")

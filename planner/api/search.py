@@ -150,6 +150,7 @@ def plan(
         "profile": profile_label(job.efficiency_profile),
         "stack": stack,
         "tp_comm_overlap": bool(job.tp_comm_overlap),
+        "attention_kernel": job.attention_kernel,
     }
     if training is not None:
         query["training"] = training.model_dump()

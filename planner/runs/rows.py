@@ -13,7 +13,7 @@ import re
 
 from pydantic import ValidationError
 
-from hwspecs.catalog import catalog_names, load_cluster
+from hwspecs.catalog import catalog_names, load_accelerator, load_cluster
 from hwspecs.errors import PlanError
 from hwspecs.runs import RunRow
 from hwspecs.schema import Cluster, ClusterTier
@@ -22,7 +22,7 @@ from planner.spec.job import Job
 from planner.spec.measures import memory_measures
 from planner.spec.model import ModelSpec
 from planner.spec.precision import PrecisionSpec
-from planner.spec.stack import framework_overlaps_tp
+from planner.spec.stack import framework_overlaps_tp, stack_attention_kernel
 
 #: The catalog cluster a run on each accelerator is predicted on, grown to the run's GPU
 #: count with its outermost link where the run is larger (rows rarely print their network).
@@ -319,9 +319,16 @@ def attention_kernel(row: RunRow) -> str | None:
     """The fused attention kernel a row's stack ran, where its software says: llm-foundry's
     H100 tables (framework_version: its README of 2023-10 to 2024-01, "flash" attention in
     the configs) predate FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608, July 2024), so
-    they ran FlashAttention-2; other rows take the accelerator's default rates (None)."""
-    if "llm-foundry" in (row.training.framework or "").lower():
+    they ran FlashAttention-2. Megatron-Core rows (NeMo, Megatron-Bridge) ran
+    TransformerEngine's, cuDNN's where the accelerator records it
+    (:func:`planner.spec.stack.stack_attention_kernel`). Other rows take the accelerator's
+    default rates (None)."""
+    framework = (row.training.framework or "").lower()
+    if "llm-foundry" in framework:
         return "flash-attention-2"
+    if "megatron-core" in framework and row.hardware.accelerator in catalog_names("accelerator"):
+        measured = load_accelerator(row.hardware.accelerator).attention_kernels
+        return stack_attention_kernel("megatron", measured)
     return None
 
 

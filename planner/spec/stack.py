@@ -28,6 +28,16 @@ def default_tp_comm_overlap(stack: str | None) -> bool:
     return stack is None or stack in STACKS_OVERLAPPING_TP
 
 
+def stack_attention_kernel(stack: str | None, measured) -> str | None:
+    """The fused attention kernel ``stack`` runs, where the accelerator records its rate
+    (``measured``: the kernels of ``Accelerator.attention_kernels``): Megatron-Core runs
+    attention through TransformerEngine, which prefers its cuDNN-backed FusedAttention on
+    Hopper and newer (NVIDIA/TransformerEngine ``transformer_engine/pytorch/attention.py``:
+    "Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance
+    reasons"); other stacks, or no record: None (the accelerator's default rates)."""
+    return "cudnn" if stack == "megatron" and "cudnn" in measured else None
+
+
 def framework_overlaps_tp(framework: str | None) -> bool:
     """Whether a published run's framework overlapped TP communication: Megatron-Core's
     (NeMo, Megatron-Bridge) performance recipes, which the published tables ran; Megatron-LM

@@ -129,6 +129,15 @@ def test_estimate_explain_prints_whole_citations(capsys, monkeypatch):
     assert " ".join(source.split()) in " ".join(out.split())
 
 
+def test_estimate_explain_names_the_attention_kernel_its_stack_ran(capsys, monkeypatch):
+    """The explanation reads the kernel the estimate timed: a Megatron stack's cuDNN one."""
+    from hwspecs.catalog import load_accelerator
+
+    out = render(capsys, monkeypatch, 80, "estimate", "--explain", "--stack", "megatron")
+    source = load_accelerator("h100-sxm").source_of("attention_kernels.cudnn")
+    assert " ".join(source.split()) in " ".join(out.split())
+
+
 # ----- the schedule timeline -----------------------------------------------------------
 
 

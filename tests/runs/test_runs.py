@@ -181,6 +181,33 @@ def test_tp_overlap_follows_the_stack_unless_the_job_says():
         assert not framework_overlaps_tp(framework)
 
 
+def test_megatron_runs_cudnn_attention_where_the_accelerator_measures_it():
+    """TransformerEngine prefers cuDNN's FusedAttention on Hopper+: a Megatron stack (or a
+    Megatron-Core run) is timed at cuDNN's measured rates where the accelerator has them, else
+    at the default rates; a kernel the job names is kept; other stacks keep the default."""
+    from planner.api import build_job, with_profile
+    from planner.runs.rows import attention_kernel
+    from planner.spec.stack import stack_attention_kernel
+
+    job = build_job("llama3-8b", 4096, global_batch_tokens=2**20)
+    assert with_profile(job, "h100-sxm", "none", "megatron").attention_kernel == "cudnn"
+    assert with_profile(job, "a100-sxm-80gb", "none", "megatron").attention_kernel is None
+    for stack in (None, "pytorch-fsdp", "jax", "deepspeed"):
+        assert with_profile(job, "h100-sxm", "none", stack).attention_kernel is None
+    named = build_job(
+        "llama3-8b", 4096, global_batch_tokens=2**20, attention_kernel="flash-attention-3"
+    )
+    assert (
+        with_profile(named, "h100-sxm", "none", "megatron").attention_kernel == "flash-attention-3"
+    )
+    assert stack_attention_kernel("megatron", {"cudnn": (0.5, 0.5)}) == "cudnn"
+    assert stack_attention_kernel("megatron", {}) is None
+    rows = load_runs("train")
+    core = [r for r in rows if "megatron-core" in (r.training.framework or "").lower()]
+    assert {attention_kernel(r) for r in core if r.hardware.accelerator == "h100-sxm"} == {"cudnn"}
+    assert {attention_kernel(r) for r in core if r.hardware.accelerator == "gb200"} == {None}
+
+
 def test_estimate_hides_tp_only_where_the_stack_overlaps_it():
     from planner.api import build_job, build_layout, estimate
 

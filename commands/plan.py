@@ -451,7 +451,7 @@ def estimate(
         from commands.outputs import write_pages
         from plots.estimate import estimate_figure
 
-        timeline = api.layout_timeline(query, chosen, cluster.cluster, result, profile)
+        timeline = api.layout_timeline(query, chosen, cluster.cluster, result, profile, stack)
         write_pages(estimate_figure(result, timeline), html, png)
     if as_json:
         emit_json({**result.model_dump(mode="json"), "warnings": warnings})

@@ -176,19 +176,21 @@ def layout_warnings(layout, cluster: str) -> list[str]:
     return warnings
 
 
-def layout_timeline(job, layout, cluster: str, result, profile: str | None = None):
+def layout_timeline(
+    job, layout, cluster: str, result, profile: str | None = None, stack: str | None = None
+):
     """The pipeline of an estimate (``result``, of :func:`estimate`) as the event simulator
     runs it: each virtual stage's own F, B (+ recompute) and W per micro-batch, scaled to the
     estimate's busiest rank (:func:`planner.refine.scaled_stage_durations`), in milliseconds.
-    A :class:`planner.pipeline.report.ScheduleReport` whose times are ms; ``profile`` as the
-    estimate's."""
+    A :class:`planner.pipeline.report.ScheduleReport` whose times are ms; ``profile`` and
+    ``stack`` as the estimate's."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.pipeline.report import schedule_report
     from planner.refine import scaled_stage_durations
 
     spec = load_cluster(cluster)
     accelerator = load_accelerator(spec.accelerator)
-    job = with_profile(job, spec.accelerator, profile)
+    job = with_profile(job, spec.accelerator, profile, stack)
     times = result.stage_times_s
     busiest = times["forward"] + times["input_grad"] + times["recompute"] + times["weight_grad"]
     f, b, w = scaled_stage_durations(job, layout, accelerator, busiest)

@@ -391,9 +391,12 @@ def _rank_legend(result) -> str:
 def profile_line(entry: dict, prefix: str = "", auto: bool = False) -> str:
     """The profile an estimate used and, with one, its cross-validated band (``auto``: the
     profile was --profile auto's choice, so none found is said as such), and whether the
-    stack was taken to overlap TP communication."""
+    stack was taken to overlap TP communication, and the attention kernel timed where the
+    job or its stack names one."""
     overlap = "on" if entry.get("tp_comm_overlap") else "off"
-    return f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}"
+    kernel = entry.get("attention_kernel")
+    attention = f"; attention kernel {kernel}" if kernel else ""
+    return f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}{attention}"
 
 
 def _profile_text(entry: dict, prefix: str, auto: bool) -> str:

@@ -136,6 +136,9 @@ def test_estimate_explain_names_the_attention_kernel_its_stack_ran(capsys, monke
     out = render(capsys, monkeypatch, 80, "estimate", "--explain", "--stack", "megatron")
     source = load_accelerator("h100-sxm").source_of("attention_kernels.cudnn")
     assert " ".join(source.split()) in " ".join(out.split())
+    assert "attention kernel cudnn" in " ".join(out.split())  # the profile line says it too
+    plain = render(capsys, monkeypatch, 80, "estimate")
+    assert "attention kernel" not in plain  # no stack, no kernel named: the default rates
 
 
 # ----- the schedule timeline -----------------------------------------------------------

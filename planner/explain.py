@@ -11,9 +11,9 @@ from itertools import groupby
 from planner.cost.memory import usable_memory_bytes
 from planner.spec.layout import (
     busiest_rank_work,
-    dense_and_moe_layers_per_virtual_stage,
     end_stage_work,
     layers_per_virtual_stage,
+    model_layers_per_virtual_stage,
 )
 
 
@@ -65,7 +65,7 @@ def layer_split_lines(model, result: dict) -> list[str]:
     if pp * vpp == 1:
         return []
     split = lay.get("pipeline_layer_split", "auto")
-    layers = sum(dense_and_moe_layers_per_virtual_stage(model, pp, vpp, split, schedule))
+    layers = model_layers_per_virtual_stage(model, pp, vpp, split, schedule)
     line = f"layers per virtual stage: {_counts_text(layers)} ({split})"
     auto = layers_per_virtual_stage(model.num_layers, pp, vpp, "auto")
     if split == "work-balanced" and (layers != auto).any():

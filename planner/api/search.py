@@ -295,15 +295,13 @@ def emit_settings(entry: dict, trainer: str, job):
     """A plan result's layout as ``trainer``'s settings (see :mod:`planner.handoff`), with
     the TP communication overlap the result was timed with."""
     from planner.handoff import emit_settings as emit
-    from planner.spec.layout import dense_and_moe_layers_per_virtual_stage
+    from planner.spec.layout import model_layers_per_virtual_stage
 
     job = job.model_copy(update={"tp_comm_overlap": bool(entry.get("tp_comm_overlap"))})
     lay = entry["layout"]
     split = lay.get("pipeline_layer_split", "auto")
-    layers = sum(
-        dense_and_moe_layers_per_virtual_stage(
-            job.model, lay["pp"], lay["vpp"], split, lay["schedule"]
-        )
+    layers = model_layers_per_virtual_stage(
+        job.model, lay["pp"], lay["vpp"], split, lay["schedule"]
     )
     return emit(entry, trainer, job, [int(count) for count in layers])
 

@@ -355,14 +355,23 @@ def busiest_rank_work(layers, ends: tuple[float, float], pp: int, vpp: int, sche
     return rank_work(layers, ends, pp, vpp, schedule).max(axis=-1)
 
 
+def model_layers_per_virtual_stage(
+    model, pp: int, vpp: int = 1, split: LayerSplit = "auto", schedule: str = "1f1b"
+) -> np.ndarray:
+    """:func:`layers_per_virtual_stage` of ``model``: its layers, and for the
+    ``work-balanced`` split its ends' work (:func:`end_stage_work`) on ``schedule``'s
+    placement of the stages."""
+    ends = end_stage_work(model) if split == "work-balanced" else (0.0, 0.0)
+    return layers_per_virtual_stage(model.num_layers, pp, vpp, split, ends, schedule)
+
+
 def dense_and_moe_layers_per_virtual_stage(
     model, pp: int, vpp: int = 1, split: LayerSplit = "auto", schedule: str = "1f1b"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(dense, MoE) transformer layers in each virtual stage; an MoE model's first
-    ``num_dense_layers`` layers are dense (DeepSeek-V3's first three), the rest MoE.
-    ``schedule`` places the stages on ranks (read by the ``work-balanced`` split)."""
-    ends = end_stage_work(model) if split == "work-balanced" else (0.0, 0.0)
-    layers = layers_per_virtual_stage(model.num_layers, pp, vpp, split, ends, schedule)
+    """(dense, MoE) transformer layers in each virtual stage
+    (:func:`model_layers_per_virtual_stage`); an MoE model's first ``num_dense_layers``
+    layers are dense (DeepSeek-V3's first three), the rest MoE."""
+    layers = model_layers_per_virtual_stage(model, pp, vpp, split, schedule)
     starts = np.concatenate([[0], np.cumsum(layers)[:-1]])
     first_moe = model.num_dense_layers if model.is_moe else model.num_layers
     dense = np.clip(first_moe - starts, 0, layers)

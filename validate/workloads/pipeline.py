@@ -32,7 +32,7 @@ from torch.distributed.pipelining.schedules import (
     _PipelineScheduleRuntime,
 )
 
-from planner.api import Layout, dense_and_moe_layers_per_virtual_stage, virtual_stage_ranks
+from planner.api import Layout, model_layers_per_virtual_stage, virtual_stage_ranks
 from validate.spec import Workload
 from validate.workloads.model import build_model
 
@@ -67,15 +67,10 @@ def local_stage_indices(layout: Layout, pp_rank: int) -> list[int]:
 
 def build_stage_module(workload: Workload, layout: Layout, stage_index: int) -> nn.Module:
     """The model restricted to one virtual stage's layers (and ends)."""
-    layers = sum(
-        dense_and_moe_layers_per_virtual_stage(
-            workload.model_spec(),
-            layout.pp,
-            layout.vpp,
-            layout.pipeline_layer_split,
-            schedule_name(layout),
-        )
-    )
+    layers = model_layers_per_virtual_stage(
+        workload.model_spec(), layout.pp, layout.vpp, layout.pipeline_layer_split,
+        schedule_name(layout),
+    )  # fmt: skip
     start, end = int(layers[:stage_index].sum()), int(layers[: stage_index + 1].sum())
     model = build_model(workload)
     for index in list(model.layers.keys()):

@@ -13,6 +13,7 @@ the planner) happen inside the commands so that ``llmplan --help`` starts fast.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from_command_line = argv is None  # a process of its own (tests pass argv in-process)
     if from_command_line:  # before any thread allocates: the program's choice, not the library's
         _one_malloc_arena()
+        gc.freeze()  # the imports' objects live as long as the process: no collection scans them
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(argv)
     command = typer.main.get_command(app)

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PrivateAttr
@@ -160,6 +162,15 @@ def _per_stage(
     return array.tolist()
 
 
+def schedule_extent(schedule: Schedule) -> tuple[int, int]:
+    """(stages, micro-batches) a schedule's actions number: one more than the largest stage
+    index and micro-batch (1, 1 for no actions); C-level scans of the 10^5 actions."""
+    actions = list(chain.from_iterable(schedule))
+    if not actions:
+        return 1, 1
+    return 1 + max(map(itemgetter(2), actions)), 1 + max(map(itemgetter(1), actions))
+
+
 def simulate(
     schedule: Schedule,
     f: PerStage = 1.0,
@@ -180,8 +191,7 @@ def simulate(
     """
     if not 0.0 <= overlap_fb <= 1.0:
         raise PlanError(f"overlap_fb must lie in [0, 1], got {overlap_fb}")
-    num_stages = 1 + max((a.stage_index for ops in schedule for a in ops), default=0)
-    num_microbatches = 1 + max((a.microbatch for ops in schedule for a in ops), default=0)
+    num_stages, num_microbatches = schedule_extent(schedule)
     fdur = _per_stage("f", f, num_stages)
     bdur = _per_stage("b", b, num_stages)
     wdur = _per_stage("w", w, num_stages)
@@ -199,8 +209,7 @@ def simulated_step_time(
 ) -> float:
     """:func:`simulate`'s ``step_time`` (no hops, no F&B overlap) without building its
     timeline or measuring it: the first start to the last end of the same event loop."""
-    num_stages = 1 + max((a.stage_index for ops in schedule for a in ops), default=0)
-    num_microbatches = 1 + max((a.microbatch for ops in schedule for a in ops), default=0)
+    num_stages, num_microbatches = schedule_extent(schedule)
     durations = (_per_stage(name, x, num_stages) for name, x in (("f", f), ("b", b), ("w", w)))
     hop = _per_stage("comm", 0.0, num_stages, max(num_stages - 1, 1))
     starts, ends = run_actions(schedule, num_stages, num_microbatches, *durations, hop, 0.0)

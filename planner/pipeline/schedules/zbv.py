@@ -20,24 +20,31 @@ from planner.pipeline.schedules.actions import (
     Schedule,
     check_sizes,
     check_vpp,
+    new_action,
 )
 
 NAME = "zbv"
 
 
-def _rank_ops(pp: int, rank: int, num_slots: int) -> list[tuple[str, int, int]]:
-    """(kind, chunk, micro-batch) of one rank for ``num_slots ≥ 2p−1`` micro-batches."""
-    ops: list[tuple[str, int, int]] = []
+def _rank_ops(pp: int, rank: int, num_slots: int, num_microbatches: int) -> list[Action]:
+    """One rank's actions for ``num_slots ≥ 2p−1`` micro-batches, those of micro-batches past
+    ``num_microbatches`` dropped (built with :func:`new_action`: 10^5 actions on PP 64)."""
+    ops: list[Action] = []
+    stages = (rank, 2 * pp - 1 - rank)
     f = [0, 0]  # next forward micro-batch per chunk
     b = [0, 0]  # next input-gradient micro-batch per chunk
 
+    def add(kind: str, chunk: int, mb: int) -> None:
+        if mb < num_microbatches:
+            ops.append(new_action(kind, mb, stages[chunk]))
+
     def forward(chunk: int) -> None:
-        ops.append((FORWARD, chunk, f[chunk]))
+        add(FORWARD, chunk, f[chunk])
         f[chunk] += 1
 
     def backward_and_weight(chunk: int) -> None:
-        ops.append((BACKWARD_INPUT, chunk, b[chunk]))
-        ops.append((BACKWARD_WEIGHT, chunk, b[chunk]))
+        add(BACKWARD_INPUT, chunk, b[chunk])
+        add(BACKWARD_WEIGHT, chunk, b[chunk])
         b[chunk] += 1
 
     for _ in range(2 * (pp - rank) - 1):
@@ -57,17 +64,19 @@ def _rank_ops(pp: int, rank: int, num_slots: int) -> list[tuple[str, int, int]]:
     # Drain: input gradients first, weight gradients deferred into the tail.
     w = list(b)
     for _ in range(rank):
-        ops.append((BACKWARD_INPUT, 0, b[0]))
+        add(BACKWARD_INPUT, 0, b[0])
         b[0] += 1
-        ops.append((BACKWARD_INPUT, 1, b[1]))
+        add(BACKWARD_INPUT, 1, b[1])
         b[1] += 1
     for _ in range(pp - rank):
-        ops.append((BACKWARD_INPUT, 0, b[0]))
+        add(BACKWARD_INPUT, 0, b[0])
         b[0] += 1
-        ops.append((BACKWARD_WEIGHT, 0, w[0]))
+        add(BACKWARD_WEIGHT, 0, w[0])
         w[0] += 1
-    ops.extend((BACKWARD_WEIGHT, 1, mb) for mb in range(w[1], b[1]))
-    ops.extend((BACKWARD_WEIGHT, 0, mb) for mb in range(w[0], b[0]))
+    for mb in range(w[1], b[1]):
+        add(BACKWARD_WEIGHT, 1, mb)
+    for mb in range(w[0], b[0]):
+        add(BACKWARD_WEIGHT, 0, mb)
     return ops
 
 
@@ -76,14 +85,4 @@ def zbv(pp: int, num_microbatches: int, vpp: int = 2) -> Schedule:
     check_sizes(NAME, pp, num_microbatches)
     check_vpp(NAME, vpp, 2)
     num_slots = max(num_microbatches, 2 * pp - 1)
-    schedule: Schedule = []
-    for rank in range(pp):
-        stages = (rank, 2 * pp - 1 - rank)
-        schedule.append(
-            [
-                Action(kind, mb, stages[chunk])
-                for kind, chunk, mb in _rank_ops(pp, rank, num_slots)
-                if mb < num_microbatches
-            ]
-        )
-    return schedule
+    return [_rank_ops(pp, rank, num_slots, num_microbatches) for rank in range(pp)]

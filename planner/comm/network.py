@@ -105,7 +105,9 @@ def group_levels(view: ClusterView, groups: np.ndarray) -> tuple[Level, ...]:
     return tuple(levels)
 
 
-def mesh_levels(view: ClusterView, factors: Sequence[tuple[int, bool]]) -> tuple[Level, ...]:
+def mesh_levels(
+    view: ClusterView, factors: Sequence[tuple[int, bool]], tier_levels: dict | None = None
+) -> tuple[Level, ...]:
     """:func:`group_levels` of a mesh axis's groups, from the mesh's shape alone.
 
     ``factors``: the mesh's factors innermost first as (size, whether the axis varies it); rank
@@ -115,6 +117,8 @@ def mesh_levels(view: ClusterView, factors: Sequence[tuple[int, bool]]) -> tuple
     factors outside the smallest stride that both divide (whole blocks of instances that
     repeat the same pattern). Equal to ``group_levels(view, groups)`` on the groups' ranks,
     which a cluster with a torus tier still builds and hands to :func:`group_levels`.
+    ``tier_levels``: a tier's level by the part of the mesh it reads (kept by the caller
+    for one cluster view): meshes of other layouts often read the same part.
     """
     dims = [(prime, member) for size, member in factors for prime in _prime_factors(size)]
     if not any(member for _, member in dims):
@@ -127,15 +131,17 @@ def mesh_levels(view: ClusterView, factors: Sequence[tuple[int, bool]]) -> tuple
     levels: list[Level] = []
     below_size = 1
     for index, tier in enumerate(view.tiers):
-        level = _mesh_tier_level(view, index, dims, strides, below_size)
+        level = _mesh_tier_level(view, index, dims, strides, below_size, tier_levels)
         if level is not None:
             levels.append(level)
         below_size = tier.group_size
     return tuple(levels)
 
 
-def _mesh_tier_level(view, index, dims, strides, below_size) -> Level | None:
-    """Tier ``index``'s level for the mesh ``dims`` (prime factors, innermost first)."""
+def _mesh_tier_level(view, index, dims, strides, below_size, known=None) -> Level | None:
+    """Tier ``index``'s level for the mesh ``dims`` (prime factors, innermost first); ``known``:
+    levels already found, by what they read (the tier, the factors between the two strides,
+    the cell and the three weights)."""
     size = view.tiers[index].group_size
     inner_size, outer_size = math.gcd(below_size, size), math.lcm(below_size, size)
     lo = max(k for k, stride in enumerate(strides) if inner_size % stride == 0)
@@ -146,7 +152,20 @@ def _mesh_tier_level(view, index, dims, strides, below_size) -> Level | None:
     group_weight = math.prod(n for n, member in dims[:lo] if not member)
     repeats = math.prod(n for n, member in dims[hi:] if member)
     cell = strides[lo]
-    groups = _mesh_groups(dims[lo:hi])
+    key = (index, tuple(dims[lo:hi]), cell, member_weight, group_weight, repeats)
+    if known is not None and key in known:
+        return known[key]
+    level = _block_level(view, index, dims[lo:hi], cell, below_size, repeats, member_weight,
+                         group_weight)  # fmt: skip
+    if known is not None:
+        known[key] = level
+    return level
+
+
+def _block_level(view, index, block, cell, below_size, repeats, member_weight, group_weight):
+    """Tier ``index``'s level from the mesh between its two strides (:func:`_mesh_tier_level`)."""
+    size = view.tiers[index].group_size
+    groups = _mesh_groups(block)
     below, inst = groups // (below_size // cell), groups // (size // cell)
     below_change, change = below[:, 1:] != below[:, :-1], inst[:, 1:] != inst[:, :-1]
     touched_below = repeats * (1 + below_change.sum(axis=1))

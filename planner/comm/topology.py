@@ -72,6 +72,9 @@ class Placement:
 
 _PLACEMENTS: dict[tuple, Placement] = {}
 _PLACEMENT_CACHE_SIZE = 4096
+#: Per cluster view (its ``cluster_key``): each tier's level by the part of a mesh it reads
+#: (:func:`planner.comm.network.mesh_levels`), shared by the layouts that read the same part.
+_TIER_LEVELS: dict[tuple, dict] = {}
 
 
 def cluster_key(cluster: Cluster, gpus: int) -> tuple:
@@ -129,7 +132,7 @@ def placement_for_view(
         group_key = (view_key, axis == "pp", shape)
         fields = _GROUP_FIELDS.get(group_key)
         if fields is None:
-            fields = _group_fields(view, axis, shape, sizes, order)
+            fields = _group_fields(view, axis, shape, sizes, order, view_key)
             if len(_GROUP_FIELDS) >= _PLACEMENT_CACHE_SIZE:
                 _GROUP_FIELDS.clear()
             _GROUP_FIELDS[group_key] = fields
@@ -169,8 +172,11 @@ def merged_runs(pieces) -> tuple[tuple[int, bool], ...]:
     return tuple(shape)
 
 
-def _group_fields(view: ClusterView, axis: str, shape, sizes: dict, order) -> tuple:
-    """group_size, num_groups, example_ranks, levels, neighbour_level of ``axis``'s groups."""
+def _group_fields(
+    view: ClusterView, axis: str, shape, sizes: dict, order, view_key: tuple | None = None
+) -> tuple:
+    """group_size, num_groups, example_ranks, levels, neighbour_level of ``axis``'s groups
+    (``view_key``: the view's ``cluster_key``, to share tier levels with other layouts)."""
     size = math.prod(n for n, member in shape if member)
     example, stride = np.zeros(1, dtype=np.int64), 1  # the group of rank 0, ascending
     for n, member in shape:
@@ -181,7 +187,10 @@ def _group_fields(view: ClusterView, axis: str, shape, sizes: dict, order) -> tu
     if axis == "pp" and size > 1:
         ranks = axis_groups(axis, sizes, order)
         neighbour = pair_level(view, ranks[:, :-1].ravel(), ranks[:, 1:].ravel())
-    levels = mesh_levels(view, shape)
+    if len(_TIER_LEVELS) >= _PLACEMENT_CACHE_SIZE:
+        _TIER_LEVELS.clear()
+    known = None if view_key is None else _TIER_LEVELS.setdefault(view_key, {})
+    levels = mesh_levels(view, shape, known)
     num_groups = math.prod(n for n, _ in shape) // size
     return size, num_groups, tuple(example.tolist()), levels, neighbour
 

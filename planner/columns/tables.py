@@ -93,8 +93,10 @@ def examined_ranks(content: np.ndarray) -> np.ndarray:
 def _padded(values: np.ndarray, width: int) -> np.ndarray:
     """[..., slot] values widened to ``width`` slots by repeating the last (a repeated slot
     changes no sum's peak and no argmax's value)."""
-    pad = [(0, 0)] * (values.ndim - 1) + [(0, width - values.shape[-1])]
-    return np.pad(values, pad, mode="edge")
+    missing = width - values.shape[-1]
+    if not missing:
+        return values
+    return np.concatenate([values, np.repeat(values[..., -1:], missing, axis=-1)], axis=-1)
 
 
 def local_token_ratio(mbs, cp) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,8 @@ value every row holds — from the codes. Its rows are the plain strings again o
 :func:`unique_rows` and :func:`distinct_rows` find the distinct value tuples of several
 columns (small integers through a lookup table, no sort) and each row's index into them,
 so that a quantity that depends on those columns only is computed once per tuple and
-broadcast back to the rows by that index.
+broadcast back to the rows by that index. Columns that no table fits are numbered by
+:func:`factorize` (pandas' ``factorize`` in numpy: the search needs no pandas).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,7 +35,7 @@ class Labels:
         """The column as labels (a column already coded is returned as it is)."""
         if isinstance(column, Labels):
             return column
-        codes, uniques = pd.factorize(np.asarray(column).reshape(-1))
+        codes, uniques = factorize(column)
         return cls(codes.astype(np.int64), tuple(uniques.tolist()))
 
     def __len__(self) -> int:
@@ -75,6 +75,100 @@ class Labels:
         return np.array([*self.values, None], dtype=object)[:-1][self.codes]
 
 
+def factorize(values) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's index into the distinct values in the order they first occur, and those
+    values: what :func:`pandas.factorize` returns (its defaults), in numpy.
+
+    ``values`` is flattened (row-major). Missing values (NaN; None in an object column) get
+    code -1 and are not among the distinct values; 0.0 and -0.0 are one value, the first one
+    seen is kept. Codes are ``np.intp``; the distinct values keep the column's dtype.
+    Integers (and booleans) go through a lookup table when their range is a few times the
+    row count, else one sort of (value, row) pairs packed into an int64; floats are sorted;
+    strings and objects are hashed (a dict over the distinct values)."""
+    values = np.asarray(values).reshape(-1)
+    if values.dtype.kind in "OSU":
+        return _factorize_objects(values)
+    if values.dtype.kind in "fc":
+        present = ~np.isnan(values)
+        if not present.all():
+            rows = np.flatnonzero(present)
+            codes = np.full(len(values), -1, dtype=np.intp)
+            codes[rows], uniques = _factorize_numbers(values[rows])
+            return codes, uniques
+    return _factorize_numbers(values)
+
+
+def _factorize_objects(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`factorize` of strings or Python objects: hashed by a dict (equal objects, equal
+    codes, as Python compares them); None and NaN are missing. A column holding one value
+    (a setting every row shares) is only compared with it."""
+    items = values.tolist()
+    one_value = bool(items) and items.count(items[0]) == len(items)
+    code_of = dict.fromkeys(items[:1] if one_value else items)  # in the order they first occur
+    kept = []
+    for value in code_of:  # one pass over the distinct values, not the rows
+        missing = value is None or value != value  # NaN is the one value unequal to itself
+        code_of[value] = -1 if missing else len(kept)
+        if not missing:
+            kept.append(value)
+    if one_value:
+        codes = np.full(len(items), code_of[items[0]], dtype=np.intp)
+    else:
+        codes = np.fromiter(map(code_of.__getitem__, items), dtype=np.intp, count=len(items))
+    if values.dtype.kind == "O":  # fromiter: tuples stay objects (np.array would unpack them)
+        return codes, np.fromiter(kept, dtype=object, count=len(kept))
+    return codes, np.array(kept, dtype=values.dtype)
+
+
+def _factorize_numbers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`factorize` of numbers without NaN: each distinct value's first row and each
+    row's distinct value (numbered in any order), then renumbered in the order of first rows."""
+    if not len(values):
+        return np.zeros(0, dtype=np.intp), values.copy()
+    found = _first_rows_of_integers(values) if values.dtype.kind in "biu" else None
+    if found is None:  # a stable sort: the first of equal values is its first row
+        _, first, group = np.unique(values, return_index=True, return_inverse=True)
+    else:
+        first, group = found
+    by_first_row = np.argsort(first)
+    code_of_group = np.empty(len(first), dtype=np.intp)
+    code_of_group[by_first_row] = np.arange(len(first))
+    return code_of_group[group], values[first[by_first_row]]
+
+
+def _first_rows_of_integers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each distinct integer's first row and each row's distinct integer (ascending): a
+    table over their range when it is a few times the row count, else one sort of (value,
+    row) pairs packed into an int64; None when they do not fit one."""
+    count = len(values)
+    wide = values.astype(np.uint64 if values.dtype.kind == "u" else np.int64, copy=False)
+    low = wide.min()
+    span = int(wide.max()) - int(low)
+    offsets = wide - low  # exact: the span fits the type
+    row_bits = max(count - 1, 1).bit_length()
+    if span <= 4 * count + 1024:  # a table: no sort
+        first = np.full(span + 1, count, dtype=np.intp)
+        np.minimum.at(first, offsets.astype(np.intp), np.arange(count))
+        held = np.flatnonzero(first < count)
+        group_of_offset = np.empty(span + 1, dtype=np.intp)
+        group_of_offset[held] = np.arange(len(held))
+        return first[held], group_of_offset[offsets]
+    if span >= 2 ** (63 - row_bits):
+        return None
+    packed = offsets.astype(np.int64, copy=False)
+    packed <<= row_bits
+    packed |= np.arange(count)
+    packed.sort()  # by value, then row
+    rows = packed & ((1 << row_bits) - 1)
+    packed >>= row_bits  # the offsets, ascending
+    starts = np.empty(count, dtype=bool)
+    starts[0] = True
+    np.not_equal(packed[1:], packed[:-1], out=starts[1:])
+    group = np.empty(count, dtype=np.intp)
+    group[rows] = np.cumsum(starts) - 1
+    return rows[starts], group
+
+
 def coded(index: np.ndarray, count: int) -> Labels:
     """A column of indices into ``count`` things (a table's rows) as labels."""
     return Labels(index, range(count))
@@ -85,7 +179,7 @@ def _codes(column) -> tuple[np.ndarray, int]:
 
     Labels bring their codes; small non-negative integers (and booleans) are their own
     codes; larger ones are looked up in a table as long as their range (no hashing, no
-    sort); anything else is hashed (:func:`pandas.factorize`)."""
+    sort); anything else is factorized (:func:`factorize`)."""
     if isinstance(column, Labels):
         return column.codes, len(column.values)
     values = np.asarray(column).reshape(-1)
@@ -100,13 +194,13 @@ def _codes(column) -> tuple[np.ndarray, int]:
             lookup = np.zeros(high + 1, dtype=np.int64)
             lookup[uniques] = np.arange(len(uniques))
             return lookup[values], len(uniques)
-    codes, uniques = pd.factorize(values)  # hashing: O(rows)
+    codes, uniques = factorize(values)
     return codes, len(uniques)
 
 
 def _compressed(key: np.ndarray, size: int) -> tuple[np.ndarray, int]:
     """Each row's index into the distinct values of ``key`` (integers below ``size``), and
-    how many there are: a lookup table when ``size`` is small, else hashing."""
+    how many there are: a lookup table when ``size`` is small, else :func:`factorize`."""
     if size <= 4 * len(key) + 1024:  # a table: no hashing, no sort
         present = np.zeros(size, dtype=bool)
         present[key] = True
@@ -114,7 +208,7 @@ def _compressed(key: np.ndarray, size: int) -> tuple[np.ndarray, int]:
         lookup = np.zeros(size, dtype=np.int64)
         lookup[unique_keys] = np.arange(len(unique_keys))
         return lookup[key], len(unique_keys)
-    inverse, unique_keys = pd.factorize(key)  # hashing: O(rows)
+    inverse, unique_keys = factorize(key)
     return inverse.astype(np.int64, copy=False), len(unique_keys)
 
 

@@ -17,9 +17,8 @@ distinct value and broadcast to the rows by index (no Python loop per row):
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
-from planner.columns.codes import Labels, distinct_rows, unique_rows
+from planner.columns.codes import Labels, distinct_rows, factorize, unique_rows
 from planner.cost import activations as act
 from planner.cost import adapters as ft
 from planner.cost.compute import GpuRates
@@ -48,7 +47,7 @@ def rows_by_value(column) -> list[tuple[object, np.ndarray]]:
     """(value, indices of the rows holding it) for each distinct value of ``column``."""
     if isinstance(column, Labels):
         return column.groups()
-    codes, uniques = pd.factorize(np.asarray(column).reshape(-1))
+    codes, uniques = factorize(column)
     if not len(uniques):
         return []
     order = np.argsort(codes, kind="stable")
@@ -62,8 +61,8 @@ def one_value_or_column(column):
     if isinstance(column, Labels):
         present = column.present
         return present[0] if len(present) == 1 else column.strings()
-    values = pd.unique(np.asarray(column).reshape(-1))
-    return values[0] if len(values) == 1 else column
+    codes, uniques = factorize(column)
+    return uniques[0] if len(uniques) == 1 and codes.min() == 0 else column
 
 
 def _with_mirror(per_rank: list[float], mirrored: int) -> np.ndarray:

@@ -21,11 +21,10 @@ axes share a link (``link_contention_s``).
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Cluster
-from planner.columns.codes import Labels, distinct_rows
+from planner.columns.codes import Labels, distinct_rows, factorize
 from planner.comm.collectives import volume_factor
 from planner.comm.contention import sharing_delay
 from planner.comm.context_parallel import (
@@ -92,12 +91,12 @@ def chunks_column(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
 
 
 def _codes(column) -> tuple[np.ndarray, list]:
-    """Each row's index into the column's distinct values, and those values (hashing, unless
-    the column comes as :class:`planner.columns.codes.Labels`)."""
+    """Each row's index into the column's distinct values, and those values
+    (:func:`planner.columns.codes.factorize`, unless the column comes as its ``Labels``)."""
     if isinstance(column, Labels):
         return column.codes, list(column.values)
     values = np.asarray(column)
-    codes, names = pd.factorize(values.ravel())
+    codes, names = factorize(values)
     return codes.reshape(values.shape), names.tolist()
 
 

@@ -133,6 +133,7 @@ def plan(
         space_fields["schedule"] = _trainer_space(emit, query, space_fields, as_json)
     space = api.build_search_space(**space_fields)
     training = build_training(cluster.cluster, train_tokens, gpu_hour_cost)
+    writes_table = bool(csv or html or png)  # else no DataFrame is built (nor pandas imported)
     with _progress(not as_json) as advance:
         result, table = api.plan(
             query,
@@ -149,7 +150,8 @@ def plan(
             training=training,
             rank=enum_value(rank),
             stack=stack,
-            every_output=bool(csv or html or png),  # the table is written out
+            every_output=writes_table,  # every output goes into the table written out
+            with_table=writes_table,
         )
     if csv:
         from commands.outputs import atomic_path

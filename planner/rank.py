@@ -32,7 +32,6 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel
 
 from planner.columns.codes import Labels, distinct_rows
@@ -226,8 +225,9 @@ def rank_order(
     is the time ranking (``rank_by_time``). Robust (step-time objective, a measured band):
     rows are ordered by :func:`robust_order` on the effective step time; the new first
     ``top`` rows not yet simulated are simulated and the order decided again. Adds the
-    :data:`SIMULATED` columns, ``rank_by_time``, ``equivalent_to_best``, ``preference`` and
-    ``rank``; the caller takes every column once, in the returned order."""
+    :data:`SIMULATED` columns, ``rank_by_time``, ``equivalent_to_best``, ``preference`` (labels
+    of :data:`PREFERENCES`) and ``rank``; the caller takes every column once, in the returned
+    order."""
     settings = settings or RankSettings(mode="time")
     count = len(time_order)
     time_order = time_order.copy()
@@ -251,7 +251,7 @@ def rank_order(
             **added,
             "rank_by_time": rank_by_time[order],
             "equivalent_to_best": equivalent_to_best(time_s, band),
-            "preference": pd.Categorical([TIME_RANK] * count, categories=PREFERENCES),
+            "preference": Labels(np.full(count, PREFERENCES.index(TIME_RANK)), PREFERENCES),
             "rank": rank_by_time[order].copy(),
         }
     every_row = over_every_row(column)  # once; the keys are built for the band's rows only
@@ -276,7 +276,7 @@ def rank_order(
         **{key: value[order] for key, value in simulated.items()},
         "rank_by_time": rank_by_time[order],
         "equivalent_to_best": equivalent,
-        "preference": pd.Categorical.from_codes(codes, categories=PREFERENCES),
+        "preference": Labels(codes, PREFERENCES),
         "rank": np.arange(1, count + 1),
     }
 
@@ -287,12 +287,13 @@ def layout_name(row) -> str:
     return degrees + (f" EP{int(row['ep'])}" if int(row["ep"]) > 1 else "") + f" {row['schedule']}"
 
 
-def explain_ranking(table: pd.DataFrame, settings: RankSettings, objective: str) -> list[str]:
+def explain_ranking(columns: dict, settings: RankSettings, objective: str) -> list[str]:
     """How the plan was ranked: the layouts within the band, the rule that chose the winner
-    and what the fastest layout would gain by the model."""
-    if not len(table):
+    and what the fastest layout would gain by the model. ``columns``: the ranked rows
+    (:attr:`planner.search.SearchResult.columns`, best first)."""
+    if not columns or not len(columns["rank"]):
         return []
-    within = int(table["equivalent_to_best"].sum())
+    within = int(columns["equivalent_to_best"].sum())
     if settings.band is None:
         return [f"ranked by predicted step time: {settings.band_source}"]
     band = f"{settings.band:.1%} ratio error ({settings.band_source})"
@@ -301,15 +302,17 @@ def explain_ranking(table: pd.DataFrame, settings: RankSettings, objective: str)
                 f"the model's {band} of the fastest"]  # fmt: skip
     if objective != "step_time":
         return [f"--rank robust orders the step-time objective; ranked by {objective}"]
-    winner = table.iloc[0]
-    fastest = table.iloc[int(np.argmin(effective_step_time(
-        {k: table[k].to_numpy() for k in ("step_time_s", "step_time_simulated_s")})))]  # fmt: skip
-    rule = str(winner["preference"])
+    time_s = effective_step_time(columns)
+    fastest_row = int(np.argmin(time_s))
+    winner, fastest = (
+        {key: columns[key][row] for key in ("tp", "cp", "pp", "dp", "ep", "schedule")}
+        for row in (0, fastest_row)
+    )
+    rule = str(columns["preference"][0])
     head = f"{within:,} layouts within the model's {band} of the fastest; "
     if rule == FASTEST:
         return [head + f"chose the fastest, {layout_name(winner)} (no rule needed)"]
-    times = effective_step_time({k: np.array([winner[k], fastest[k]], dtype=float)
-                                 for k in ("step_time_s", "step_time_simulated_s")})  # fmt: skip
+    times = time_s[[0, fastest_row]].astype(float)
     gain = times[0] / times[1] - 1
     return [
         head + f"chose {layout_name(winner)} (rule: {rule}); the fastest by the model, "

@@ -6,13 +6,17 @@ beats on the same layout are not timed (:mod:`planner.cp_search`). The survivors
 evaluated by :func:`planner.evaluate.screen_columns`, rows that do not fit in
 ``HBM × (1 − mem_headroom)`` are rejected, and the rest are ranked under the model's error,
 the top rows re-timed by the event simulator (:mod:`planner.rank`, :mod:`planner.refine`).
+The ranked rows are kept as columns; pandas is imported only when they are asked for as a
+DataFrame (:attr:`SearchResult.table`: the CSV and the plan page), not by a plan that prints.
 """
 
 from __future__ import annotations
 
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
-import pandas as pd
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
 from planner.candidates import SearchSpace, expand_rows, rejection_masks, screening_grid
@@ -28,6 +32,9 @@ from planner.rank import RankSettings, rank_order
 from planner.refine import DEFAULT_REFINE_TOP
 from planner.spec.job import Job
 from planner.spec.layout import Layout
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GIB = 2**30
 OBJECTIVES = ("step_time", "memory", "mfu", "time_to_train")
@@ -52,15 +59,50 @@ LAYOUT_COLUMNS = (
 
 
 class SearchResult(BaseModel):
-    """Feasible rows ranked, with counts of what was screened and why rows were rejected."""
+    """Feasible rows ranked, with counts of what was screened and why rows were rejected.
+
+    ``columns``: the ranked rows, best first, one numpy array per column (string columns and
+    the ranking's ``preference`` as :class:`planner.columns.codes.Labels`); empty when no row
+    was screened. :meth:`top_rows` and :meth:`column` read them; :attr:`table` is them as a
+    pandas DataFrame, built (and pandas imported) when first read."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     candidates_evaluated: int
     feasible: int
     rejected: dict[str, int]
-    table: pd.DataFrame
+    columns: dict[str, Any] = Field(default_factory=dict, repr=False)
     smallest_memory: dict | None = None
+
+    def column(self, key: str) -> np.ndarray | Labels:
+        """One column of the ranked rows, in rank order."""
+        return self.columns[key]
+
+    def top_rows(self, count: int) -> list[dict]:
+        """The first ``count`` ranked rows as dicts of plain Python values (strings as str),
+        as ``table.head(count).to_dict("records")`` gives them."""
+        head = {
+            key: (value[:count].strings() if isinstance(value, Labels) else value[:count]).tolist()
+            for key, value in self.columns.items()
+        }
+        return [dict(zip(head, row, strict=True)) for row in zip(*head.values(), strict=True)]
+
+    @cached_property
+    def table(self) -> pd.DataFrame:
+        """The ranked rows as a DataFrame: labels as strings, ``preference`` a categorical of
+        :data:`planner.rank.PREFERENCES` (no row screened: the layout columns, empty)."""
+        import pandas as pd
+
+        if not self.columns:
+            return pd.DataFrame(columns=LAYOUT_COLUMNS)
+        frame = {}
+        for key, value in self.columns.items():
+            if key == "preference":
+                value = pd.Categorical.from_codes(value.codes, categories=value.values)
+            elif isinstance(value, Labels):
+                value = value.strings()
+            frame[key] = value
+        return pd.DataFrame(frame, copy=False)  # one block per column: no stacking copy
 
 
 def search(
@@ -138,7 +180,7 @@ def search(
             outputs=None if every_output else FULL_PRECISION_OUTPUTS,
             timed_columns=timed_rows_only,
         )  # fmt: skip
-    table = pd.DataFrame(columns=LAYOUT_COLUMNS)
+    columns = {}  # the ranked rows (none screened: none)
     if screened:
         memory_out, placeable, rows, timed = screened
         report(progress, "ranking", 0, len(rows))
@@ -200,22 +242,21 @@ def search(
             cluster.scale_up_domain_size, usable, lambda row: layout_of_row(row, job.model.is_moe),
         )  # fmt: skip
         report(progress, "simulating the top rows", count, count)
-        columns = {}  # each column taken once, in the final order; the evaluated ones released
+        # Each column taken once, in the final order, and the evaluated ones released; string
+        # columns stay labels (strings only in the DataFrame).
         final = at[order], kept[order]
         for key in names:
-            value = kept_rows(key, final)
-            columns[key] = value.strings() if isinstance(value, Labels) else value
+            columns[key] = kept_rows(key, final)
             for source in (timed, merged, memory_out, cols):
                 source.pop(key, None)
         columns.update({key: value[order] for key, value in extra.items()})
         del memory_out, merged, cols
         columns.update(added)
-        table = pd.DataFrame(columns, copy=False)  # one block per column: no stacking copy
     return SearchResult(
         candidates_evaluated=total,
-        feasible=len(table),
+        feasible=len(columns["rank"]) if columns else 0,
         rejected=rejected,
-        table=table,
+        columns=columns,
         smallest_memory=smallest,
     )
 

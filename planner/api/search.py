@@ -70,8 +70,10 @@ def plan(
     rank: str = "robust",
     stack: str | None = None,
     every_output: bool = True,
+    with_table: bool = True,
 ):
-    """Search every layout and return the top ones with their full estimates; also the table.
+    """Search every layout and return the top ones with their full estimates; also the table
+    (a pandas DataFrame of the ranked rows; ``with_table`` False: None, and no pandas).
     ``refine_top``: rows re-timed by the event simulator (default
     :data:`planner.refine.DEFAULT_REFINE_TOP`); ``profile`` and ``stack``: see :func:`with_profile` (None: the ideal model);
     ``training`` (:func:`build_training`) adds each result's time to train and the
@@ -110,7 +112,7 @@ def plan(
         training=training, rank_settings=ranking, every_output=every_output,
     )  # fmt: skip
     results = []
-    for place, row in enumerate(found.table.head(top).to_dict("records"), start=1):
+    for place, row in enumerate(found.top_rows(top), start=1):
         layout = layout_of_row(row, job.model.is_moe)
         detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
         if training is not None:
@@ -172,13 +174,13 @@ def plan(
         feasible=found.feasible,
         rejected=found.rejected,
         results=results,
-        explanation=explain_ranking(found.table, ranking, objective)
+        explanation=explain_ranking(found.columns, ranking, objective)
         + _time_to_train_ranking(objective, results)
         + explain_plan(found, results, accelerator, mem_headroom)
         + layer_split_lines(job.model, results[0])
         + cp_algorithm_lines(job, spec, results, mesh),
     )
-    return result, found.table
+    return result, found.table if with_table else None
 
 
 SWEEP_QUANTITIES = ("gpus", "seq_len")
@@ -244,6 +246,7 @@ def sweep(
             result, _ = plan(
                 job, cluster, point_gpus, space, objective, mem_headroom, top=1,
                 training=training, profile=profile, stack=stack, every_output=False,
+                with_table=False,
             )  # fmt: skip
         except PlanError as error:  # nothing fits at this point: the sweep goes on
             if getattr(error, "reasons", None) is None:

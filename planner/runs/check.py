@@ -171,7 +171,7 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
     found = search(job, cluster, accelerator, row.hardware.num_gpus, space, mem_headroom=0.0)
     if found.feasible == 0:
         return _uncovered(row, base, _no_layout_reason(found.rejected))
-    best = found.table.iloc[0]
+    best = found.top_rows(1)[0]
     tokens = float(best["tokens_per_s_per_gpu"])
     flops_per_token = float(best["model_tflops_per_gpu"]) * 1e12 / tokens
     measured, measured_from = _measured_tokens_per_s(row, flops_per_token)

@@ -215,6 +215,7 @@ RANK_INPUTS = ("tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "memory_per_gpu_
 def rank_order(
     job, accelerator, column, records, time_order: np.ndarray, top: int, objective: str,
     settings: RankSettings | None, scale_up_domain: int, usable_bytes: float, layout_of_row,
+    every_row: tuple | None = None,
 ) -> tuple[np.ndarray, dict]:  # fmt: skip
     """The rows' order as ``settings`` says, and the columns the ranking adds, in that order.
 
@@ -227,7 +228,8 @@ def rank_order(
     ``top`` rows not yet simulated are simulated and the order decided again. Adds the
     :data:`SIMULATED` columns, ``rank_by_time``, ``equivalent_to_best``, ``preference`` (labels
     of :data:`PREFERENCES`) and ``rank``; the caller takes every column once, in the returned
-    order."""
+    order. ``every_row``: :func:`over_every_row` of every feasible row, at these rows (when
+    they are not all of them); None: of these rows."""
     settings = settings or RankSettings(mode="time")
     count = len(time_order)
     time_order = time_order.copy()
@@ -254,7 +256,8 @@ def rank_order(
             "preference": Labels(np.full(count, PREFERENCES.index(TIME_RANK)), PREFERENCES),
             "rank": rank_by_time[order].copy(),
         }
-    every_row = over_every_row(column)  # once; the keys are built for the band's rows only
+    if every_row is None:  # once; the keys are built for the band's rows only
+        every_row = over_every_row(column)
 
     def keys_of(rows: np.ndarray) -> np.ndarray:
         return preference_keys(column, scale_up_domain, usable_bytes, rows, every_row)

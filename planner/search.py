@@ -28,7 +28,7 @@ from planner.cp_search import (
 )
 from planner.evaluate import FULL_PRECISION_OUTPUTS, in_output_order, screen_columns
 from planner.progress import report
-from planner.rank import RankSettings, rank_order
+from planner.rank import RankSettings, over_every_row, rank_order
 from planner.refine import DEFAULT_REFINE_TOP
 from planner.spec.job import Job
 from planner.spec.layout import Layout
@@ -120,6 +120,7 @@ def search(
     training=None,
     rank_settings: RankSettings | None = None,
     every_output: bool = True,
+    only_top: int | None = None,
 ) -> SearchResult:
     """Screen, evaluate and rank every layout of ``job`` on the first ``gpus`` of ``cluster``;
     the first ``refine_top`` rows are re-timed by the event simulator (:mod:`planner.refine`)
@@ -131,7 +132,14 @@ def search(
     ``every_output`` the table holds the layout, the ranking's columns and
     :data:`planner.evaluate.FULL_PRECISION_OUTPUTS` only (what the search ranks by and the
     event simulator reads: a plan that writes no table; the rows and their order are the
-    same)."""
+    same).
+
+    ``only_top`` (the step-time objective): the caller reads the first ``only_top`` ranked
+    rows only. The rows that cannot be among them, tie with the fastest or be simulated are
+    then neither timed nor ranked: :func:`reach_of` says how far the ranking can reach, and
+    the screen times the rows whose step-time floor is within it. The result's rows are the
+    first rows of the whole ranking, with the same values (every row faster than the
+    bound), and ``feasible`` still counts every row that fits."""
     space = space or SearchSpace()
     report(progress, "enumerating layouts", 0, 0)  # how many: not known before
     grid, cells, grid_shape = screening_grid(job, cluster, gpus, space, order)
@@ -179,10 +187,12 @@ def search(
             memory_parts_of_timed_rows=True, progress=progress, compact=True,
             outputs=None if every_output else FULL_PRECISION_OUTPUTS,
             timed_columns=timed_rows_only,
+            reach=reach_of(only_top, refine_top, rank_settings) if objective == "step_time"
+            and only_top is not None else None,
         )  # fmt: skip
-    columns = {}  # the ranked rows (none screened: none)
+    columns, feasible = {}, 0  # the ranked rows (none screened: none)
     if screened:
-        memory_out, placeable, rows, timed = screened
+        memory_out, placeable, rows, timed, bound_s = screened
         report(progress, "ranking", 0, len(rows))
         del screened
         placeable = placeable.copy()  # as evaluate_columns reports it: the timed rows' own
@@ -197,6 +207,7 @@ def search(
         # (``at``), the layout columns too; memory per GPU, of every row, at ``kept``.
         kept = np.flatnonzero(placeable & ~too_big)
         at = np.searchsorted(rows, kept)
+        feasible = len(kept)
         merged = in_output_order(timed, memory_out)
 
         def kept_rows(key: str, positions: tuple | None = None) -> np.ndarray:
@@ -212,6 +223,14 @@ def search(
                 return value[rows]
             return np.take(value, rows)
 
+        every_row = None  # what the preference rules read over every feasible row
+        if np.isfinite(bound_s):  # only the rows within reach are ranked
+            if rank_settings is not None and rank_settings.mode == "robust":
+                every_row = over_every_row(kept_rows)
+            reached = np.take(timed["step_time_s"], at) <= bound_s
+            kept, at = kept[reached], at[reached]
+            if every_row is not None:
+                every_row = (every_row[0][reached], every_row[1][reached], every_row[2])
         extra = {}  # the time to train of each kept row (with a token budget)
         if training is not None:
             needed = ("step_time_s", "tokens_per_s_per_gpu", "checkpoint_bytes_per_rank")
@@ -240,6 +259,7 @@ def search(
         order, added = rank_order(
             job, accelerator, column, records, ranking, refine_top, objective, rank_settings,
             cluster.scale_up_domain_size, usable, lambda row: layout_of_row(row, job.model.is_moe),
+            every_row,
         )  # fmt: skip
         report(progress, "simulating the top rows", count, count)
         # Each column taken once, in the final order, and the evaluated ones released; string
@@ -254,11 +274,27 @@ def search(
         columns.update(added)
     return SearchResult(
         candidates_evaluated=total,
-        feasible=len(columns["rank"]) if columns else 0,
+        feasible=feasible,
         rejected=rejected,
         columns=columns,
         smallest_memory=smallest,
     )
+
+
+def reach_of(only_top: int, refine_top: int, settings: RankSettings | None) -> tuple[int, float]:
+    """(n, band): a ranking whose first ``only_top`` rows are read reaches no row slower than
+    ``1 + band`` times the n-th fastest closed-form step (:func:`planner.evaluate.
+    screen_columns`' ``reach``).
+
+    At most ``2·refine_top`` rows are simulated (:func:`planner.rank.rank_order`), so the
+    fastest effective step is at most the ``2·refine_top + 1``-th fastest closed form and
+    every tie within ``1 + band`` of it. A row read outside the ties has fewer than
+    ``only_top`` rows outside them above it, and fewer than ``only_top`` ties: it is among
+    the first ``2·only_top`` by time (the simulated head re-ordered among the first
+    ``refine_top``), and so is a row simulated by the second pass. Rows slower than that
+    bound come after all of these, in time order, whatever the ranking."""
+    band = settings.band if settings is not None and settings.band is not None else 0.0
+    return 2 * refine_top + 2 * only_top + 1, band
 
 
 def layout_of_row(row: dict, is_moe: bool) -> Layout:

@@ -81,7 +81,9 @@ def plan(
     ``robust`` (layouts within the measured ratio error of the fastest are ties, ordered by
     :mod:`planner.rank`'s rules) or ``time`` (by predicted step time alone).
     ``every_output``: the table holds every output (False: the layout and what the
-    ranking reads, :func:`planner.search.search`; the results are the same)."""
+    ranking reads, :func:`planner.search.search`; the results are the same). With neither
+    every output nor the table, only the rows that can reach the first ``top`` are timed
+    (:func:`planner.search.search`'s ``only_top``; the results are the same)."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.comm.mesh import resolve_order
     from planner.cost.profile import profile_label
@@ -110,6 +112,7 @@ def plan(
         job, spec, accelerator, gpus, space, objective, mem_headroom, mesh, mfu_dtype, progress,
         DEFAULT_REFINE_TOP if refine_top is None else refine_top,
         training=training, rank_settings=ranking, every_output=every_output,
+        only_top=None if every_output or with_table else top,
     )  # fmt: skip
     results = []
     for place, row in enumerate(found.top_rows(top), start=1):

@@ -182,6 +182,23 @@ def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarr
     }
 
 
+def profile_floor_s(columns: dict, profile) -> np.ndarray:
+    """A lower bound of the seconds ``profile``'s terms add to a step, read before any
+    collective is priced: :func:`profile_parts` with no communication (``columns`` as there,
+    without the two communication columns). The compute, kernel and synchronisation terms
+    read no communication; the overlap term only adds (``overlap_slowdown ≥ 0``); the TP
+    overlap term takes at most the TP exposed time (``tp_comm_overlap ≤ 1``), which the ideal
+    step holds whole. So the ideal pipeline time plus this bounds the profiled step from
+    below (:func:`planner.evaluate.time.step_time_floor`)."""
+    if profile is None:
+        return np.zeros(np.shape(columns["pipeline_time_s"]))
+    values = {name: term.value for name, term in profile.terms.items()}
+    silent = np.zeros(np.shape(columns["pipeline_time_s"]))
+    parts = profile_parts({**columns, "overlapped_comm_s": silent, "tp_exposed_time_s": silent},
+                          values)  # fmt: skip
+    return sum(parts.values())
+
+
 def profiled_step_time(columns: dict, values: dict[str, float]) -> np.ndarray:
     """The step time with the profile's terms added (seconds, per row)."""
     return columns["step_time_s"] + sum(profile_parts(columns, values).values())

@@ -25,6 +25,8 @@ every rank."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from hwspecs.schema import Accelerator, Cluster
@@ -35,7 +37,7 @@ from planner.comm.traffic import AXES, chunks_column, placeable
 from planner.cost.compute import GpuRates
 from planner.evaluate.blocks import in_blocks
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
-from planner.evaluate.time import data_parallel_form, time_columns
+from planner.evaluate.time import data_parallel_form, step_time_floor, time_columns
 from planner.progress import report
 from planner.spec.job import Job
 
@@ -80,7 +82,7 @@ def evaluate_columns(
     ``valid`` and carry NaN times. Each row's numbers do not depend on the other rows.
     """
     if memory_limit_bytes is not None:  # the screen, its timed rows spread over all rows
-        memory, valid, rows, timed = screen_columns(
+        memory, valid, rows, timed, _ = screen_columns(
             job, cluster, accelerator, columns, memory_limit_bytes, order, mfu_dtype
         )
         full = {}
@@ -123,6 +125,18 @@ def memory_every_rank(
     return memory, held
 
 
+class Screened(NamedTuple):
+    """What :func:`screen_columns` returns."""
+
+    memory: dict[str, np.ndarray]  # the memory outputs of every row
+    valid: np.ndarray  # which rows can be placed
+    rows: np.ndarray  # the rows to time: placeable and fitting
+    timed: dict[str, np.ndarray]  # their timed outputs, one per row of them
+    #: Rows to time whose step time is above this were not timed (NaN outputs, ``valid``
+    #: True): they cannot be within reach (``screen_columns``' ``reach``); inf: all timed.
+    bound_s: float
+
+
 def screen_columns(
     job: Job,
     cluster: Cluster,
@@ -136,11 +150,13 @@ def screen_columns(
     compact: bool = False,
     outputs: frozenset[str] | None = None,
     timed_columns=None,
-) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    reach: tuple[int, float] | None = None,
+) -> Screened:
     """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
     without spreading the timed rows back over all rows: (memory outputs of every row,
     which rows can be placed, the rows timed — placeable and fitting —, the timed outputs
-    of those rows only, one per row of them).
+    of those rows only, one per row of them, and the step time beyond which rows were not
+    timed).
 
     ``memory_parts_of_timed_rows``: every memory output but ``memory_per_gpu_bytes`` is
     kept for the timed rows only (one per row of them), and the others' released before
@@ -152,7 +168,10 @@ def screen_columns(
     still computed (a row's numbers are the same with any ``outputs``). ``timed_columns``:
     called after the memory screen with (the memory outputs, ``valid``, the rows to time),
     it returns ``columns`` at those rows, which are timed from it (a caller that then
-    releases its full-size columns holds none while the rows are timed)."""
+    releases its full-size columns holds none while the rows are timed). ``reach``: (n,
+    band): only the rows whose step time can be at most ``(1 + band)`` times the n-th
+    fastest row's are timed (:func:`_rows_within_reach`); the others carry NaN outputs,
+    ``valid`` True, and are all slower than ``bound_s``."""
     c = LayoutColumns.of(columns)
     kept = None if outputs is None else outputs | {"valid", "memory_per_gpu_bytes"}
     report(progress, "memory screen", 0, len(c))
@@ -170,11 +189,68 @@ def screen_columns(
         del c  # no full-size column of the screen's own while the caller narrows its own
         c = LayoutColumns.of(timed_columns(memory, valid, rows))
         c.index(**indices)
+    within, bound_s = None, np.inf
+    if reach is not None:
+        within, bound_s = _rows_within_reach(
+            job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, *reach
+        )
     timed = _timed_in_blocks(
-        job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, progress,
-        compact, kept,
+        job, cluster, accelerator, c if within is None else c.take(within), shapes, structs,
+        order, mfu_dtype, rates, tuned, progress, compact, kept,
     )  # fmt: skip
-    return memory, valid, rows, timed
+    if within is not None:
+        timed = _spread(timed, within, len(c))
+    return Screened(memory, valid, rows, timed, bound_s)
+
+
+#: Rows timed first to find how far the fastest rows reach (:func:`_rows_within_reach`):
+#: those with the lowest step-time floor, this many times the rows the caller reads.
+PROBE_FACTOR = 8
+
+
+def _rows_within_reach(
+    job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned, count: int,
+    band: float,
+) -> tuple[np.ndarray | None, float]:  # fmt: skip
+    """The rows of ``c`` whose step time can be at most ``(1 + band)`` times the
+    ``count``-th fastest row's, and that bound in seconds (None, inf: fewer rows than
+    ``count``, all of them).
+
+    The bound is the ``count``-th fastest step of the rows with the lowest
+    :func:`planner.evaluate.time.step_time_floor` (timed in full: an upper bound of the
+    ``count``-th fastest of all rows) times ``1 + band``; a row whose floor is above it is
+    above it itself and is left out (a relative 10⁻⁹ kept for the floor's rounding)."""
+    if len(c) <= count:
+        return None, np.inf
+
+    def floor_of(rows: slice) -> np.ndarray:
+        return step_time_floor(job, accelerator, c.take(rows), shapes, structs, rates)
+
+    floor = np.concatenate([part for _, part in in_blocks(floor_of, len(c), TIMED_BLOCK_ROWS)])
+    probe = np.argpartition(floor, min(PROBE_FACTOR * count, len(c)) - 1)[: PROBE_FACTOR * count]
+    probed = time_columns(
+        job, cluster, accelerator, c.take(np.sort(probe)), shapes, structs, order, mfu_dtype,
+        rates, tuned,
+    )["step_time_s"]  # fmt: skip
+    probed = probed[np.isfinite(probed)]
+    if len(probed) < count:
+        return None, np.inf
+    bound_s = float(np.partition(probed, count - 1)[count - 1]) * (1 + band)
+    return np.flatnonzero(floor <= bound_s * (1 + 1e-9)), bound_s
+
+
+def _spread(timed: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """Outputs of ``rows`` of ``n`` rows over all of them, in each output's dtype: NaN
+    elsewhere (0 in an integer output; ``valid`` True: the rows not timed are placeable)."""
+    spread = {}
+    for key, value in timed.items():
+        if key == "valid":
+            full = np.ones(n, dtype=value.dtype)
+        else:
+            full = np.full(n, np.nan if value.dtype.kind == "f" else 0, dtype=value.dtype)
+        full[rows] = value
+        spread[key] = full
+    return spread
 
 
 def _placeable(job: Job, cluster: Cluster, c: LayoutColumns) -> np.ndarray:

@@ -18,7 +18,7 @@ from planner.comm.traffic import AXES, axis_times_vectorized, chunks_column
 from planner.cost.adapter_flops import finetune_ops_per_sequence
 from planner.cost.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.cost.model_states import optimizer_columns
-from planner.cost.profile import apply_profile, profile_inputs
+from planner.cost.profile import apply_profile, profile_floor_s, profile_inputs
 from planner.evaluate.rows import gather, held
 from planner.pipeline import closed_form
 from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES, SCHEDULES
@@ -104,16 +104,8 @@ def time_columns(
     tp, cp, pp, dp, ep, vpp = c.columns("tp", "cp", "pp", "dp", "ep", "vpp")
     mbs, m, zero = c.micro_batch_size, c.num_microbatches, c.zero_stage
     schedule, recompute = c.schedule, c.recompute
-    shape_inv, struct_inv = c.shape.codes, c.structure.codes
-    paced_rows, paced_inv = distinct_rows(c.held)
-    paced = _pipeline_columns(
-        c.take(paced_rows),
-        gather(shapes, shape_inv[paced_rows], TIME_SHAPE_KEYS),
-        gather(structs, struct_inv[paced_rows], PACE_STRUCT_KEYS),
-        accelerator,
-        rates,
-    )
-    f, b, w, rc, pipeline, busy = (column[paced_inv] for column in paced)
+    struct_inv = c.structure.codes
+    f, b, w, rc, pipeline, busy = paced_columns(c, shapes, structs, accelerator, rates)
 
     # Communication: exposed time per axis under the overlap rules.
     comm = axis_times_vectorized(
@@ -215,6 +207,43 @@ def time_columns(
     comm_s = sum(comm[f"{axis}_time_s"] for axis in AXES)
     inputs = profile_inputs(job, tp, c.etp, cp, pp, ep, mbs, m, num_gpus, comm_s, exposed)
     return apply_profile(out, inputs, job.efficiency_profile)
+
+
+def paced_columns(
+    c: LayoutColumns, shapes: dict, structs: dict, accelerator, rates
+) -> tuple[np.ndarray, ...]:
+    """Per row: the busiest examined rank's F, B, W and recompute seconds per micro-batch, the
+    pipeline's closed-form step time and the busiest rank's compute in it
+    (:func:`_pipeline_columns`), worked out once per distinct (structure, shape,
+    micro-batches[, data-parallel form]) and broadcast."""
+    paced_rows, paced_inv = distinct_rows(c.held)
+    paced = _pipeline_columns(
+        c.take(paced_rows),
+        gather(shapes, c.shape.codes[paced_rows], TIME_SHAPE_KEYS),
+        gather(structs, c.structure.codes[paced_rows], PACE_STRUCT_KEYS),
+        accelerator,
+        rates,
+    )
+    return tuple(column[paced_inv] for column in paced)
+
+
+def step_time_floor(
+    job: Job, accelerator, c: LayoutColumns, shapes: dict, structs: dict, rates
+) -> np.ndarray:
+    """A lower bound of each row's step time (:func:`time_columns`' ``step_time_s``) that
+    prices no collective: the pipeline's closed-form time and what the profile's compute,
+    kernel and synchronisation terms add to it (:func:`planner.cost.profile.profile_floor_s`).
+
+    The step is ``pipeline + exposed + optimizer + contention`` plus the profile's terms,
+    each part of the first sum at least 0, the exposed time at least the TP exposed time
+    the profile's TP-overlap term can take back: so at least this."""
+    tp, cp, pp, ep = c.columns("tp", "cp", "pp", "ep")
+    mbs, m = c.micro_batch_size, c.num_microbatches
+    _, _, _, rc, pipeline, busy = paced_columns(c, shapes, structs, accelerator, rates)
+    none = np.zeros(len(c))
+    inputs = profile_inputs(job, tp, c.etp, cp, pp, ep, mbs, m, tp * cp * pp * c.dp, none, none)
+    ideal = {"compute_s": busy - rc * m, "recompute_s": rc * m, "pipeline_time_s": pipeline}
+    return pipeline + profile_floor_s({**ideal, **inputs}, job.efficiency_profile)
 
 
 def _pipeline_columns(

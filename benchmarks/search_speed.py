@@ -8,8 +8,9 @@ Qwen3-235B-A22B on 1,024 H100s (seq 4,096, 16M tokens per step). For each:
   built) and ``--repeat`` times warm, wall and CPU seconds and candidates per second, then
   the screen alone ``--repeat`` times (``refine_top=0``: no event simulation of the top
   rows); each as ``llmplan plan`` runs it when it writes no table (``every_output=False``:
-  the table keeps what the ranking reads; ``--every-output`` keeps every output, as
-  ``--csv``/``--html`` do);
+  the table keeps what the ranking reads, and ``only_top=5``: only the rows that can reach
+  its five results are timed; ``--every-row`` times every row that fits, ``--every-output``
+  also keeps every output, as ``--csv``/``--html`` do);
 * whole-process: ``python cli.py plan …`` run ``--repeat`` times as a child process
   (all of them first, while this process is small)
   (interpreter, imports, search, the top rows' estimates and the printed table), median
@@ -50,7 +51,7 @@ QUERIES = {
 }  # fmt: skip
 
 
-def in_process(name: str, repeat: int, every_output: bool = False) -> None:
+def in_process(name: str, repeat: int, every_output: bool = False, every_row: bool = False) -> None:
     """Cold and warm searches of one query in this process."""
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.api import build_job
@@ -65,6 +66,8 @@ def in_process(name: str, repeat: int, every_output: bool = False) -> None:
     seconds_of: dict[str, list[tuple[float, float]]] = {"warm": [], "screen": []}
     for label, refine_top in runs:
         options = {"every_output": every_output}
+        if not (every_output or every_row):  # as the plan reads them: its top 5
+            options["only_top"] = 5
         if refine_top is not None:
             options["refine_top"] = refine_top
         start, cpu = time.perf_counter(), time.process_time()
@@ -114,8 +117,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="warm runs and processes (3)")
     parser.add_argument("--only", choices=list(QUERIES), help="one query")
     parser.add_argument("--no-process", action="store_true", help="skip the child processes")
-    parser.add_argument("--every-output", action="store_true",
-                        help="in-process searches keep every output (as a plan with --csv)")  # fmt: skip
+    parser.add_argument(
+        "--every-output",
+        action="store_true",
+        help="in-process searches keep every output (as a plan with --csv)",
+    )
+    parser.add_argument("--every-row", action="store_true",
+                        help="in-process searches time every row that fits (no only_top)")  # fmt: skip
     args = parser.parse_args()
     names = [args.only] if args.only else list(QUERIES)
     # Child processes first, from a parent that has imported nothing large: a child's
@@ -129,7 +137,7 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     for name in names:
         print(name)
-        in_process(name, args.repeat, args.every_output)
+        in_process(name, args.repeat, args.every_output, args.every_row)
 
 
 if __name__ == "__main__":

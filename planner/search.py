@@ -63,7 +63,8 @@ class SearchResult(BaseModel):
 
     ``columns``: the ranked rows, best first, one numpy array per column (string columns and
     the ranking's ``preference`` as :class:`planner.columns.codes.Labels`); empty when no row
-    was screened. :meth:`top_rows` and :meth:`column` read them; :attr:`table` is them as a
+    was screened. A search with ``only_top`` ranks the first rows only (every row faster
+    than its reach); ``feasible`` counts every row that fits all the same. :meth:`top_rows` and :meth:`column` read them; :attr:`table` is them as a
     pandas DataFrame, built (and pandas imported) when first read."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)

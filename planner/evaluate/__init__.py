@@ -219,7 +219,8 @@ def _rows_within_reach(
     The bound is the ``count``-th fastest step of the rows with the lowest
     :func:`planner.evaluate.time.step_time_floor` (timed in full: an upper bound of the
     ``count``-th fastest of all rows) times ``1 + band``; a row whose floor is above it is
-    above it itself and is left out (a relative 10⁻⁹ kept for the floor's rounding)."""
+    above it itself and is left out (a relative 10⁻⁹ kept for the floor's rounding; a row
+    without a floor is timed)."""
     if len(c) <= count:
         return None, np.inf
 
@@ -236,7 +237,7 @@ def _rows_within_reach(
     if len(probed) < count:
         return None, np.inf
     bound_s = float(np.partition(probed, count - 1)[count - 1]) * (1 + band)
-    return np.flatnonzero(floor <= bound_s * (1 + 1e-9)), bound_s
+    return np.flatnonzero(~(floor > bound_s * (1 + 1e-9))), bound_s  # a NaN floor: timed
 
 
 def _spread(timed: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str, np.ndarray]:

@@ -215,7 +215,7 @@ RANK_INPUTS = ("tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "memory_per_gpu_
 def rank_order(
     job, accelerator, column, records, time_order: np.ndarray, top: int, objective: str,
     settings: RankSettings | None, scale_up_domain: int, usable_bytes: float, layout_of_row,
-    every_row: tuple | None = None,
+    every_row=None,
 ) -> tuple[np.ndarray, dict]:  # fmt: skip
     """The rows' order as ``settings`` says, and the columns the ranking adds, in that order.
 
@@ -228,8 +228,9 @@ def rank_order(
     ``top`` rows not yet simulated are simulated and the order decided again. Adds the
     :data:`SIMULATED` columns, ``rank_by_time``, ``equivalent_to_best``, ``preference`` (labels
     of :data:`PREFERENCES`) and ``rank``; the caller takes every column once, in the returned
-    order. ``every_row``: :func:`over_every_row` of every feasible row, at these rows (when
-    they are not all of them); None: of these rows."""
+    order. ``every_row``: a function giving :func:`over_every_row` of every feasible row at
+    these rows (when they are not all of them; called only by the robust ranking); None:
+    of these rows."""
     settings = settings or RankSettings(mode="time")
     count = len(time_order)
     time_order = time_order.copy()
@@ -256,8 +257,8 @@ def rank_order(
             "preference": Labels(np.full(count, PREFERENCES.index(TIME_RANK)), PREFERENCES),
             "rank": rank_by_time[order].copy(),
         }
-    if every_row is None:  # once; the keys are built for the band's rows only
-        every_row = over_every_row(column)
+    # Once; the keys are built for the band's rows only.
+    every_row = over_every_row(column) if every_row is None else every_row()
 
     def keys_of(rows: np.ndarray) -> np.ndarray:
         return preference_keys(column, scale_up_domain, usable_bytes, rows, every_row)

@@ -64,8 +64,9 @@ class SearchResult(BaseModel):
     ``columns``: the ranked rows, best first, one numpy array per column (string columns and
     the ranking's ``preference`` as :class:`planner.columns.codes.Labels`); empty when no row
     was screened. A search with ``only_top`` ranks the first rows only (every row faster
-    than its reach); ``feasible`` counts every row that fits all the same. :meth:`top_rows` and :meth:`column` read them; :attr:`table` is them as a
-    pandas DataFrame, built (and pandas imported) when first read."""
+    than its reach); ``feasible`` counts every row that fits all the same. :meth:`top_rows`
+    and :meth:`column` read them; :attr:`table` is them as a pandas DataFrame, built (and
+    pandas imported) when first read."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -226,12 +227,17 @@ def search(
 
         every_row = None  # what the preference rules read over every feasible row
         if np.isfinite(bound_s):  # only the rows within reach are ranked
-            if rank_settings is not None and rank_settings.mode == "robust":
-                every_row = over_every_row(kept_rows)
+            feasible_rows = at, kept
             reached = np.take(timed["step_time_s"], at) <= bound_s
             kept, at = kept[reached], at[reached]
-            if every_row is not None:
-                every_row = (every_row[0][reached], every_row[1][reached], every_row[2])
+
+            def every_row() -> tuple:
+                """:func:`planner.rank.over_every_row` of every feasible row, at the ranked."""
+                least_pp, least_cp, tp_max = over_every_row(
+                    lambda key: kept_rows(key, feasible_rows)
+                )
+                return least_pp[reached], least_cp[reached], tp_max
+
         extra = {}  # the time to train of each kept row (with a token budget)
         if training is not None:
             needed = ("step_time_s", "tokens_per_s_per_gpu", "checkpoint_bytes_per_rank")

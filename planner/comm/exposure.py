@@ -71,3 +71,25 @@ def exposed_time(
     window = {"dp_grad": backward, "dp_param": forward, "fsdp_gather": busy,
               "fsdp_grad": m * backward}[rule]  # fmt: skip
     return np.minimum(raw, np.maximum(bucket, raw - window))
+
+
+def exposed_floor(
+    rule, raw, one, bucket, m, pp, chunks, tp_overlap=False, ep_overlap=False, sm_share=0.0
+):  # fmt: skip
+    """A lower bound of :func:`exposed_time` whatever the compute it hides behind (any
+    forward and backward ≥ 0, any pooled window), from what a term's collectives alone
+    give: a DP or FSDP term exposes at least its first or last bucket (or all of it, if
+    shorter); the pipeline's sends at least the fill and drain's ``2·(pp·chunks − 1)``
+    sends; DualPipe's EP all-to-alls at least the chunks that run alone and the SM share of
+    the paired ones; a TP term that overlaps nothing all of it, one that overlaps 0; the
+    rules that read no compute (CP's) all of it."""
+    if rule == "exposed":
+        return np.where(tp_overlap, 0.0, raw)
+    if rule == "pp_steady":
+        return np.minimum(raw, 2 * np.maximum(pp * chunks - 1, 0) * one)
+    if rule == "ep":
+        paired = dualpipe_paired_share(pp, m, chunks)
+        return np.where(ep_overlap, raw * ((1.0 - paired) + paired * sm_share), raw)
+    if rule in ("dp_grad", "dp_param", "fsdp_gather", "fsdp_grad"):
+        return np.minimum(raw, bucket)
+    return raw

@@ -20,6 +20,8 @@ axes share a link (``link_contention_s``).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from hwspecs.catalog import load_accelerator
@@ -35,7 +37,7 @@ from planner.comm.context_parallel import (
     ring_exposed_time,
 )
 from planner.comm.cost_tables import CostTables, cheapest, link_busy
-from planner.comm.exposure import ep_overlap_sm_share, exposed_time
+from planner.comm.exposure import ep_overlap_sm_share, exposed_floor, exposed_time
 from planner.comm.levels import as_cluster, cluster_view
 from planner.comm.mesh import resolve_order
 from planner.comm.terms import (
@@ -203,6 +205,158 @@ def _reshaped(out: dict, rows: tuple) -> dict:
     }
 
 
+class Keyed(NamedTuple):
+    """Rows of layouts and their distinct combinations of what every term but its exposure
+    depends on (the degrees, chunks, micro-batches, SP, full recompute, ZeRO stage and
+    layer split): :func:`_keyed`."""
+
+    rows: tuple  # the rows' shape
+    flat: dict  # every column over the rows, one dimension
+    key: dict  # every column on one row per distinct combination
+    inv: np.ndarray  # each row's combination
+    split: object  # the layer split: one value, or a column of the combinations
+    ep_overlap: np.ndarray  # rows whose schedule overlaps the EP all-to-alls (DualPipe)
+
+
+def _keyed(
+    job, tp, cp, pp, dp, ep, etp, vpp, micro_batch_size, num_microbatches, zero_stage,
+    sequence_parallel, recompute, schedule, pipeline_layer_split, cp_algorithm, cp_inner,
+) -> Keyed:  # fmt: skip
+    """The rows (numpy columns, scalars broadcast; see :func:`axis_times_vectorized`) as one
+    dimension, and one row per distinct combination of the fields every term but its
+    exposure reads: terms, bytes and raw times are worked out on those and broadcast."""
+    tp, cp, pp, dp, ep, vpp, b, zero = np.broadcast_arrays(
+        *(
+            np.asarray(x, dtype=np.int64)
+            for x in (tp, cp, pp, dp, ep, vpp, micro_batch_size, zero_stage)
+        )
+    )
+    etp = np.broadcast_to(resolved_etp(etp, tp), tp.shape)
+    rows = tp.shape
+    sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
+    if isinstance(recompute, Labels):
+        full = recompute.isin(("full",)).astype(np.int64).reshape(rows)
+    else:
+        full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
+    if not isinstance(schedule, Labels):
+        schedule = np.broadcast_to(np.asarray(schedule), rows)
+    for name in _distinct(schedule):
+        get_schedule(str(name))  # an unknown name raises its one-line error
+    chunks = chunks_column(schedule, vpp)
+    ep_overlap = _is_one_of(schedule, EP_OVERLAP_SCHEDULES)
+    batch_ok = np.ones(rows, dtype=bool)
+    if num_microbatches is not None:
+        m = np.broadcast_to(np.asarray(num_microbatches, dtype=np.int64), rows)
+    elif job.global_batch_size is None:  # as Layout.resolved_num_microbatches
+        m = np.where(vpp > 1, pp * vpp, pp)
+    else:
+        m, remainder = np.divmod(job.global_batch_size, dp * b)
+        batch_ok = remainder == 0
+    count_rows = int(np.prod(rows))
+    flat = {  # every column over the rows, one dimension
+        name: np.broadcast_to(column, rows).reshape(count_rows)
+        for name, column in {
+            "tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "chunks": chunks,
+            "b": b, "m": m,
+            "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
+            "mirrored": _is_one_of(schedule, BIDIRECTIONAL_SCHEDULES),  # two parameter copies per rank
+            "cpa": cp_algorithm_codes(cp_algorithm, rows),
+            "inner": np.zeros(rows, dtype=np.int64) if cp_inner is None else np.where(
+                np.asarray(cp_algorithm_codes(cp_algorithm, rows)) == 3,
+                np.asarray(cp_inner, dtype=np.int64), 0),
+            "batch_ok": batch_ok,
+        }.items()
+    }  # fmt: skip
+    split = pipeline_layer_split
+    if np.ndim(split):
+        flat["split"] = np.broadcast_to(np.asarray(split), rows).reshape(count_rows)
+    key_rows, inv = distinct_rows(*(flat[k] for k in flat if k != "batch_ok"))
+    key = {name: column[key_rows] for name, column in flat.items()}
+    split_key = key["split"] if np.ndim(split) else split
+    ep_overlap_rows = np.broadcast_to(ep_overlap, rows).reshape(count_rows)
+    return Keyed(rows, flat, key, inv, split_key, ep_overlap_rows)
+
+
+def _reads_compute(term, tp_comm_overlap: bool) -> bool:
+    """Whether a term's exposure reads the compute it hides behind (so is worked out per row
+    when compute times are given): all but CP's and, unless TP overlaps, TP's."""
+    return not (
+        term.rule in ("cp_exposed", RING_RULE, ALL_TO_ALL_RULE)
+        or (term.rule == "exposed" and not tp_comm_overlap)
+    )
+
+
+def _exposed_per_key(term, count, one, bucket, raw, key: dict, overlaps: bool) -> np.ndarray:
+    """Exposed seconds of a term whose exposure reads no compute, per key: all of it, but
+    ring attention's steps behind their block compute where the GPU overlaps (``overlaps``);
+    0 where the term does not run."""
+    exposed = exposed_time(term.rule, raw, one, bucket, key["m"], key["pp"], key["chunks"], None)
+    if term.rule == RING_RULE and overlaps:  # behind the block compute
+        exposed = ring_exposed_time(raw, count, one, term.overlap_s, term.extra_s)
+    return np.where(count > 0, exposed, 0.0)
+
+
+def exposed_floor_vectorized(
+    job: Job,
+    cluster: Cluster | str,
+    *,
+    tp,
+    cp=1,
+    pp=1,
+    dp=1,
+    ep=1,
+    etp=None,
+    vpp=1,
+    micro_batch_size=1,
+    num_microbatches=None,
+    zero_stage=1,
+    sequence_parallel=True,
+    recompute="none",
+    schedule="1f1b",
+    pipeline_layer_split="auto",
+    order=DEFAULT_MESH_ORDER,
+    tp_comm_overlap=False,
+    cp_algorithm=None,
+    cp_inner=None,
+    skip_axes: tuple[str, ...] = (),
+) -> np.ndarray:
+    """A lower bound of each row's exposed communication, read without its compute times:
+    of the sum over the axes not in ``skip_axes`` of :func:`axis_times_vectorized`'s
+    ``{axis}_exposed_time_s`` with any ``forward_s``, ``backward_s`` ≥ 0 (the same
+    arguments otherwise). Worked out per key only: a term whose exposure reads no compute
+    exposes what it does there, the others their
+    :func:`planner.comm.exposure.exposed_floor`. NaN where a row cannot be placed."""
+    cluster = as_cluster(cluster)
+    order = resolve_order(order)
+    rows, flat, key, inv, split_key, ep_overlap_rows = _keyed(
+        job, tp, cp, pp, dp, ep, etp, vpp, micro_batch_size, num_microbatches, zero_stage,
+        sequence_parallel, recompute, schedule, pipeline_layer_split, cp_algorithm, cp_inner,
+    )  # fmt: skip
+    accelerator = load_accelerator(cluster.accelerator)
+    overlaps = accelerator.overlaps_communication
+    sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
+    # Per key: the floor of rows that overlap the EP all-to-alls, and of those that do not.
+    floor = [np.zeros(len(key["tp"])), np.zeros(len(key["tp"]))]
+    priced = _priced_terms(job, cluster, order, key, split_key)
+    with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
+        for term, count, _, one, bucket, raw, _ in priced:
+            if term.axis in skip_axes:
+                continue
+            for overlapped, total in enumerate(floor):
+                if not (overlaps and _reads_compute(term, tp_comm_overlap)):
+                    exposed = _exposed_per_key(term, count, one, bucket, raw, key, overlaps)
+                else:
+                    exposed = exposed_floor(term.rule, raw, one, bucket, key["m"], key["pp"],
+                                            key["chunks"], tp_comm_overlap, bool(overlapped),
+                                            sm_share)  # fmt: skip
+                    exposed = np.where(count > 0, exposed, 0.0)
+                total += exposed
+    valid = placeable(cluster, job.model.num_layers, key["tp"], key["cp"], key["pp"], key["dp"],
+                      key["ep"], key["chunks"], split_key, key["etp"])[inv] & flat["batch_ok"]  # fmt: skip
+    exposed = np.where(ep_overlap_rows, floor[1][inv], floor[0][inv])
+    return np.where(valid, exposed, np.nan).reshape(rows)
+
+
 def axis_times_vectorized(
     job: Job,
     cluster: Cluster | str,
@@ -253,33 +407,11 @@ def axis_times_vectorized(
     """
     cluster = as_cluster(cluster)
     order = resolve_order(order)
-    tp, cp, pp, dp, ep, vpp, b, zero = np.broadcast_arrays(
-        *(
-            np.asarray(x, dtype=np.int64)
-            for x in (tp, cp, pp, dp, ep, vpp, micro_batch_size, zero_stage)
-        )
-    )
-    etp = np.broadcast_to(resolved_etp(etp, tp), tp.shape)
-    rows = tp.shape
-    sp = np.broadcast_to(np.asarray(sequence_parallel, dtype=bool), rows)
-    if isinstance(recompute, Labels):
-        full = recompute.isin(("full",)).astype(np.int64).reshape(rows)
-    else:
-        full = np.broadcast_to(np.asarray(recompute) == "full", rows).astype(np.int64)
-    if not isinstance(schedule, Labels):
-        schedule = np.broadcast_to(np.asarray(schedule), rows)
-    for name in _distinct(schedule):
-        get_schedule(str(name))  # an unknown name raises its one-line error
-    chunks = chunks_column(schedule, vpp)
-    ep_overlap = _is_one_of(schedule, EP_OVERLAP_SCHEDULES)
-    batch_ok = np.ones(rows, dtype=bool)
-    if num_microbatches is not None:
-        m = np.broadcast_to(np.asarray(num_microbatches, dtype=np.int64), rows)
-    elif job.global_batch_size is None:  # as Layout.resolved_num_microbatches
-        m = np.where(vpp > 1, pp * vpp, pp)
-    else:
-        m, remainder = np.divmod(job.global_batch_size, dp * b)
-        batch_ok = remainder == 0
+    rows, flat, key, inv, split_key, ep_overlap_rows = _keyed(
+        job, tp, cp, pp, dp, ep, etp, vpp, micro_batch_size, num_microbatches, zero_stage,
+        sequence_parallel, recompute, schedule, pipeline_layer_split, cp_algorithm, cp_inner,
+    )  # fmt: skip
+    count_rows, inv_keys = len(inv), key["tp"]
     compute = None  # None: every term exposed (also where compute runs the collectives)
     accelerator = load_accelerator(cluster.accelerator)
     if forward_s is not None and backward_s is not None and accelerator.overlaps_communication:
@@ -288,50 +420,23 @@ def axis_times_vectorized(
             np.asarray(backward_s, dtype=float),
         )
 
-    # Everything but the exposure depends on the degrees, chunks, micro-batches, SP, full
-    # recompute, ZeRO stage and layer split only: it is worked out on one row per distinct
-    # combination ("key") and broadcast; only terms whose exposure reads the compute times
-    # are split into exposed and hidden per row.
-    count_rows = int(np.prod(rows))
-    flat = {  # every column over the rows, one dimension
-        name: np.broadcast_to(column, rows).reshape(count_rows)
-        for name, column in {
-            "tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "chunks": chunks,
-            "b": b, "m": m,
-            "sp": sp, "full": full, "zero": zero, "v_shape": _is_one_of(schedule, V_SHAPE_SCHEDULES),
-            "mirrored": _is_one_of(schedule, BIDIRECTIONAL_SCHEDULES),  # two parameter copies per rank
-            "cpa": cp_algorithm_codes(cp_algorithm, rows),
-            "inner": np.zeros(rows, dtype=np.int64) if cp_inner is None else np.where(
-                np.asarray(cp_algorithm_codes(cp_algorithm, rows)) == 3,
-                np.asarray(cp_inner, dtype=np.int64), 0),
-            "batch_ok": batch_ok,
-        }.items()
-    }  # fmt: skip
-    split = pipeline_layer_split
-    if np.ndim(split):
-        flat["split"] = np.broadcast_to(np.asarray(split), rows).reshape(count_rows)
-    key_rows, inv = distinct_rows(*(flat[k] for k in flat if k != "batch_ok"))
-    key = {name: column[key_rows] for name, column in flat.items()}
-    split_key = key["split"] if np.ndim(split) else split
+    # Everything but the exposure is worked out on one row per distinct combination ("key")
+    # and broadcast; only terms whose exposure reads the compute times are split into
+    # exposed and hidden per row.
     priced = _priced_terms(job, cluster, order, key, split_key)
-    ep_overlap_rows = np.broadcast_to(ep_overlap, rows).reshape(count_rows)
     if compute is not None:
         compute = tuple(np.broadcast_to(x, rows).reshape(count_rows) for x in compute)
     # Axes whose exposure reads the compute times are summed per row; the others per key.
     per_row = {
         term.axis
         for term, *_ in priced
-        if compute is not None
-        and not (
-            term.rule in ("cp_exposed", RING_RULE, ALL_TO_ALL_RULE)
-            or (term.rule == "exposed" and not tp_comm_overlap)
-        )
+        if compute is not None and _reads_compute(term, tp_comm_overlap)
     }
     out, exposed_by_axis = {}, {}
     for axis in AXES:
-        out[f"{axis}_bytes_per_step"] = np.zeros(len(key_rows))
-        out[f"{axis}_time_s"] = np.zeros(len(key_rows))
-        exposed_by_axis[axis] = np.zeros(count_rows if axis in per_row else len(key_rows))
+        out[f"{axis}_bytes_per_step"] = np.zeros(len(inv_keys))
+        out[f"{axis}_time_s"] = np.zeros(len(inv_keys))
+        exposed_by_axis[axis] = np.zeros(count_rows if axis in per_row else len(inv_keys))
     link_exposed: dict[str, dict[str, np.ndarray]] = {}  # link → axis → busy seconds
     link_hidden: dict[str, dict[str, np.ndarray]] = {}
     pooled = sum(raw for term, *_, raw, _ in priced if term.rule == "ep")  # one DualPipe window
@@ -355,15 +460,11 @@ def axis_times_vectorized(
                 raw, busy = raw[at], {link: seconds[at] for link, seconds in busy.items()}
             else:
                 live = None  # exposed = raw under these rules: as without compute times
-                exposed = exposed_time(term.rule, raw, one, bucket, key["m"], key["pp"],
-                                       key["chunks"], None)  # fmt: skip
-                if term.rule == RING_RULE and compute is not None:  # behind the block compute
-                    exposed = ring_exposed_time(raw, count, one, term.overlap_s, term.extra_s)
-                exposed = np.where(count > 0, exposed, 0.0)
+                exposed = _exposed_per_key(term, count, one, bucket, raw, key, compute is not None)
             _add(exposed_by_axis, term.axis, live, exposed)
             # Each link's busy time splits as the term's time does: exposed and hidden.
             exposed_share = np.where(raw > 0, np.minimum(exposed / np.where(raw > 0, raw, 1), 1), 1)
-            size = count_rows if live is not None else len(key_rows)
+            size = count_rows if live is not None else len(inv_keys)
             for link, seconds in busy.items():
                 for split_by, share in (
                     (link_exposed, exposed_share),

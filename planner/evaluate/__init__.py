@@ -37,7 +37,12 @@ from planner.comm.traffic import AXES, chunks_column, placeable
 from planner.cost.compute import GpuRates
 from planner.evaluate.blocks import in_blocks
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
-from planner.evaluate.time import data_parallel_form, step_time_floor, time_columns
+from planner.evaluate.time import (
+    data_parallel_form,
+    exposed_comm_floor,
+    step_time_floor,
+    time_columns,
+)
 from planner.progress import report
 from planner.spec.job import Job
 
@@ -220,24 +225,42 @@ def _rows_within_reach(
     :func:`planner.evaluate.time.step_time_floor` (timed in full: an upper bound of the
     ``count``-th fastest of all rows) times ``1 + band``; a row whose floor is above it is
     above it itself and is left out (a relative 10⁻⁹ kept for the floor's rounding; a row
-    without a floor is timed)."""
+    without a floor is timed). On the rows left the floor gains the communication no
+    compute can hide (:func:`planner.evaluate.time.exposed_comm_floor`), the bound becomes
+    the lower of itself and the same bound over the rows with the lowest of that floor, and
+    the rows above it are left out in turn."""
     if len(c) <= count:
         return None, np.inf
 
     def floor_of(rows: slice) -> np.ndarray:
         return step_time_floor(job, accelerator, c.take(rows), shapes, structs, rates)
 
+    def probed_bound(floor: np.ndarray, rows=None) -> float:
+        """The ``count``-th fastest step of the rows (of ``rows``) with the lowest floor."""
+        probe = np.argpartition(floor, min(PROBE_FACTOR * count, len(floor)) - 1)
+        probe = np.sort(probe[: PROBE_FACTOR * count])
+        probed = time_columns(
+            job, cluster, accelerator, c.take(probe if rows is None else rows[probe]), shapes,
+            structs, order, mfu_dtype, rates, tuned,
+        )["step_time_s"]  # fmt: skip
+        probed = probed[np.isfinite(probed)]
+        return float(np.partition(probed, count - 1)[count - 1]) if len(probed) >= count else np.inf
+
     floor = np.concatenate([part for _, part in in_blocks(floor_of, len(c), TIMED_BLOCK_ROWS)])
-    probe = np.argpartition(floor, min(PROBE_FACTOR * count, len(c)) - 1)[: PROBE_FACTOR * count]
-    probed = time_columns(
-        job, cluster, accelerator, c.take(np.sort(probe)), shapes, structs, order, mfu_dtype,
-        rates, tuned,
-    )["step_time_s"]  # fmt: skip
-    probed = probed[np.isfinite(probed)]
-    if len(probed) < count:
+    bound_s = probed_bound(floor) * (1 + band)
+    if not np.isfinite(bound_s):
         return None, np.inf
-    bound_s = float(np.partition(probed, count - 1)[count - 1]) * (1 + band)
-    return np.flatnonzero(~(floor > bound_s * (1 + 1e-9))), bound_s  # a NaN floor: timed
+    within = np.flatnonzero(~(floor > bound_s * (1 + 1e-9)))  # a NaN floor: timed
+
+    def comm_floor_of(rows: slice) -> np.ndarray:
+        return exposed_comm_floor(job, cluster, c.take(within[rows]), order)
+
+    # The rows left: their floor with the communication no compute can hide, and the bound
+    # again from the rows with the lowest of it (the lower of two upper bounds).
+    comm = [part for _, part in in_blocks(comm_floor_of, len(within), TIMED_BLOCK_ROWS)]
+    floor = floor[within] + np.concatenate(comm) if comm else floor[within]
+    bound_s = min(bound_s, probed_bound(floor, within) * (1 + band))
+    return within[~(floor > bound_s * (1 + 1e-9))], bound_s
 
 
 def _spread(timed: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str, np.ndarray]:

@@ -14,7 +14,12 @@ from planner.columns.codes import Labels, distinct_rows
 from planner.columns.layout import LayoutColumns
 from planner.columns.tables import TIME_SHAPE_KEYS, one_value_or_column, rows_by_value
 from planner.comm.contention import occupancy_excess
-from planner.comm.traffic import AXES, axis_times_vectorized, chunks_column
+from planner.comm.traffic import (
+    AXES,
+    axis_times_vectorized,
+    chunks_column,
+    exposed_floor_vectorized,
+)
 from planner.cost.adapter_flops import finetune_ops_per_sequence
 from planner.cost.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.cost.model_states import optimizer_columns
@@ -101,35 +106,14 @@ def time_columns(
     optimizer's on its structure, ZeRO stage and group (and the DP rate Muon gathers at):
     each is worked out on one row per distinct combination and broadcast."""
     model = job.model
-    tp, cp, pp, dp, ep, vpp = c.columns("tp", "cp", "pp", "dp", "ep", "vpp")
-    mbs, m, zero = c.micro_batch_size, c.num_microbatches, c.zero_stage
-    schedule, recompute = c.schedule, c.recompute
+    tp, cp, pp, dp, ep = c.columns("tp", "cp", "pp", "dp", "ep")
+    mbs, m, zero, recompute = c.micro_batch_size, c.num_microbatches, c.zero_stage, c.recompute
     struct_inv = c.structure.codes
     f, b, w, rc, pipeline, busy = paced_columns(c, shapes, structs, accelerator, rates)
 
     # Communication: exposed time per axis under the overlap rules.
     comm = axis_times_vectorized(
-        job,
-        cluster,
-        tp=tp,
-        cp=cp,
-        pp=pp,
-        dp=dp,
-        ep=ep,
-        etp=c.etp,
-        vpp=vpp,
-        micro_batch_size=mbs,
-        num_microbatches=m,
-        zero_stage=zero,
-        sequence_parallel=c.sequence_parallel,
-        recompute=recompute,
-        schedule=schedule,
-        pipeline_layer_split=one_value_or_column(c.pipeline_layer_split),
-        order=order or ("tp", "cp", "ep", "pp", "dp"),
-        forward_s=f,
-        backward_s=b + rc + w,
-        cp_algorithm=c.cp_algorithm,
-        cp_inner=c.cp_inner,
+        job, cluster, **_comm_arguments(c, order), forward_s=f, backward_s=b + rc + w
     )
 
     # Optimizer: the trainable parameters' update (and Muon's orthogonalization and gather).
@@ -207,6 +191,38 @@ def time_columns(
     comm_s = sum(comm[f"{axis}_time_s"] for axis in AXES)
     inputs = profile_inputs(job, tp, c.etp, cp, pp, ep, mbs, m, num_gpus, comm_s, exposed)
     return apply_profile(out, inputs, job.efficiency_profile)
+
+
+def _comm_arguments(c: LayoutColumns, order) -> dict:
+    """The rows' layout as :func:`planner.comm.traffic.axis_times_vectorized` reads it."""
+    return {
+        "tp": c.tp,
+        "cp": c.cp,
+        "pp": c.pp,
+        "dp": c.dp,
+        "ep": c.ep,
+        "etp": c.etp,
+        "vpp": c.vpp,
+        "micro_batch_size": c.micro_batch_size,
+        "num_microbatches": c.num_microbatches,
+        "zero_stage": c.zero_stage,
+        "sequence_parallel": c.sequence_parallel,
+        "recompute": c.recompute,
+        "schedule": c.schedule,
+        "pipeline_layer_split": one_value_or_column(c.pipeline_layer_split),
+        "order": order or ("tp", "cp", "ep", "pp", "dp"),
+        "cp_algorithm": c.cp_algorithm,
+        "cp_inner": c.cp_inner,
+    }
+
+
+def exposed_comm_floor(job: Job, cluster, c: LayoutColumns, order) -> np.ndarray:
+    """A lower bound of each row's exposed communication in :func:`time_columns`' step,
+    read without its compute times (:func:`planner.comm.traffic.exposed_floor_vectorized`;
+    NaN where a row cannot be placed). Where the job's stack overlaps TP communication the
+    profile's TP-overlap term may take the TP exposed time back: TP is left out there."""
+    skip = ("tp",) if job.tp_comm_overlap else ()
+    return exposed_floor_vectorized(job, cluster, **_comm_arguments(c, order), skip_axes=skip)
 
 
 def paced_columns(

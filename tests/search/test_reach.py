@@ -1,6 +1,7 @@
 """A search that reads only its first rows (``only_top``) times only the rows that can reach
 them, and ranks the same first rows, with the same values, as the search that times every
-row; the step-time floor it prunes by is below every row's step time."""
+row; the step-time floors it prunes by (with and without the communication no compute can
+hide) are below every row's step time."""
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from planner.api.search import rank_settings
 from planner.columns.codes import Labels
 from planner.columns.layout import LayoutColumns
 from planner.evaluate import _rates, _tables
-from planner.evaluate.time import step_time_floor
+from planner.evaluate.time import exposed_comm_floor, step_time_floor
 from planner.search import LAYOUT_COLUMNS, search
 
 CASES = {  # name: (model, seq_len, global batch tokens, cluster, GPUs, profile, stack)
@@ -76,3 +77,6 @@ def test_the_step_time_floor_is_below_every_step_time(name):
     step = found.column("step_time_s")
     assert np.all(floor <= step * (1 + 1e-9))
     assert np.median(floor / step) > 0.2  # a floor that prunes: not far below the steps
+    with_comm = floor + exposed_comm_floor(job, cluster, c, None)
+    assert np.all(with_comm <= step * (1 + 1e-9))
+    assert np.mean(with_comm > floor) > 0.5  # most rows expose some communication

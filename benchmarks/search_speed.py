@@ -12,7 +12,9 @@ Qwen3-235B-A22B on 1,024 H100s (seq 4,096, 16M tokens per step). For each:
   its five results are timed; ``--every-row`` times every row that fits, ``--every-output``
   also keeps every output, as ``--csv``/``--html`` do);
 * whole-process: ``python cli.py plan …`` run ``--repeat`` times as a child process
-  (all of them first, while this process is small)
+  (all of them first, while this process is small; modules read from cached bytecode, as
+  on any machine after their first import, also where the environment sets
+  ``PYTHONDONTWRITEBYTECODE``: ``--compile-each-run`` to compile them in every run)
   (interpreter, imports, search, the top rows' estimates and the printed table), median
   and best wall seconds, the median CPU seconds (user + system: what the wall would be
   on an idle core) and the peak resident memory (the child's ``ru_maxrss``).
@@ -31,6 +33,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,24 +94,41 @@ def in_process(name: str, repeat: int, every_output: bool = False, every_row: bo
             )
 
 
-def whole_process(name: str, repeat: int) -> None:
+def child_environment(compiled: bool, cache: str) -> dict[str, str]:
+    """The children's environment. ``compiled``: modules are read from cached bytecode, as
+    Python does on any machine after a module's first import (where the environment says
+    not to write bytecode — ``PYTHONDONTWRITEBYTECODE``, as some sandboxes and containers
+    set it —, the children write and read it under ``cache``, and the first child, which
+    writes it, is not counted); else the environment as it is."""
+    env = dict(os.environ)
+    if compiled and env.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+        env.setdefault("PYTHONPYCACHEPREFIX", cache)
+    return env
+
+
+def whole_process(name: str, repeat: int, compiled: bool = True) -> None:
     """``python cli.py plan`` of one query as a child process: wall seconds, peak RSS."""
     command = [sys.executable, str(ROOT / "cli.py"), "plan", *QUERIES[name][5]]
     walls, peaks, cpus = [], [], []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
-        _, status, usage = os.wait4(child.pid, 0)
-        walls.append(time.perf_counter() - start)
-        peaks.append(usage.ru_maxrss * 1024)  # Linux reports KiB
-        cpus.append(usage.ru_utime + usage.ru_stime)
-        if os.waitstatus_to_exitcode(status):
-            raise SystemExit(f"{' '.join(command)} failed")
+    with tempfile.TemporaryDirectory(prefix="llmplan-bytecode-") as cache:
+        env = child_environment(compiled, cache)
+        if compiled:  # the bytecode written (or found) before the counted runs
+            subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, env=env, check=True)
+        for _ in range(repeat):
+            start = time.perf_counter()
+            child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
+            _, status, usage = os.wait4(child.pid, 0)
+            walls.append(time.perf_counter() - start)
+            peaks.append(usage.ru_maxrss * 1024)  # Linux reports KiB
+            cpus.append(usage.ru_utime + usage.ru_stime)
+            if os.waitstatus_to_exitcode(status):
+                raise SystemExit(f"{' '.join(command)} failed")
     print(
         f"  whole process ({' '.join(['cli.py plan', *QUERIES[name][5]])}): "
         f"median {statistics.median(walls):.2f} s, best {min(walls):.2f} s "
         f"(CPU median {statistics.median(cpus):.2f} s), "
         f"peak {max(peaks) / 2**30:.2f} GiB over {repeat} runs"
+        + ("" if compiled else ", modules compiled from source each run")
     )
 
 
@@ -122,6 +142,9 @@ def main() -> None:
         action="store_true",
         help="in-process searches keep every output (as a plan with --csv)",
     )
+    parser.add_argument("--compile-each-run", action="store_true",
+                        help="children read no cached bytecode where the environment says not "
+                             "to write it (PYTHONDONTWRITEBYTECODE): as a first run")  # fmt: skip
     parser.add_argument("--every-row", action="store_true",
                         help="in-process searches time every row that fits (no only_top)")  # fmt: skip
     args = parser.parse_args()
@@ -130,7 +153,7 @@ def main() -> None:
     # ru_maxrss starts from its parent's resident size at the fork.
     for name in [] if args.no_process else names:
         print(name)
-        whole_process(name, args.repeat)
+        whole_process(name, args.repeat, not args.compile_each_run)
     from planner.evaluate.blocks import THREADS_VARIABLE, worker_threads  # after the children
 
     print(f"threads: {worker_threads()} ({THREADS_VARIABLE} sets it; the children's too), "

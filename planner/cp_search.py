@@ -146,5 +146,6 @@ def _exposed_cp_s(job, cluster, order, probe: dict, algorithm, recompute: str) -
         micro_batch_size=probe["micro_batch_size"], num_microbatches=1, zero_stage=0,
         recompute=recompute, schedule="1f1b", order=order or ("tp", "cp", "ep", "pp", "dp"),
         forward_s=ones, backward_s=ones, cp_algorithm=algorithm, cp_inner=probe.get("cp_inner"),
+        axes=("cp",),
     )  # fmt: skip
     return out["cp_exposed_time_s"]

@@ -69,11 +69,13 @@ def _placements(cluster: Cluster, combos: np.ndarray, order: tuple[str, ...]) ->
     """The placement of each (tp, cp, ep, pp, dp, etp) combination; None where it cannot be
     placed."""
     views, placements = {}, []
-    for tp, cp, ep, pp, dp, etp in combos.tolist():
-        num_gpus = tp * cp * pp * dp
-        if num_gpus > cluster.num_gpus or not expert_split_ok(tp, cp, dp, ep, etp):
+    tp, cp, ep, pp, dp, etp = combos.T
+    placed = (tp * cp * pp * dp <= cluster.num_gpus) & expert_split_ok(tp, cp, dp, ep, etp)
+    for (tp, cp, ep, pp, dp, etp), ok in zip(combos.tolist(), placed.tolist(), strict=True):
+        if not ok:
             placements.append(None)  # stays unpriced: the row cannot be placed
             continue
+        num_gpus = tp * cp * pp * dp
         if num_gpus not in views:
             views[num_gpus] = cluster_view(cluster, num_gpus), cluster_key(cluster, num_gpus)
         view, view_key = views[num_gpus]
@@ -133,10 +135,13 @@ def _group_sizes(key: dict) -> dict[str, np.ndarray]:
             "cp_ring": cp, "cp_inner": inner + 0 * cp, "cp_outer": cp // inner}  # fmt: skip
 
 
-def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[tuple]:
-    """Every collective term that some row runs, priced on the rows of ``key`` (columns tp,
-    cp, pp, dp, ep, etp, chunks, b, m, sp, full, zero, v_shape, mirrored): (term, count, message bytes,
-    one collective's seconds, one bucket's seconds, raw seconds, {link: seconds busy}).
+def _priced_terms(
+    job: Job, cluster: Cluster, order, key: dict, split, axes: tuple[str, ...] | None = None
+) -> list[tuple]:
+    """Every collective term that some row runs (of ``axes``; None: all), priced on the rows
+    of ``key`` (columns tp, cp, pp, dp, ep, etp, chunks, b, m, sp, full, zero, v_shape,
+    mirrored): (term, count, message bytes, one collective's seconds, one bucket's seconds,
+    raw seconds, {link: seconds busy}).
 
     Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp,
     given inner degree). Sets ``key["cp_inner"]``, hierarchical CP's inner degree: the row's
@@ -169,7 +174,7 @@ def _priced_terms(job: Job, cluster: Cluster, order, key: dict, split) -> list[t
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
         for term in terms:
             count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
-            if not count.any():
+            if not count.any() or (axes is not None and term.axis not in axes):
                 continue
             alpha, beta, per_byte = costs(term.group or AXIS_GROUPS[term.axis], term.op)
             message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
@@ -381,6 +386,7 @@ def axis_times_vectorized(
     tp_comm_overlap=False,
     cp_algorithm=None,
     cp_inner=None,
+    axes: tuple[str, ...] | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-axis bytes and times per step for rows of layouts (numpy columns, scalars broadcast).
 
@@ -394,6 +400,8 @@ def axis_times_vectorized(
     ``cp_inner`` (hierarchical CP's inner degree; None or 0: the CP ranks of one scale-up
     domain). Optional float columns ``forward_s``, ``backward_s`` give compute
     per micro-batch on the busiest rank for the overlap rules; without them exposed = raw.
+    ``axes``: only these axes' terms are priced (None: all); the others' columns are 0, and
+    the links' columns and the contention see only these axes' traffic.
 
     Returns ``{axis}_bytes_per_step``, ``{axis}_time_s``, ``{axis}_exposed_time_s`` for each
     axis in :data:`AXES` (tp, cp, ep, pp, dp, edp), ``total_time_s``,
@@ -423,7 +431,7 @@ def axis_times_vectorized(
     # Everything but the exposure is worked out on one row per distinct combination ("key")
     # and broadcast; only terms whose exposure reads the compute times are split into
     # exposed and hidden per row.
-    priced = _priced_terms(job, cluster, order, key, split_key)
+    priced = _priced_terms(job, cluster, order, key, split_key, axes)
     if compute is not None:
         compute = tuple(np.broadcast_to(x, rows).reshape(count_rows) for x in compute)
     # Axes whose exposure reads the compute times are summed per row; the others per key.

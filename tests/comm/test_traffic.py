@@ -380,3 +380,24 @@ def test_columns_of_rows_that_cannot_be_placed_are_invalid_not_an_error():
     mixed = axis_times_vectorized(job, "dgx-h100", tp=np.array([8, 8]), dp=np.array([4096, 2]))
     assert not alone["valid"][0] and np.isnan(alone["dp_time_s"][0])
     assert list(mixed["valid"]) == [False, True] and mixed["dp_time_s"][1] > 0
+
+
+def test_pricing_some_axes_prices_them_as_pricing_all_does():
+    """``axes``: the axes asked for come out bit for bit as with every axis priced (the CP
+    search's probe asks for CP's only); the others are 0."""
+    job = job_for("llama3-405b", seq_len=131072)
+    rows = {
+        "tp": np.array([8, 4, 8, 2]), "cp": np.array([16, 8, 4, 32]),
+        "pp": np.array([16, 8, 1, 4]), "dp": np.array([8, 2, 4, 2]),
+        "cp_algorithm": np.array(["all-gather", "ring", "ulysses", "hierarchical"]),
+        "num_microbatches": 8, "forward_s": 0.1, "backward_s": 0.2,
+    }  # fmt: skip
+    every = axis_times_vectorized(job, "llama3-h100-24k", **rows)
+    some = axis_times_vectorized(job, "llama3-h100-24k", **rows, axes=("cp",))
+    assert (every["cp_exposed_time_s"] > 0).all()
+    for what in ("exposed_time_s", "time_s", "bytes_per_step"):
+        assert np.array_equal(some[f"cp_{what}"], every[f"cp_{what}"])
+        for other in AXES:
+            if other != "cp":
+                assert not some[f"{other}_{what}"].any()
+    assert np.array_equal(some["valid"], every["valid"])

@@ -125,14 +125,15 @@ def screening_grid(
             (t, c, p, x, d, et), algorithm, hierarchical, inner, space.cp_inner
         )
     pairs = _schedule_options(space, model.num_layers)
-    grids = np.meshgrid(
-        np.arange(len(t)),
-        np.arange(len(pairs)),
-        np.arange(len(space.micro_batch_size)),
-        np.arange(len(space.sequence_parallel)),
-        indexing="ij",
-    )
-    degree, pair, mbs, sp = (g.ravel() for g in grids)
+    sizes = (len(t), len(pairs), len(space.micro_batch_size), len(space.sequence_parallel))
+    # Sequence parallelism means nothing without TP: keep one of the two rows. The cells
+    # kept are chosen first, and each column is read at them from its few values.
+    sp_values = np.asarray(space.sequence_parallel, dtype=bool)
+    keep = np.ones(sizes, dtype=bool)
+    if False in space.sequence_parallel:
+        keep &= (t > 1)[:, None, None, None] | ~sp_values[None, None, None, :]
+    cells = np.flatnonzero(keep)
+    degree, pair, mbs, sp = np.unravel_index(cells, sizes)
     names = tuple(name for name, _ in pairs) or ("1f1b",)
     vpps = np.array([v for _, v in pairs] or [1])
     columns = {
@@ -145,16 +146,11 @@ def screening_grid(
         "vpp": vpps[pair],
         "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
         "schedule": Labels(pair, names),
-        "sequence_parallel": np.asarray(space.sequence_parallel, dtype=bool)[sp],
+        "sequence_parallel": sp_values[sp],
         "cp_algorithm": Labels(algorithm[degree], tuple(space.cp_algorithm)),
         "cp_inner": inner[degree],
     }
-    # Sequence parallelism means nothing without TP: keep one of the two rows.
-    keep = np.ones(len(sp), dtype=bool)
-    if False in space.sequence_parallel:
-        keep = (columns["tp"] > 1) | ~columns["sequence_parallel"]
-    shape = (len(t), len(pairs) or 1, len(space.micro_batch_size), len(space.sequence_parallel))
-    return {key: value[keep] for key, value in columns.items()}, np.flatnonzero(keep), shape
+    return columns, cells, (sizes[0], sizes[1] or 1, *sizes[2:])
 
 
 def expand_rows(

@@ -83,7 +83,7 @@ def factorize(values) -> tuple[np.ndarray, np.ndarray]:
     code -1 and are not among the distinct values; 0.0 and -0.0 are one value, the first one
     seen is kept. Codes are ``np.intp``; the distinct values keep the column's dtype.
     Integers (and booleans) go through a lookup table when their range is a few times the
-    row count, else one sort of (value, row) pairs packed into an int64; floats are sorted;
+    row count, else a radix sort of their rows by value, then row; floats are sorted;
     strings and objects are hashed (a dict over the distinct values)."""
     values = np.asarray(values).reshape(-1)
     if values.dtype.kind in "OSU":
@@ -125,48 +125,58 @@ def _factorize_numbers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     row's distinct value (numbered in any order), then renumbered in the order of first rows."""
     if not len(values):
         return np.zeros(0, dtype=np.intp), values.copy()
-    found = _first_rows_of_integers(values) if values.dtype.kind in "biu" else None
-    if found is None:  # a stable sort: the first of equal values is its first row
+    if values.dtype.kind in "biu":
+        first, group = _first_rows_of_integers(values)
+    else:  # a stable sort: the first of equal values is its first row
         _, first, group = np.unique(values, return_index=True, return_inverse=True)
-    else:
-        first, group = found
     by_first_row = np.argsort(first)
     code_of_group = np.empty(len(first), dtype=np.intp)
     code_of_group[by_first_row] = np.arange(len(first))
     return code_of_group[group], values[first[by_first_row]]
 
 
-def _first_rows_of_integers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _first_rows_of_integers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each distinct integer's first row and each row's distinct integer (ascending): a
-    table over their range when it is a few times the row count, else one sort of (value,
-    row) pairs packed into an int64; None when they do not fit one."""
+    table over their range when it is a few times the row count, else the rows ordered by
+    value, then row (:func:`_value_then_row_order`)."""
     count = len(values)
     wide = values.astype(np.uint64 if values.dtype.kind == "u" else np.int64, copy=False)
     low = wide.min()
     span = int(wide.max()) - int(low)
-    offsets = wide - low  # exact: the span fits the type
-    row_bits = max(count - 1, 1).bit_length()
     if span <= 4 * count + 1024:  # a table: no sort
+        offsets = (wide - low).astype(np.intp)  # exact: the span is small
         first = np.full(span + 1, count, dtype=np.intp)
-        np.minimum.at(first, offsets.astype(np.intp), np.arange(count))
+        np.minimum.at(first, offsets, np.arange(count))
         held = np.flatnonzero(first < count)
         group_of_offset = np.empty(span + 1, dtype=np.intp)
         group_of_offset[held] = np.arange(len(held))
         return first[held], group_of_offset[offsets]
-    if span >= 2 ** (63 - row_bits):
-        return None
-    packed = offsets.astype(np.int64, copy=False)
-    packed <<= row_bits
-    packed |= np.arange(count)
-    packed.sort()  # by value, then row
-    rows = packed & ((1 << row_bits) - 1)
-    packed >>= row_bits  # the offsets, ascending
+    offsets = (wide - low).view(np.uint64)  # exact modulo 2**64, and below it
+    rows = _value_then_row_order(offsets, span)
+    ordered = offsets[rows]
     starts = np.empty(count, dtype=bool)
     starts[0] = True
-    np.not_equal(packed[1:], packed[:-1], out=starts[1:])
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
     group = np.empty(count, dtype=np.intp)
     group[rows] = np.cumsum(starts) - 1
     return rows[starts], group
+
+
+def _value_then_row_order(offsets: np.ndarray, span: int) -> np.ndarray:
+    """The rows of ``offsets`` (unsigned, at most ``span``) by value, then row: a radix sort,
+    16 bits a pass from the lowest (each pass numpy's stable sort of 16-bit keys, itself a
+    radix sort), so a key of up to 32 bits takes two linear passes, not a comparison sort."""
+    rows = None
+    shift = 0
+    while rows is None or span >> shift:
+        digit = ((offsets >> np.uint64(shift)) & np.uint64(0xFFFF)).astype(np.uint16)
+        rows = (
+            np.argsort(digit, kind="stable")
+            if rows is None
+            else rows[np.argsort(digit[rows], kind="stable")]
+        )
+        shift += 16
+    return rows
 
 
 def coded(index: np.ndarray, count: int) -> Labels:

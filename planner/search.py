@@ -354,12 +354,10 @@ def _time_to_train_columns(columns: dict, gpus: int, job: Job, training) -> dict
 
 
 def _smallest(memory: np.ndarray, rows: np.ndarray) -> int:
-    """The row of ``rows`` needing least memory (the first of an ascending quicksort, as
-    pandas' sort_values picks it; a single least row is found without sorting)."""
-    least = rows[memory[rows] == memory[rows].min()]
-    if len(least) == 1:
-        return int(least[0])
-    return int(rows[np.argsort(memory[rows], kind="quicksort")[0]])
+    """The first of the rows of ``rows`` needing least memory (in the search's row order:
+    a choice among equals that no sort algorithm, and so no CPU, decides)."""
+    at = memory[rows]
+    return int(rows[np.flatnonzero(at == at.min())[0]])
 
 
 def _plain(value):

@@ -129,6 +129,11 @@ def _factorize_numbers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         first, group = _first_rows_of_integers(values)
     else:  # a stable sort: the first of equal values is its first row
         _, first, group = np.unique(values, return_index=True, return_inverse=True)
+    if 16 * len(first) > len(values):  # many values: first rows marked, counted, no sort
+        is_first = np.zeros(len(values), dtype=bool)
+        is_first[first] = True
+        code_of_group = np.cumsum(is_first, dtype=np.intp)[first] - 1
+        return code_of_group[group], values[is_first]
     by_first_row = np.argsort(first)
     code_of_group = np.empty(len(first), dtype=np.intp)
     code_of_group[by_first_row] = np.arange(len(first))
@@ -158,7 +163,7 @@ def _first_rows_of_integers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     starts[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
     group = np.empty(count, dtype=np.intp)
-    group[rows] = np.cumsum(starts) - 1
+    group[rows] = np.cumsum(starts, dtype=np.intp) - 1
     return rows[starts], group
 
 

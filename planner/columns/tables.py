@@ -121,11 +121,20 @@ def shape_table(
     where dispatch costs time), without the recompute policy; activation bytes per (tp,
     etp, SP, mbs/cp, the routed load of ep, recompute) (:func:`local_token_ratio`;
     ``tests/columns/test_shape_fields.py`` holds the functions to those fields)."""
-    model, e = job.model, job.precision.activation_bytes
     chosen, shape_inv = distinct_rows(tp, cp, ep, etp, sp, mbs, recompute)
     recompute = Labels.of(recompute)
-    t, c, x, et, s, b = (np.asarray(col)[chosen] for col in (tp, cp, ep, etp, sp, mbs))
-    r = recompute.codes[chosen]
+    distinct = (np.asarray(col)[chosen] for col in (tp, cp, ep, etp, sp, mbs))
+    return shape_table_of(job, rates, tuned, *distinct, recompute[chosen], bf16_rates), shape_inv
+
+
+def shape_table_of(
+    job: Job, rates: GpuRates, tuned, tp, cp, ep, etp, sp, mbs, recompute, bf16_rates=None
+) -> dict[str, np.ndarray]:
+    """:func:`shape_table`'s table of shapes given one row each (the rows of ``tp``, … are
+    distinct shapes; ``recompute``: their policies as :class:`Labels`), in their order."""
+    model, e = job.model, job.precision.activation_bytes
+    t, c, x, et, s, b = (np.asarray(col) for col in (tp, cp, ep, etp, sp, mbs))
+    r = recompute.codes
     num, den = local_token_ratio(b, c)
     many_cp = (c > 1) if rates.op_overhead_s else np.zeros(len(c), dtype=bool)
     load = model.routed_load_factor(x) if model.is_moe else np.ones(len(x))
@@ -159,7 +168,7 @@ def shape_table(
         dtype=float,
     ).reshape(len(free_rows), len(policies), 2)  # fmt: skip
     columns["rd"], columns["rm"] = rerun[time_of, r].T
-    return {key: columns[key] for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}, shape_inv
+    return {key: columns[key] for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}
 
 
 def _activation_entries(job: Job, tuned, shape: act.ActivationShape) -> tuple[float, ...]:
@@ -271,8 +280,14 @@ def structure_table(
     Layers and ends are worked out once per pipeline (pp, vpp, schedule, split), parameters
     per virtual stage once per (tp, ep, etp, pp, vpp, schedule, split), each distinct rank's states
     once."""
-    model = job.model
     structs, struct_inv = unique_rows(tp, ep, etp, pp, vpp, schedule, split)
+    return structure_table_of(job, structs, every_rank), struct_inv
+
+
+def structure_table_of(job: Job, structs: list[tuple], every_rank: bool = False) -> dict:
+    """:func:`structure_table`'s table of distinct structures, given as (tp, ep, etp, pp,
+    vpp, schedule, split) tuples, in their order."""
+    model = job.model
     pipelines: dict[tuple, int] = {}  # (pp, vpp, schedule, split) → its index
     per_pipeline, layouts = [], []
     # (tp, ep, etp, pp, vpp, schedule, split) → (dense, expert) parameters per stage
@@ -320,4 +335,4 @@ def structure_table(
     table["param_tensors"] = op_counts.rank_param_tensors(
         model, job.finetune, *both, table["emb"], table["head"]
     )
-    return table, struct_inv
+    return table

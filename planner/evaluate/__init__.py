@@ -30,12 +30,12 @@ from typing import NamedTuple
 import numpy as np
 
 from hwspecs.schema import Accelerator, Cluster
-from planner.columns.codes import coded, distinct_rows
+from planner.columns.codes import Labels, coded, distinct_rows, unique_rows
 from planner.columns.layout import LayoutColumns
-from planner.columns.tables import one_value_or_column, shape_table, structure_table
+from planner.columns.tables import one_value_or_column, shape_table_of, structure_table_of
 from planner.comm.traffic import AXES, chunks_column, placeable
 from planner.cost.compute import GpuRates
-from planner.evaluate.blocks import in_blocks
+from planner.evaluate.blocks import beside, in_blocks
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
 from planner.evaluate.time import (
     data_parallel_form,
@@ -373,21 +373,35 @@ def _tables(
     (``shape``, ``structure``) and into the distinct (structure, shape, micro-batches)
     combinations — what activations and the pipeline's compute depend on — and (structure,
     ZeRO stage, ZeRO group) ones — what model states and the optimizer step depend on
-    (``held``, ``states``), all as :class:`planner.columns.codes.Labels` of indices."""
+    (``held``, ``states``), all as :class:`planner.columns.codes.Labels` of indices.
+
+    Each row's indices are numpy over the rows; the tables' entries are worked out per
+    distinct shape and structure in Python, while the combinations' indices are found
+    beside them (:func:`planner.evaluate.blocks.beside`)."""
     shape_fields = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size", "recompute")
-    shapes, shape_inv = shape_table(job, rates, tuned, *c.columns(*shape_fields), bf16_rates)
+    shape_rows, shape_inv = distinct_rows(*c.columns(*shape_fields))
     struct_fields = ("tp", "ep", "etp", "pp", "vpp", "schedule", "pipeline_layer_split")
-    structs, struct_inv = structure_table(job, *c.columns(*struct_fields), every_rank)
+    structures, struct_inv = unique_rows(*c.columns(*struct_fields))
     c.index(
-        shape=coded(shape_inv, len(shapes["fd"])),
-        structure=coded(struct_inv, len(structs["slot"])),
+        shape=coded(shape_inv, len(shape_rows)),
+        structure=coded(struct_inv, len(structures)),
         # The wrapper's operations cost time only where the accelerator records host costs.
         data_parallel_form=data_parallel_form(c.zero_stage, c.zero_group_size),
     )
     held = ("shape", "num_microbatches", "data_parallel_form")[: 3 if rates.op_overhead_s else 2]
-    for name, fields in (("held", held), ("states", ("zero_stage", "zero_group_size"))):
-        chosen, inverse = distinct_rows(c.structure, *c.columns(*fields))
-        c.index(**{name: coded(inverse, len(chosen))})
+
+    def combinations() -> dict[str, Labels]:
+        found = {}
+        for name, fields in (("held", held), ("states", ("zero_stage", "zero_group_size"))):
+            chosen, inverse = distinct_rows(c.structure, *c.columns(*fields))
+            found[name] = coded(inverse, len(chosen))
+        return found
+
+    combined = beside(combinations)
+    shape_columns = (column[shape_rows] for column in c.columns(*shape_fields))
+    shapes = shape_table_of(job, rates, tuned, *shape_columns, bf16_rates)
+    structs = structure_table_of(job, structures, every_rank)
+    c.index(**combined())
     return shapes, structs
 
 

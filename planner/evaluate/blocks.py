@@ -6,6 +6,8 @@ release the interpreter lock: two blocks run on two cores at once. :func:`in_blo
 runs a pure function over the blocks on :func:`worker_threads` threads and yields the
 results in block order, so whatever the caller assembles from them (the columns, their
 dtypes, the progress it reports) is what a loop over the blocks in order would give.
+:func:`beside` runs one piece of numpy work on a thread of its own while the caller works
+in Python (the evaluation's per-shape tables beside the rows' combination indices).
 
 What the block functions keep between calls — ``cost.compute._GEMM_TIMES``, the
 ``structure.memo.per_model`` caches ``structure.params._BUSIEST`` and
@@ -109,3 +111,21 @@ def in_block_order(
             yield pending.popleft().result()
     finally:  # taken to the end, stopped early or failed: no thread outlives the call
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def beside(work: Callable[[], Result], threads: int | None = None) -> Callable[[], Result]:
+    """``work()`` started on a thread of its own while the caller goes on, where there is
+    more than one thread (``threads``, default :func:`worker_threads`); the function
+    returned waits for it and gives its result (or raises its error). With one thread the
+    work runs in the calling thread when that function is called. For numpy work (which
+    releases the interpreter lock) beside Python work; ``work`` must read nothing the
+    caller changes meanwhile."""
+    threads = worker_threads() if threads is None else threads
+    if threads <= 1:
+        return work
+    pool = ThreadPoolExecutor(1, thread_name_prefix="llmplan-beside")
+    try:
+        future = pool.submit(work)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with the work
+    return future.result

@@ -16,6 +16,7 @@ from planner.comm import context_parallel, cost_tables, topology
 from planner.cost import compute
 from planner.evaluate.blocks import (
     THREADS_VARIABLE,
+    beside,
     in_block_order,
     in_blocks,
     row_blocks,
@@ -110,6 +111,32 @@ def test_a_failing_block_raises_in_the_caller():
 
     with pytest.raises(ValueError, match="block 6"):
         list(in_block_order(work, row_blocks(30, 3), threads=2))
+
+
+def test_work_beside_runs_on_its_own_thread_and_its_result_or_error_comes_back():
+    here = threading.current_thread().name
+    release = threading.Event()
+
+    def work():
+        assert release.wait(5)  # the caller goes on while this waits
+        return threading.current_thread().name
+
+    result = beside(work, threads=2)
+    release.set()
+    assert result() != here
+
+    def failing():
+        raise ValueError("beside")
+
+    with pytest.raises(ValueError, match="beside"):
+        beside(failing, threads=2)()
+
+
+def test_work_beside_with_one_thread_runs_in_the_caller_when_asked():
+    ran = []
+    result = beside(lambda: ran.append(threading.current_thread().name) or len(ran), threads=1)
+    assert ran == []  # nothing runs before it is asked for
+    assert result() == 1 and ran == [threading.current_thread().name]
 
 
 def test_thread_count_comes_from_the_variable_else_the_cpus_at_most_four(monkeypatch):

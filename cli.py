@@ -30,19 +30,42 @@ def _stopped_while_starting(signum, frame) -> None:
     os._exit(128 + signum)
 
 
-def _one_malloc_arena() -> None:
-    """One malloc arena for the process where the C library is glibc (unless
-    ``MALLOC_ARENA_MAX`` says otherwise): glibc gives each thread that allocates an arena of
-    its own, which keeps what that thread freed, so the search's block threads
-    (:mod:`planner.evaluate.blocks`) would each keep a block's freed temporaries (DeepSeek-V3
-    plan peak 1.61 GB on one thread, 1.78-1.81 GB on two, 1.69 GB on two with one arena)."""
-    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+#: glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+#: Blocks freed below this stay with the process and are reused (1 GiB; glibc's own
+#: threshold grows to 32 MiB at most): the search frees and allocates arrays of 10-100 MiB
+#: by the hundred, and each fresh mapping is paid again in page faults.
+_KEPT_BYTES = 2**30
+
+
+def _malloc_for_the_search() -> None:
+    """Where the C library is glibc (Linux): one malloc arena for the process, and freed
+    memory kept for reuse, not handed back to the system (each unless the environment sets
+    the glibc variable, ``MALLOC_ARENA_MAX``, ``MALLOC_MMAP_THRESHOLD_`` or
+    ``MALLOC_TRIM_THRESHOLD_``).
+
+    One arena: glibc gives each thread that allocates an arena of its own, which keeps what
+    that thread freed, so the search's block threads (:mod:`planner.evaluate.blocks`) would
+    each keep a block's freed temporaries (DeepSeek-V3 plan peak 1.61 GB on one thread,
+    1.78-1.81 GB on two, 1.69 GB on two with one arena). Kept memory: arrays up to
+    :data:`_KEPT_BYTES` come from the heap, and the heap is not trimmed below 2 GiB, so an
+    array allocated after another is freed reuses its pages rather than faulting in new ones
+    (DeepSeek-V3's plan: system time 0.51 -> 0.37 s, wall 5% less, peak memory the same)."""
+    if not sys.platform.startswith("linux"):
         return
     import contextlib
     import ctypes
 
+    settings = (
+        ("MALLOC_ARENA_MAX", _M_ARENA_MAX, 1),
+        ("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, _KEPT_BYTES),
+        ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, 2 * _KEPT_BYTES - 1),
+    )
     with contextlib.suppress(OSError, AttributeError):  # not glibc: its own allocator
-        ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX (glibc's malloc.h)
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+        for variable, parameter, value in settings:
+            if variable not in os.environ:
+                mallopt(parameter, value)
 
 
 if __name__ == "__main__":
@@ -96,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from_command_line = argv is None  # a process of its own (tests pass argv in-process)
     if from_command_line:  # before any thread allocates: the program's choice, not the library's
-        _one_malloc_arena()
+        _malloc_for_the_search()
         gc.freeze()  # the imports' objects live as long as the process: no collection scans them
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(argv)

@@ -6,6 +6,7 @@ carved out of the ``cp·dp`` ranks (and out of tp under ``etp = 1``); see
 
 from __future__ import annotations
 
+import functools
 import math
 from enum import StrEnum
 
@@ -54,7 +55,13 @@ GROUP_FACTORS: dict[ProcessGroup, tuple[str, ...]] = {
 
 
 def resolve_order(order) -> tuple[MeshAxis, ...]:
-    """Validate a mesh order (innermost first); ``ep`` may be left out (it then sits in dp)."""
+    """Validate a mesh order (innermost first); ``ep`` may be left out (it then sits in dp).
+    Each distinct order is resolved once (every placement reads its mesh's order)."""
+    return _resolved_order(order if isinstance(order, str) else tuple(order))
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved_order(order: str | tuple) -> tuple[MeshAxis, ...]:
     if isinstance(order, str):
         order = [part.strip() for part in order.split(",") if part.strip()]
     order = tuple(order)

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
-from planner.columns.codes import Labels
+from planner.columns.codes import Labels, narrow_codes
 from planner.cp_inner import with_cp_inner
 from planner.cp_search import (
     degenerate_hierarchy,
@@ -145,9 +145,11 @@ def screening_grid(
         "etp": et[degree],
         "vpp": vpps[pair],
         "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
-        "schedule": Labels(pair, names),
+        "schedule": Labels(narrow_codes(pair, len(names)), names),
         "sequence_parallel": sp_values[sp],
-        "cp_algorithm": Labels(algorithm[degree], tuple(space.cp_algorithm)),
+        "cp_algorithm": Labels(
+            narrow_codes(algorithm, len(space.cp_algorithm))[degree], tuple(space.cp_algorithm)
+        ),
         "cp_inner": inner[degree],
     }
     return columns, cells, (sizes[0], sizes[1] or 1, *sizes[2:])
@@ -173,7 +175,7 @@ def expand_rows(
     row = row_of_cell[cell * num_sp + sp]
     out = {key: value[row] for key, value in columns.items()}
     out["zero_stage"] = np.asarray(space.zero_stage)[zero]
-    out["recompute"] = Labels(recompute, tuple(space.recompute))
+    out["recompute"] = Labels(narrow_codes(recompute, len(space.recompute)), tuple(space.recompute))
     return out
 
 

@@ -161,7 +161,8 @@ def search(
     grid = {key: value[alive] for key, value in grid.items()}
     cols = expand_rows(grid, cells[alive], grid_shape, space)
     split = (space.pipeline_layer_split,)
-    cols["pipeline_layer_split"] = Labels(np.zeros(len(cols["tp"]), dtype=np.int64), split)
+    # One split for every row: its codes a read-only view of one 0, no column in memory.
+    cols["pipeline_layer_split"] = Labels(np.broadcast_to(np.int8(0), (len(cols["tp"]),)), split)
     report(progress, "enumerating layouts", total, total)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     smallest = None

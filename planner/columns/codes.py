@@ -27,7 +27,7 @@ class Labels:
     """A column as codes (a string column, or indices into a table's rows): ``values[codes[i]]``
     is row ``i``'s value."""
 
-    codes: np.ndarray  # int64, one per row
+    codes: np.ndarray  # integers (int32 or int64), one per row
     values: tuple  # the distinct values (some may be held by no row after a selection)
 
     @classmethod
@@ -185,8 +185,14 @@ def _value_then_row_order(offsets: np.ndarray, span: int) -> np.ndarray:
 
 
 def coded(index: np.ndarray, count: int) -> Labels:
-    """A column of indices into ``count`` things (a table's rows) as labels."""
-    return Labels(index, range(count))
+    """A column of indices into ``count`` things (a table's rows) as labels, their codes
+    int32 where the count allows (a search's millions of rows hold several such columns)."""
+    return Labels(narrow_codes(index, count), range(count))
+
+
+def narrow_codes(codes: np.ndarray, count: int) -> np.ndarray:
+    """Codes below ``count`` as int32 where it allows, else as they are (int64)."""
+    return codes.astype(np.int32, copy=False) if count <= 2**31 - 1 else codes
 
 
 def _codes(column) -> tuple[np.ndarray, int]:

@@ -41,7 +41,7 @@ OPTIMIZER_STRUCT_KEYS = ("optimizer_bytes", "optimizer_expert_bytes", "newton_sc
 
 def data_parallel_form(zero: np.ndarray, dp_cp: np.ndarray) -> np.ndarray:
     """FSDP2 under ZeRO-2/3, DDP under ZeRO-0/1 over more than one rank, else none."""
-    return np.where(zero >= 2, FSDP, np.where(dp_cp > 1, DDP, NO_WRAPPER))
+    return np.where(zero >= 2, FSDP, np.where(dp_cp > 1, DDP, NO_WRAPPER)).astype(np.int8)
 
 
 def _with_wrapper_ops(form, R: dict, accelerator, op_overhead_s: float, F, B):

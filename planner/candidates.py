@@ -169,13 +169,22 @@ def expand_rows(
     live = np.flatnonzero(alive.any(axis=1))  # cells with a row (the others expand to none)
     full = np.broadcast_to(alive[live, None, None, :], (len(live), num_zero, num_recompute, num_sp))
     cell, zero, recompute, sp = np.nonzero(full)
-    cell = live[cell]
+    # The expanded rows' own columns first, and the index columns released as soon as read:
+    # each is one int64 per expanded row (10^6-10^7 of them).
+    zero_stage = np.asarray(space.zero_stage)[zero]
+    del zero
+    recompute = Labels(narrow_codes(recompute, len(space.recompute)), tuple(space.recompute))
     row_of_cell = np.zeros(len(alive.ravel()), dtype=np.int64)
     row_of_cell[cells] = np.arange(len(cells))
-    row = row_of_cell[cell * num_sp + sp]
+    cell = live[cell]
+    cell *= num_sp
+    cell += sp
+    del sp
+    row = row_of_cell[cell]
+    del cell, row_of_cell
     out = {key: value[row] for key, value in columns.items()}
-    out["zero_stage"] = np.asarray(space.zero_stage)[zero]
-    out["recompute"] = Labels(narrow_codes(recompute, len(space.recompute)), tuple(space.recompute))
+    out["zero_stage"] = zero_stage
+    out["recompute"] = recompute
     return out
 
 

@@ -159,11 +159,16 @@ def _first_rows_of_integers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     offsets = (wide - low).view(np.uint64)  # exact modulo 2**64, and below it
     rows = _value_then_row_order(offsets, span)
     ordered = offsets[rows]
+    del offsets  # each temporary here is one 8-byte word per row: released when read
     starts = np.empty(count, dtype=bool)
     starts[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    del ordered
+    rank = np.cumsum(starts, dtype=np.intp)
+    rank -= 1
     group = np.empty(count, dtype=np.intp)
-    group[rows] = np.cumsum(starts, dtype=np.intp) - 1
+    group[rows] = rank
+    del rank
     return rows[starts], group
 
 
@@ -190,9 +195,14 @@ def coded(index: np.ndarray, count: int) -> Labels:
     return Labels(narrow_codes(index, count), range(count))
 
 
+def code_dtype(count: int) -> np.dtype:
+    """The dtype of indices below ``count``: int32 where they fit in it, else int64."""
+    return np.dtype(np.int32 if count <= 2**31 - 1 else np.int64)
+
+
 def narrow_codes(codes: np.ndarray, count: int) -> np.ndarray:
-    """Codes below ``count`` as int32 where it allows, else as they are (int64)."""
-    return codes.astype(np.int32, copy=False) if count <= 2**31 - 1 else codes
+    """Codes below ``count`` in :func:`code_dtype` (no copy where they already are)."""
+    return codes.astype(code_dtype(count), copy=False)
 
 
 def _codes(column) -> tuple[np.ndarray, int]:
@@ -226,9 +236,11 @@ def _compressed(key: np.ndarray, size: int) -> tuple[np.ndarray, int]:
         present = np.zeros(size, dtype=bool)
         present[key] = True
         unique_keys = np.flatnonzero(present)
-        lookup = np.zeros(size, dtype=np.int64)
+        del present
+        # The table as narrow as its indices allow (it may hold 4× the rows' entries).
+        lookup = np.zeros(size, dtype=code_dtype(len(unique_keys)))
         lookup[unique_keys] = np.arange(len(unique_keys))
-        return lookup[key], len(unique_keys)
+        return lookup[key].astype(np.int64, copy=False), len(unique_keys)
     inverse, unique_keys = factorize(key)
     return inverse.astype(np.int64, copy=False), len(unique_keys)
 
@@ -248,7 +260,7 @@ def distinct_rows(*columns) -> tuple[np.ndarray, np.ndarray]:
         key, size = key * bound + codes, size * bound
     inverse, count = _compressed(key, size)
     chosen = np.zeros(count, dtype=np.int64)
-    chosen[inverse] = np.arange(len(inverse))
+    chosen[inverse] = np.arange(len(inverse), dtype=code_dtype(len(inverse)))
     return chosen, inverse
 
 

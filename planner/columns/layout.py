@@ -51,7 +51,7 @@ class LayoutColumns:
     recompute: Labels
     pipeline_layer_split: Labels
     #: The context-parallel algorithm, as its index in planner.spec.layout.CP_ALGORITHMS
-    #: (all-gather where the columns leave it out).
+    #: (int8; all-gather where the columns leave it out).
     cp_algorithm: np.ndarray
     #: Hierarchical CP's inner degree (0: the CP ranks of one scale-up domain, and on the
     #: other algorithms' rows).
@@ -82,7 +82,7 @@ class LayoutColumns:
             sequence_parallel=np.asarray(columns["sequence_parallel"]).astype(bool) & (tp > 1),
             **{k: Labels.of(columns[k]) for k in LABEL_FIELDS},
             cp_algorithm=np.asarray(
-                cp_algorithm_codes(columns.get("cp_algorithm"), tp.shape), dtype=np.int64
+                cp_algorithm_codes(columns.get("cp_algorithm"), tp.shape), dtype=np.int8
             ),
             cp_inner=_inner_column(columns.get("cp_inner"), tp.shape),
             zero_group_size=dp * cp,

@@ -26,7 +26,13 @@ from planner.cp_search import (
     CP_DOMINATED,
     dominated_cp_rows,
 )
-from planner.evaluate import FULL_PRECISION_OUTPUTS, in_output_order, screen_columns
+from planner.evaluate import (
+    FULL_PRECISION_OUTPUTS,
+    GRID_SHAPE,
+    in_output_order,
+    screen_columns,
+    shapes_beside,
+)
 from planner.progress import report
 from planner.rank import RankSettings, over_every_row, rank_order
 from planner.refine import DEFAULT_REFINE_TOP
@@ -107,6 +113,10 @@ class SearchResult(BaseModel):
         return pd.DataFrame(frame, copy=False)  # one block per column: no stacking copy
 
 
+#: The grid columns a row's shape reads (:func:`planner.evaluate.shapes_beside`).
+SHAPE_GRID_COLUMNS = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size")
+
+
 def search(
     job: Job,
     cluster: Cluster,
@@ -159,6 +169,10 @@ def search(
         rejected[CP_DOMINATED] = int(beaten.sum()) * copies
     alive &= ~beaten
     grid = {key: value[alive] for key, value in grid.items()}
+    ahead = None  # the rows' shape table, worked out beside the expansion (numpy)
+    if alive.any():
+        shape_grid = {key: grid[key] for key in SHAPE_GRID_COLUMNS}
+        ahead, grid[GRID_SHAPE] = shapes_beside(job, accelerator, shape_grid, space.recompute)
     cols = expand_rows(grid, cells[alive], grid_shape, space)
     split = (space.pipeline_layer_split,)
     # One split for every row: its codes a read-only view of one 0, no column in memory.
@@ -191,7 +205,7 @@ def search(
             outputs=None if every_output else FULL_PRECISION_OUTPUTS,
             timed_columns=timed_rows_only,
             reach=reach_of(only_top, refine_top, rank_settings) if objective == "step_time"
-            and only_top is not None else None,
+            and only_top is not None else None, shapes_ahead=ahead,
         )  # fmt: skip
     columns, feasible = {}, 0  # the ranked rows (none screened: none)
     if screened:

@@ -25,12 +25,13 @@ every rank."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from hwspecs.schema import Accelerator, Cluster
-from planner.columns.codes import Labels, coded, distinct_rows, unique_rows
+from planner.columns.codes import Labels, coded, distinct_rows, narrow_codes, unique_rows
 from planner.columns.layout import LayoutColumns
 from planner.columns.tables import one_value_or_column, shape_table_of, structure_table_of
 from planner.comm.traffic import AXES, chunks_column, placeable
@@ -45,6 +46,7 @@ from planner.evaluate.time import (
 )
 from planner.progress import report
 from planner.spec.job import Job
+from planner.spec.layout import resolved_etp
 
 #: Rows timed together: the timing's intermediate columns (per axis and link) stay near
 #: 10^8 bytes whatever the search's size; each row's numbers do not depend on the others.
@@ -130,6 +132,44 @@ def memory_every_rank(
     return memory, held
 
 
+class ShapesAhead(NamedTuple):
+    """A shape table started before the rows it serves exist (:func:`shapes_beside`)."""
+
+    table: Callable[[], dict]  # waits for the table and gives it
+    #: Each row's index into the table: its grid row's shape index (the column named
+    #: :data:`GRID_SHAPE`, below ``grid_shapes``) times the policies, plus its recompute
+    #: policy's code.
+    grid_shapes: int
+    policies: int
+
+
+#: The column of a search's rows that holds their grid row's index into a
+#: :class:`ShapesAhead` table (before the recompute policy).
+GRID_SHAPE = "grid_shape"
+
+
+def shapes_beside(
+    job: Job, accelerator: Accelerator, columns: dict, recompute: tuple
+) -> tuple[ShapesAhead, np.ndarray]:
+    """The shape table of every row that the grid rows ``columns`` (tp, cp, ep, etp,
+    sequence_parallel, micro_batch_size) expand to under each policy of ``recompute``,
+    worked out beside the caller (:func:`planner.evaluate.blocks.beside`: while it expands
+    the rows), and each grid row's shape index (:data:`GRID_SHAPE`; the rows' index into
+    the table adds their policy). The same entries as :func:`_tables` works out from the
+    rows: the rows' shapes are these grid shapes, each under every policy."""
+    tp = np.asarray(columns["tp"], dtype=np.int64)
+    sp = np.asarray(columns["sequence_parallel"]).astype(bool) & (tp > 1)  # as LayoutColumns
+    fields = (tp, columns["cp"], columns["ep"], resolved_etp(columns.get("etp"), tp), sp,
+              columns["micro_batch_size"])  # fmt: skip
+    grid_rows, grid_shape = distinct_rows(*fields)
+    count = len(recompute)
+    distinct = [np.repeat(np.asarray(field)[grid_rows], count) for field in fields]
+    policies = Labels(np.tile(np.arange(count, dtype=np.int64), len(grid_rows)), tuple(recompute))
+    rates, bf16_rates, tuned = _rates(job, accelerator)
+    table = beside(lambda: shape_table_of(job, rates, tuned, *distinct, policies, bf16_rates))
+    return ShapesAhead(table, len(grid_rows), count), narrow_codes(grid_shape, len(grid_rows))
+
+
 class Screened(NamedTuple):
     """What :func:`screen_columns` returns."""
 
@@ -156,6 +196,7 @@ def screen_columns(
     outputs: frozenset[str] | None = None,
     timed_columns=None,
     reach: tuple[int, float] | None = None,
+    shapes_ahead: ShapesAhead | None = None,
 ) -> Screened:
     """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
     without spreading the timed rows back over all rows: (memory outputs of every row,
@@ -176,12 +217,15 @@ def screen_columns(
     releases its full-size columns holds none while the rows are timed). ``reach``: (n,
     band): only the rows whose step time can be at most ``(1 + band)`` times the n-th
     fastest row's are timed (:func:`_rows_within_reach`); the others carry NaN outputs,
-    ``valid`` True, and are all slower than ``bound_s``."""
+    ``valid`` True, and are all slower than ``bound_s``. ``shapes_ahead``: the shape table
+    already started (:func:`shapes_beside`), ``columns`` holding each row's
+    :data:`GRID_SHAPE`."""
     c = LayoutColumns.of(columns)
     kept = None if outputs is None else outputs | {"valid", "memory_per_gpu_bytes"}
     report(progress, "memory screen", 0, len(c))
     rates, bf16_rates, tuned = _rates(job, accelerator)
-    shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
+    ahead = None if shapes_ahead is None else (shapes_ahead, columns[GRID_SHAPE])
+    shapes, structs = _tables(job, c, rates, bf16_rates, tuned, shapes_ahead=ahead)
     valid = _placeable(job, cluster, c)
     memory, rows = _memory_in_blocks(
         job, c, shapes, structs, tuned, valid, memory_limit_bytes, memory_parts_of_timed_rows,
@@ -367,7 +411,7 @@ def _rates(job: Job, accelerator: Accelerator | None) -> tuple:
 
 
 def _tables(
-    job: Job, c: LayoutColumns, rates, bf16_rates, tuned, every_rank=False
+    job: Job, c: LayoutColumns, rates, bf16_rates, tuned, every_rank=False, shapes_ahead=None
 ) -> tuple[dict, dict]:
     """The per-shape and per-structure tables. Records in ``c`` each row's index into them
     (``shape``, ``structure``) and into the distinct (structure, shape, micro-batches)
@@ -377,13 +421,20 @@ def _tables(
 
     Each row's indices are numpy over the rows; the tables' entries are worked out per
     distinct shape and structure in Python, while the combinations' indices are found
-    beside them (:func:`planner.evaluate.blocks.beside`)."""
+    beside them (:func:`planner.evaluate.blocks.beside`). ``shapes_ahead``: (the shape
+    table already started, each row's :data:`GRID_SHAPE`), :func:`shapes_beside`."""
     shape_fields = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size", "recompute")
-    shape_rows, shape_inv = distinct_rows(*c.columns(*shape_fields))
+    if shapes_ahead is None:
+        shape_rows, shape_inv = distinct_rows(*c.columns(*shape_fields))
+        num_shapes = len(shape_rows)
+    else:  # a grid row's shape under each policy, in the policies' order
+        ahead, grid_shape = shapes_ahead
+        shape_inv = np.asarray(grid_shape, dtype=np.int64) * ahead.policies + c.recompute.codes
+        num_shapes = ahead.grid_shapes * ahead.policies
     struct_fields = ("tp", "ep", "etp", "pp", "vpp", "schedule", "pipeline_layer_split")
     structures, struct_inv = unique_rows(*c.columns(*struct_fields))
     c.index(
-        shape=coded(shape_inv, len(shape_rows)),
+        shape=coded(shape_inv, num_shapes),
         structure=coded(struct_inv, len(structures)),
         # The wrapper's operations cost time only where the accelerator records host costs.
         data_parallel_form=data_parallel_form(c.zero_stage, c.zero_group_size),
@@ -398,9 +449,12 @@ def _tables(
         return found
 
     combined = beside(combinations)
-    shape_columns = (column[shape_rows] for column in c.columns(*shape_fields))
-    shapes = shape_table_of(job, rates, tuned, *shape_columns, bf16_rates)
+    if shapes_ahead is None:
+        shape_columns = (column[shape_rows] for column in c.columns(*shape_fields))
+        shapes = shape_table_of(job, rates, tuned, *shape_columns, bf16_rates)
     structs = structure_table_of(job, structures, every_rank)
+    if shapes_ahead is not None:
+        shapes = shapes_ahead[0].table()
     c.index(**combined())
     return shapes, structs
 

@@ -220,3 +220,34 @@ def test_table_is_ranked_with_a_fresh_index():
     steps = table["step_time_s"].to_numpy()
     assert (np.diff(steps) >= 0).all()
     assert table["schedule"].map(type).eq(str).all()
+
+
+@pytest.mark.parametrize("job", [JOB, MOE_JOB], ids=["dense", "moe"])
+def test_shapes_worked_out_ahead_from_the_grid_are_the_rows_own(job):
+    """The search starts the shape table from the grid rows, each under every recompute
+    policy (planner.evaluate.shapes_beside), before it expands them: every expanded row
+    reads the entries the table worked out from the rows themselves gives it."""
+    from planner.columns.layout import LayoutColumns
+    from planner.evaluate import GRID_SHAPE, _rates, _tables, shapes_beside
+
+    space = SearchSpace()
+    grid, cells, shape = screening_grid(job, DGX, 64, space)
+    alive = np.ones(len(cells), dtype=bool)
+    for _, mask in rejection_masks(job, DGX, grid, space):
+        alive &= ~np.asarray(mask, dtype=bool)
+    grid = {k: v[alive] for k, v in grid.items()}
+    fields = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size")
+    ahead, grid[GRID_SHAPE] = shapes_beside(
+        job, H100, {k: grid[k] for k in fields}, space.recompute
+    )
+    columns = expand_rows(grid, cells[alive], shape, space)
+    columns["pipeline_layer_split"] = np.full(len(columns["tp"]), "auto", dtype=object)
+    rates = _rates(job, H100)
+    own, from_grid = LayoutColumns.of(columns), LayoutColumns.of(columns)
+    own_shapes, _ = _tables(job, own, *rates)
+    grid_shapes, _ = _tables(job, from_grid, *rates, shapes_ahead=(ahead, columns[GRID_SHAPE]))
+    assert len(grid_shapes["fd"]) >= len(own_shapes["fd"]) > 1
+    for key, values in own_shapes.items():
+        np.testing.assert_array_equal(
+            grid_shapes[key][from_grid.shape.codes], values[own.shape.codes], err_msg=key
+        )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.columns.codes import Labels, distinct_rows, factorize, unique_rows
+from planner.columns.codes import Labels, distinct_rows, factorize
 from planner.cost import activations as act
 from planner.cost import adapters as ft
 from planner.cost.compute import GpuRates
@@ -108,10 +108,12 @@ def local_token_ratio(mbs, cp) -> tuple[np.ndarray, np.ndarray]:
     return mbs // common, cp // common
 
 
-def shape_table(
+def shape_table_of(
     job: Job, rates: GpuRates, tuned, tp, cp, ep, etp, sp, mbs, recompute, bf16_rates=None
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Per distinct layer shape: activation bytes and per-layer times; each row's shape.
+) -> dict[str, np.ndarray]:
+    """Per distinct layer shape, given one row each (the rows of ``tp``, … are distinct
+    shapes, in the table's order; ``recompute``: their policies as :class:`Labels`):
+    activation bytes and per-layer times.
 
     ``etp``: the routed experts' TP degree per row; ``bf16_rates``: under an FP8 recipe,
     the rates of the ops that stay in BF16.
@@ -121,17 +123,6 @@ def shape_table(
     where dispatch costs time), without the recompute policy; activation bytes per (tp,
     etp, SP, mbs/cp, the routed load of ep, recompute) (:func:`local_token_ratio`;
     ``tests/columns/test_shape_fields.py`` holds the functions to those fields)."""
-    chosen, shape_inv = distinct_rows(tp, cp, ep, etp, sp, mbs, recompute)
-    recompute = Labels.of(recompute)
-    distinct = (np.asarray(col)[chosen] for col in (tp, cp, ep, etp, sp, mbs))
-    return shape_table_of(job, rates, tuned, *distinct, recompute[chosen], bf16_rates), shape_inv
-
-
-def shape_table_of(
-    job: Job, rates: GpuRates, tuned, tp, cp, ep, etp, sp, mbs, recompute, bf16_rates=None
-) -> dict[str, np.ndarray]:
-    """:func:`shape_table`'s table of shapes given one row each (the rows of ``tp``, … are
-    distinct shapes; ``recompute``: their policies as :class:`Labels`), in their order."""
     model, e = job.model, job.precision.activation_bytes
     t, c, x, et, s, b = (np.asarray(col) for col in (tp, cp, ep, etp, sp, mbs))
     r = recompute.codes
@@ -270,23 +261,14 @@ def _pipeline_slots(
     return out
 
 
-def structure_table(
-    job: Job, tp, ep, etp, pp, vpp, schedule, split, every_rank: bool = False
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Per distinct pipeline structure, [structure, slot] arrays of what the examined ranks
-    (``every_rank``: all of them) hold (DualPipe's mirrored direction included); each row's
-    structure.
+def structure_table_of(job: Job, structs: list[tuple], every_rank: bool = False) -> dict:
+    """Per distinct pipeline structure, given as (tp, ep, etp, pp, vpp, schedule, split)
+    tuples in the table's order, [structure, slot] arrays of what the examined ranks
+    (``every_rank``: all of them) hold (DualPipe's mirrored direction included).
 
     Layers and ends are worked out once per pipeline (pp, vpp, schedule, split), parameters
-    per virtual stage once per (tp, ep, etp, pp, vpp, schedule, split), each distinct rank's states
-    once."""
-    structs, struct_inv = unique_rows(tp, ep, etp, pp, vpp, schedule, split)
-    return structure_table_of(job, structs, every_rank), struct_inv
-
-
-def structure_table_of(job: Job, structs: list[tuple], every_rank: bool = False) -> dict:
-    """:func:`structure_table`'s table of distinct structures, given as (tp, ep, etp, pp,
-    vpp, schedule, split) tuples, in their order."""
+    per virtual stage once per (tp, ep, etp, pp, vpp, schedule, split), each distinct rank's
+    states once."""
     model = job.model
     pipelines: dict[tuple, int] = {}  # (pp, vpp, schedule, split) → its index
     per_pipeline, layouts = [], []

@@ -1,6 +1,6 @@
 """The per-shape quantities read the micro-batch and the CP degree only through mbs/cp.
 
-:func:`planner.columns.tables.shape_table` works out layer times once per (tp, ep, etp,
+:func:`planner.columns.tables.shape_table_of` works out layer times once per (tp, ep, etp,
 SP, mbs/cp, cp > 1) and activation bytes once per (tp, etp, SP, mbs/cp, routed load of
 ep, recompute), on one shape holding each: this holds the cost functions to those fields,
 so a term that starts reading ``mbs``, ``cp`` or ``ep`` on their own fails here before it

@@ -210,8 +210,9 @@ def screen_columns(
     :mod:`planner.progress` (the memory screen, then each timed block). ``compact``: the
     outputs of the timed rows outside :data:`FULL_PRECISION_OUTPUTS` are float32 (the
     search's feasible table). ``outputs``: the outputs kept (None: all); ``valid`` and
-    ``memory_per_gpu_bytes`` are always kept (the screen reads them), and every output is
-    still computed (a row's numbers are the same with any ``outputs``). ``timed_columns``:
+    ``memory_per_gpu_bytes`` are always kept (the screen reads them); the memory outputs
+    left out are not computed, the timed ones are (a row's numbers are the same with any
+    ``outputs``). ``timed_columns``:
     called after the memory screen with (the memory outputs, ``valid``, the rows to time),
     it returns ``columns`` at those rows, which are timed from it (a caller that then
     releases its full-size columns holds none while the rows are timed). ``reach``: (n,
@@ -345,7 +346,7 @@ def _memory_in_blocks(
     timed_rows = []
 
     def screened(rows: slice) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        block = memory_columns(job, c.take(rows), shapes, structs, tuned)
+        block = memory_columns(job, c.take(rows), shapes, structs, tuned, outputs=outputs)
         at = np.flatnonzero(valid[rows] & (block["memory_per_gpu_bytes"] <= limit_bytes))
         kept = {}
         for key, value in block.items():

@@ -32,7 +32,13 @@ MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
 
 def memory_columns(
-    job: Job, c: LayoutColumns, shapes: dict, structs: dict, tuned, per_rank: bool = False
+    job: Job,
+    c: LayoutColumns,
+    shapes: dict,
+    structs: dict,
+    tuned,
+    per_rank: bool = False,
+    outputs: frozenset[str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Memory per examined rank from the rows' shapes and structures; the peak is memory
     per GPU. Model states (ZeRO-sharded), activations of the micro-batches in flight,
@@ -42,7 +48,13 @@ def memory_columns(
 
     Activations and logits depend on a row's structure, shape and micro-batch count only,
     model states on its structure, ZeRO stage and group: each is worked out on one row per
-    distinct combination and broadcast; per row only the sum and its peak are taken."""
+    distinct combination and broadcast; per row only the sum and its peak are taken.
+    ``outputs``: the outputs wanted (None: every one); ``memory_per_gpu_bytes`` is always
+    there, and the others are left out, not computed (each is one gather per row)."""
+
+    def wanted(key: str) -> bool:
+        return outputs is None or key in outputs
+
     n = len(c)
     shape_inv, struct_inv = c.shape.codes, c.structure.codes
     held_rows, held_inv = distinct_rows(c.held)
@@ -95,25 +107,28 @@ def memory_columns(
     total += comm_buffer[:, None]
     total += runtime
     peak_slot = np.argmax(total, axis=1)
-    out = {
-        "memory_per_gpu_bytes": total[np.arange(n), peak_slot],
-        "peak_rank": structs["slot"][struct_inv, peak_slot].astype(np.int64),
-    }
-    for name, value in states.items():
-        out[f"memory_{name}_bytes"] = value[state_inv, peak_slot]
-    for name, value in held.items():
-        out[f"memory_{name}_bytes"] = value[held_inv, peak_slot]
-    out["memory_comm_buffers_bytes"] = comm_buffer
-    copies = np.ones(len(state_rows))  # DualPipe's two parameter copies are replicas
-    for schedule, rows in rows_by_value(c.schedule[state_rows]):
-        copies[rows] = closed_form.parameter_copies(schedule)
-    state_R = gather(
-        structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)
-    )
-    out["checkpoint_bytes_per_rank"] = checkpoint_bytes_columns(
-        job, zero_group[state_rows], c.expert_data_parallel_size[state_rows], state_R, tuned, copies
-    )[state_inv]
-    out["memory_runtime_overhead_bytes"] = np.full(n, runtime)
+    out = {"memory_per_gpu_bytes": total[np.arange(n), peak_slot]}
+    if wanted("peak_rank"):
+        out["peak_rank"] = structs["slot"][struct_inv, peak_slot].astype(np.int64)
+    for parts, inverse in ((states, state_inv), (held, held_inv)):
+        for name, value in parts.items():
+            if wanted(f"memory_{name}_bytes"):
+                out[f"memory_{name}_bytes"] = value[inverse, peak_slot]
+    if wanted("memory_comm_buffers_bytes"):
+        out["memory_comm_buffers_bytes"] = comm_buffer
+    if wanted("checkpoint_bytes_per_rank"):
+        copies = np.ones(len(state_rows))  # DualPipe's two parameter copies are replicas
+        for schedule, rows in rows_by_value(c.schedule[state_rows]):
+            copies[rows] = closed_form.parameter_copies(schedule)
+        state_R = gather(
+            structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)
+        )
+        out["checkpoint_bytes_per_rank"] = checkpoint_bytes_columns(
+            job, zero_group[state_rows], c.expert_data_parallel_size[state_rows], state_R, tuned,
+            copies,
+        )[state_inv]  # fmt: skip
+    if wanted("memory_runtime_overhead_bytes"):
+        out["memory_runtime_overhead_bytes"] = np.full(n, runtime)
     if per_rank:
         for name, value in states.items():
             out[f"rank_{name}_bytes"] = value[state_inv]

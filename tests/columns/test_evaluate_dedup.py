@@ -251,3 +251,21 @@ def test_shapes_worked_out_ahead_from_the_grid_are_the_rows_own(job):
         np.testing.assert_array_equal(
             grid_shapes[key][from_grid.shape.codes], values[own.shape.codes], err_msg=key
         )
+
+
+def test_memory_outputs_left_out_are_not_computed_and_the_rest_unchanged():
+    """The screen asks the memory model for the outputs it keeps only: those come out as
+    with every output asked for, and the others are absent."""
+    from planner.columns.layout import LayoutColumns
+    from planner.evaluate import _rates, _tables
+    from planner.evaluate.memory import memory_columns
+
+    c = LayoutColumns.of(_search_rows(MOE_JOB, 300, 7))
+    rates, bf16_rates, tuned = _rates(MOE_JOB, H100)
+    shapes, structs = _tables(MOE_JOB, c, rates, bf16_rates, tuned)
+    every = memory_columns(MOE_JOB, c, shapes, structs, tuned)
+    asked = frozenset({"checkpoint_bytes_per_rank", "memory_activations_bytes"})
+    some = memory_columns(MOE_JOB, c, shapes, structs, tuned, outputs=asked)
+    assert set(some) == asked | {"memory_per_gpu_bytes"} and len(every) > len(some) + 3
+    for key, value in some.items():
+        np.testing.assert_array_equal(value, every[key], err_msg=key)

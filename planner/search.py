@@ -193,6 +193,7 @@ def search(
                 **{k: _plain(cols[k][best]) for k in LAYOUT_COLUMNS},
                 "memory_per_gpu_bytes": float(memory[best]),
             }
+        cols.pop(GRID_SHAPE, None)  # read by the screen's tables, before this
         for key in list(cols):  # one at a time: one extra column alive at most
             cols[key] = cols[key][rows]
         return cols

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.columns.codes import Labels
-from planner.spec.layout import cp_algorithm_codes, expert_data_parallel_size, resolved_etp
+from planner.spec.layout import (
+    cp_algorithm_codes,
+    expert_data_parallel_size,
+    resolved_etp,
+    sequence_parallel_column,
+)
 
 #: Integer layout fields, in :class:`planner.spec.layout.Layout` order (etp apart: it may be
 #: absent, meaning tp).
@@ -79,7 +84,7 @@ class LayoutColumns:
         return cls(
             **ints,
             etp=etp,
-            sequence_parallel=np.asarray(columns["sequence_parallel"]).astype(bool) & (tp > 1),
+            sequence_parallel=sequence_parallel_column(columns["sequence_parallel"], tp),
             **{k: Labels.of(columns[k]) for k in LABEL_FIELDS},
             cp_algorithm=np.asarray(
                 cp_algorithm_codes(columns.get("cp_algorithm"), tp.shape), dtype=np.int8

@@ -46,7 +46,7 @@ from planner.evaluate.time import (
 )
 from planner.progress import report
 from planner.spec.job import Job
-from planner.spec.layout import resolved_etp
+from planner.spec.layout import resolved_etp, sequence_parallel_column
 
 #: Rows timed together: the timing's intermediate columns (per axis and link) stay near
 #: 10^8 bytes whatever the search's size; each row's numbers do not depend on the others.
@@ -158,7 +158,7 @@ def shapes_beside(
     the table adds their policy). The same entries as :func:`_tables` works out from the
     rows: the rows' shapes are these grid shapes, each under every policy."""
     tp = np.asarray(columns["tp"], dtype=np.int64)
-    sp = np.asarray(columns["sequence_parallel"]).astype(bool) & (tp > 1)  # as LayoutColumns
+    sp = sequence_parallel_column(columns["sequence_parallel"], tp)  # as LayoutColumns reads it
     fields = (tp, columns["cp"], columns["ep"], resolved_etp(columns.get("etp"), tp), sp,
               columns["micro_batch_size"])  # fmt: skip
     grid_rows, grid_shape = distinct_rows(*fields)
@@ -428,10 +428,15 @@ def _tables(
     if shapes_ahead is None:
         shape_rows, shape_inv = distinct_rows(*c.columns(*shape_fields))
         num_shapes = len(shape_rows)
+        distinct = [column[shape_rows] for column in c.columns(*shape_fields)]
+
+        def shapes_of() -> dict:
+            return shape_table_of(job, rates, tuned, *distinct, bf16_rates)
+
     else:  # a grid row's shape under each policy, in the policies' order
         ahead, grid_shape = shapes_ahead
         shape_inv = np.asarray(grid_shape, dtype=np.int64) * ahead.policies + c.recompute.codes
-        num_shapes = ahead.grid_shapes * ahead.policies
+        num_shapes, shapes_of = ahead.grid_shapes * ahead.policies, ahead.table
     struct_fields = ("tp", "ep", "etp", "pp", "vpp", "schedule", "pipeline_layer_split")
     structures, struct_inv = unique_rows(*c.columns(*struct_fields))
     c.index(
@@ -450,12 +455,8 @@ def _tables(
         return found
 
     combined = beside(combinations)
-    if shapes_ahead is None:
-        shape_columns = (column[shape_rows] for column in c.columns(*shape_fields))
-        shapes = shape_table_of(job, rates, tuned, *shape_columns, bf16_rates)
     structs = structure_table_of(job, structures, every_rank)
-    if shapes_ahead is not None:
-        shapes = shapes_ahead[0].table()
+    shapes = shapes_of()
     c.index(**combined())
     return shapes, structs
 

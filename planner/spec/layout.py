@@ -163,6 +163,12 @@ def cp_algorithm_codes(column, shape) -> np.ndarray:
     return np.broadcast_to(lookup[inverse].reshape(array.shape), shape)
 
 
+def sequence_parallel_column(sequence_parallel, tp) -> np.ndarray:
+    """Sequence parallelism per row as bool, and only where tp > 1 (it splits activations
+    over the TP ranks: Korthikanti et al. 2022 §4.2.2); numpy columns or scalars."""
+    return np.asarray(sequence_parallel).astype(bool) & (np.asarray(tp) > 1)
+
+
 def resolved_etp(etp, tp) -> np.ndarray:
     """The routed experts' TP degree per row: ``etp`` where given, ``tp`` where it is None
     (or 0 in an integer column); numpy columns or scalars."""

@@ -26,13 +26,8 @@ from planner.cp_search import (
     CP_DOMINATED,
     dominated_cp_rows,
 )
-from planner.evaluate import (
-    FULL_PRECISION_OUTPUTS,
-    GRID_SHAPE,
-    in_output_order,
-    screen_columns,
-    shapes_beside,
-)
+from planner.evaluate import FULL_PRECISION_OUTPUTS, in_output_order, screen_columns
+from planner.evaluate.indices import GRID_SHAPE, shapes_beside
 from planner.progress import report
 from planner.rank import RankSettings, over_every_row, rank_order
 from planner.refine import DEFAULT_REFINE_TOP
@@ -113,7 +108,7 @@ class SearchResult(BaseModel):
         return pd.DataFrame(frame, copy=False)  # one block per column: no stacking copy
 
 
-#: The grid columns a row's shape reads (:func:`planner.evaluate.shapes_beside`).
+#: The grid columns a row's shape reads (:func:`planner.evaluate.indices.shapes_beside`).
 SHAPE_GRID_COLUMNS = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size")
 
 

@@ -39,7 +39,7 @@ class LayoutColumns:
     """One entry per row of layouts, for every layout field and the groups derived from them.
 
     The table indices (``shape`` … ``data_parallel_form``) are None until the evaluation
-    builds its tables (:func:`planner.evaluate._tables`)."""
+    builds its tables (:func:`planner.evaluate.indices.row_tables`)."""
 
     tp: np.ndarray
     cp: np.ndarray

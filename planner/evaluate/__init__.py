@@ -4,7 +4,8 @@ This is the one model the search screens with and the single-layout estimate rep
 Pieces that depend only on a few layout fields are computed once per distinct value of
 those fields and broadcast to the rows (:mod:`planner.columns.codes`): per-layer times and
 activation bytes per (tp, cp, ep, etp, SP, micro-batch, recompute) shape and what each pipeline
-rank holds per structure (:mod:`planner.columns.tables`); activations and the pipeline's
+rank holds per structure (:mod:`planner.columns.tables`; each row's indices into them,
+:mod:`planner.evaluate.indices`); activations and the pipeline's
 compute per (structure, shape, m); model states and the optimizer step per (structure,
 ZeRO stage, dp·cp); communication buffers per (tp, cp, pp, ep, etp, ZeRO stage, SP,
 micro-batch); whether a row can be placed per (structure, cp, dp); collectives per
@@ -25,28 +26,26 @@ every rank."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from hwspecs.schema import Accelerator, Cluster
-from planner.columns.codes import Labels, coded, distinct_rows, narrow_codes, unique_rows
+from planner.columns.codes import distinct_rows
 from planner.columns.layout import LayoutColumns
-from planner.columns.tables import one_value_or_column, shape_table_of, structure_table_of
-from planner.comm.traffic import AXES, chunks_column, placeable
-from planner.cost.compute import GpuRates
-from planner.evaluate.blocks import beside, in_blocks
+from planner.columns.tables import one_value_or_column
+from planner.comm.rows import chunks_column, placeable
+from planner.comm.traffic import AXES
+from planner.evaluate.blocks import in_blocks
+from planner.evaluate.indices import GRID_SHAPE, ShapesAhead, gpu_rates, row_tables
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
 from planner.evaluate.time import (
-    data_parallel_form,
     exposed_comm_floor,
     step_time_floor,
     time_columns,
 )
 from planner.progress import report
 from planner.spec.job import Job
-from planner.spec.layout import resolved_etp, sequence_parallel_column
 
 #: Rows timed together: the timing's intermediate columns (per axis and link) stay near
 #: 10^8 bytes whatever the search's size; each row's numbers do not depend on the others.
@@ -98,8 +97,8 @@ def evaluate_columns(
             full[key][rows] = value
         return in_output_order(full, memory)
     c = LayoutColumns.of(columns)
-    rates, bf16_rates, tuned = _rates(job, accelerator)
-    shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
+    rates, bf16_rates, tuned = gpu_rates(job, accelerator)
+    shapes, structs = row_tables(job, c, rates, bf16_rates, tuned)
     memory = memory_columns(job, c, shapes, structs, tuned)
     timed = time_columns(
         job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
@@ -124,50 +123,12 @@ def memory_every_rank(
     [row, rank] layers and parameters (``held_layers``, ``dense_params``, ``expert_params``).
     The single-layout memory report is this on a 1-row column."""
     c = LayoutColumns.of(columns)
-    rates, bf16_rates, tuned = _rates(job, accelerator)
-    shapes, structs = _tables(job, c, rates, bf16_rates, tuned, every_rank=True)
+    rates, bf16_rates, tuned = gpu_rates(job, accelerator)
+    shapes, structs = row_tables(job, c, rates, bf16_rates, tuned, every_rank=True)
     memory = memory_columns(job, c, shapes, structs, tuned, per_rank=True)
     at = c.structure.codes
     held = {key: structs[key][at] for key in ("held_layers", "dense_params", "expert_params")}
     return memory, held
-
-
-class ShapesAhead(NamedTuple):
-    """A shape table started before the rows it serves exist (:func:`shapes_beside`)."""
-
-    table: Callable[[], dict]  # waits for the table and gives it
-    #: Each row's index into the table: its grid row's shape index (the column named
-    #: :data:`GRID_SHAPE`, below ``grid_shapes``) times the policies, plus its recompute
-    #: policy's code.
-    grid_shapes: int
-    policies: int
-
-
-#: The column of a search's rows that holds their grid row's index into a
-#: :class:`ShapesAhead` table (before the recompute policy).
-GRID_SHAPE = "grid_shape"
-
-
-def shapes_beside(
-    job: Job, accelerator: Accelerator, columns: dict, recompute: tuple
-) -> tuple[ShapesAhead, np.ndarray]:
-    """The shape table of every row that the grid rows ``columns`` (tp, cp, ep, etp,
-    sequence_parallel, micro_batch_size) expand to under each policy of ``recompute``,
-    worked out beside the caller (:func:`planner.evaluate.blocks.beside`: while it expands
-    the rows), and each grid row's shape index (:data:`GRID_SHAPE`; the rows' index into
-    the table adds their policy). The same entries as :func:`_tables` works out from the
-    rows: the rows' shapes are these grid shapes, each under every policy."""
-    tp = np.asarray(columns["tp"], dtype=np.int64)
-    sp = sequence_parallel_column(columns["sequence_parallel"], tp)  # as LayoutColumns reads it
-    fields = (tp, columns["cp"], columns["ep"], resolved_etp(columns.get("etp"), tp), sp,
-              columns["micro_batch_size"])  # fmt: skip
-    grid_rows, grid_shape = distinct_rows(*fields)
-    count = len(recompute)
-    distinct = [np.repeat(np.asarray(field)[grid_rows], count) for field in fields]
-    policies = Labels(np.tile(np.arange(count, dtype=np.int64), len(grid_rows)), tuple(recompute))
-    rates, bf16_rates, tuned = _rates(job, accelerator)
-    table = beside(lambda: shape_table_of(job, rates, tuned, *distinct, policies, bf16_rates))
-    return ShapesAhead(table, len(grid_rows), count), narrow_codes(grid_shape, len(grid_rows))
 
 
 class Screened(NamedTuple):
@@ -219,14 +180,14 @@ def screen_columns(
     band): only the rows whose step time can be at most ``(1 + band)`` times the n-th
     fastest row's are timed (:func:`_rows_within_reach`); the others carry NaN outputs,
     ``valid`` True, and are all slower than ``bound_s``. ``shapes_ahead``: the shape table
-    already started (:func:`shapes_beside`), ``columns`` holding each row's
+    already started (:func:`planner.evaluate.indices.shapes_beside`), ``columns`` holding each row's
     :data:`GRID_SHAPE`."""
     c = LayoutColumns.of(columns)
     kept = None if outputs is None else outputs | {"valid", "memory_per_gpu_bytes"}
     report(progress, "memory screen", 0, len(c))
-    rates, bf16_rates, tuned = _rates(job, accelerator)
+    rates, bf16_rates, tuned = gpu_rates(job, accelerator)
     ahead = None if shapes_ahead is None else (shapes_ahead, columns[GRID_SHAPE])
-    shapes, structs = _tables(job, c, rates, bf16_rates, tuned, shapes_ahead=ahead)
+    shapes, structs = row_tables(job, c, rates, bf16_rates, tuned, shapes_ahead=ahead)
     valid = _placeable(job, cluster, c)
     memory, rows = _memory_in_blocks(
         job, c, shapes, structs, tuned, valid, memory_limit_bytes, memory_parts_of_timed_rows,
@@ -323,7 +284,7 @@ def _spread(timed: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str,
 
 
 def _placeable(job: Job, cluster: Cluster, c: LayoutColumns) -> np.ndarray:
-    """Rows that can be placed on the cluster (:func:`planner.comm.traffic.placeable`)."""
+    """Rows that can be placed on the cluster (:func:`planner.comm.rows.placeable`)."""
     # Placeable or not depends on the structure (tp, ep, etp, pp, vpp, schedule, split), cp, dp.
     some, inverse = distinct_rows(c.structure, c.cp, c.dp)
     at = c.take(some)
@@ -394,71 +355,6 @@ def _timed_in_blocks(
             timed[key][rows] = value
         report(progress, "timing", rows.stop, n)
     return timed
-
-
-def _rates(job: Job, accelerator: Accelerator | None) -> tuple:
-    """(GPU rates of the GEMM dtype, BF16 rates under FP8 or None, the adapter recipe or None);
-    without an accelerator, untimed unit rates (memory only)."""
-    tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
-    if accelerator is None:
-        return GpuRates.untimed(), None, tuned
-    rates = GpuRates.of(accelerator, job.precision.gemm_dtype, job.attention_kernel)
-    bf16_rates = (
-        GpuRates.of(accelerator, "bf16", job.attention_kernel)
-        if job.precision.gemm_dtype == "fp8"
-        else None
-    )
-    return rates, bf16_rates, tuned
-
-
-def _tables(
-    job: Job, c: LayoutColumns, rates, bf16_rates, tuned, every_rank=False, shapes_ahead=None
-) -> tuple[dict, dict]:
-    """The per-shape and per-structure tables. Records in ``c`` each row's index into them
-    (``shape``, ``structure``) and into the distinct (structure, shape, micro-batches)
-    combinations — what activations and the pipeline's compute depend on — and (structure,
-    ZeRO stage, ZeRO group) ones — what model states and the optimizer step depend on
-    (``held``, ``states``), all as :class:`planner.columns.codes.Labels` of indices.
-
-    Each row's indices are numpy over the rows; the tables' entries are worked out per
-    distinct shape and structure in Python, while the combinations' indices are found
-    beside them (:func:`planner.evaluate.blocks.beside`). ``shapes_ahead``: (the shape
-    table already started, each row's :data:`GRID_SHAPE`), :func:`shapes_beside`."""
-    shape_fields = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size", "recompute")
-    if shapes_ahead is None:
-        shape_rows, shape_inv = distinct_rows(*c.columns(*shape_fields))
-        num_shapes = len(shape_rows)
-        distinct = [column[shape_rows] for column in c.columns(*shape_fields)]
-
-        def shapes_of() -> dict:
-            return shape_table_of(job, rates, tuned, *distinct, bf16_rates)
-
-    else:  # a grid row's shape under each policy, in the policies' order
-        ahead, grid_shape = shapes_ahead
-        shape_inv = np.asarray(grid_shape, dtype=np.int64) * ahead.policies + c.recompute.codes
-        num_shapes, shapes_of = ahead.grid_shapes * ahead.policies, ahead.table
-    struct_fields = ("tp", "ep", "etp", "pp", "vpp", "schedule", "pipeline_layer_split")
-    structures, struct_inv = unique_rows(*c.columns(*struct_fields))
-    c.index(
-        shape=coded(shape_inv, num_shapes),
-        structure=coded(struct_inv, len(structures)),
-        # The wrapper's operations cost time only where the accelerator records host costs.
-        data_parallel_form=data_parallel_form(c.zero_stage, c.zero_group_size),
-    )
-    held = ("shape", "num_microbatches", "data_parallel_form")[: 3 if rates.op_overhead_s else 2]
-
-    def combinations() -> dict[str, Labels]:
-        found = {}
-        for name, fields in (("held", held), ("states", ("zero_stage", "zero_group_size"))):
-            chosen, inverse = distinct_rows(c.structure, *c.columns(*fields))
-            found[name] = coded(inverse, len(chosen))
-        return found
-
-    combined = beside(combinations)
-    structs = structure_table_of(job, structures, every_rank)
-    shapes = shapes_of()
-    c.index(**combined())
-    return shapes, structs
 
 
 def in_output_order(timed: dict, memory: dict) -> dict[str, np.ndarray]:

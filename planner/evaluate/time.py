@@ -14,12 +14,8 @@ from planner.columns.codes import Labels, distinct_rows
 from planner.columns.layout import LayoutColumns
 from planner.columns.tables import TIME_SHAPE_KEYS, one_value_or_column, rows_by_value
 from planner.comm.contention import occupancy_excess
-from planner.comm.traffic import (
-    AXES,
-    axis_times_vectorized,
-    chunks_column,
-    exposed_floor_vectorized,
-)
+from planner.comm.rows import chunks_column
+from planner.comm.traffic import AXES, axis_times_vectorized, exposed_floor_vectorized
 from planner.cost.adapter_flops import finetune_ops_per_sequence
 from planner.cost.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.cost.model_states import optimizer_columns

@@ -225,10 +225,10 @@ def test_table_is_ranked_with_a_fresh_index():
 @pytest.mark.parametrize("job", [JOB, MOE_JOB], ids=["dense", "moe"])
 def test_shapes_worked_out_ahead_from_the_grid_are_the_rows_own(job):
     """The search starts the shape table from the grid rows, each under every recompute
-    policy (planner.evaluate.shapes_beside), before it expands them: every expanded row
+    policy (planner.evaluate.indices.shapes_beside), before it expands them: every expanded row
     reads the entries the table worked out from the rows themselves gives it."""
     from planner.columns.layout import LayoutColumns
-    from planner.evaluate import GRID_SHAPE, _rates, _tables, shapes_beside
+    from planner.evaluate.indices import GRID_SHAPE, gpu_rates, row_tables, shapes_beside
 
     space = SearchSpace()
     grid, cells, shape = screening_grid(job, DGX, 64, space)
@@ -242,10 +242,10 @@ def test_shapes_worked_out_ahead_from_the_grid_are_the_rows_own(job):
     )
     columns = expand_rows(grid, cells[alive], shape, space)
     columns["pipeline_layer_split"] = np.full(len(columns["tp"]), "auto", dtype=object)
-    rates = _rates(job, H100)
+    rates = gpu_rates(job, H100)
     own, from_grid = LayoutColumns.of(columns), LayoutColumns.of(columns)
-    own_shapes, _ = _tables(job, own, *rates)
-    grid_shapes, _ = _tables(job, from_grid, *rates, shapes_ahead=(ahead, columns[GRID_SHAPE]))
+    own_shapes, _ = row_tables(job, own, *rates)
+    grid_shapes, _ = row_tables(job, from_grid, *rates, shapes_ahead=(ahead, columns[GRID_SHAPE]))
     assert len(grid_shapes["fd"]) >= len(own_shapes["fd"]) > 1
     for key, values in own_shapes.items():
         np.testing.assert_array_equal(
@@ -257,12 +257,12 @@ def test_memory_outputs_left_out_are_not_computed_and_the_rest_unchanged():
     """The screen asks the memory model for the outputs it keeps only: those come out as
     with every output asked for, and the others are absent."""
     from planner.columns.layout import LayoutColumns
-    from planner.evaluate import _rates, _tables
+    from planner.evaluate.indices import gpu_rates, row_tables
     from planner.evaluate.memory import memory_columns
 
     c = LayoutColumns.of(_search_rows(MOE_JOB, 300, 7))
-    rates, bf16_rates, tuned = _rates(MOE_JOB, H100)
-    shapes, structs = _tables(MOE_JOB, c, rates, bf16_rates, tuned)
+    rates, bf16_rates, tuned = gpu_rates(MOE_JOB, H100)
+    shapes, structs = row_tables(MOE_JOB, c, rates, bf16_rates, tuned)
     every = memory_columns(MOE_JOB, c, shapes, structs, tuned)
     asked = frozenset({"checkpoint_bytes_per_rank", "memory_activations_bytes"})
     some = memory_columns(MOE_JOB, c, shapes, structs, tuned, outputs=asked)

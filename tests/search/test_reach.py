@@ -12,7 +12,7 @@ from planner.api.inputs import with_profile
 from planner.api.search import rank_settings
 from planner.columns.codes import Labels
 from planner.columns.layout import LayoutColumns
-from planner.evaluate import _rates, _tables
+from planner.evaluate.indices import gpu_rates, row_tables
 from planner.evaluate.time import exposed_comm_floor, step_time_floor
 from planner.search import LAYOUT_COLUMNS, search
 
@@ -71,8 +71,8 @@ def test_the_step_time_floor_is_below_every_step_time(name):
     job, cluster, accelerator, gpus = _job(name)
     found = search(job, cluster, accelerator, gpus, refine_top=0)
     c = LayoutColumns.of({key: found.column(key) for key in LAYOUT_COLUMNS})
-    rates, bf16_rates, tuned = _rates(job, accelerator)
-    shapes, structs = _tables(job, c, rates, bf16_rates, tuned)
+    rates, bf16_rates, tuned = gpu_rates(job, accelerator)
+    shapes, structs = row_tables(job, c, rates, bf16_rates, tuned)
     floor = step_time_floor(job, accelerator, c, shapes, structs, rates)
     step = found.column("step_time_s")
     assert np.all(floor <= step * (1 + 1e-9))

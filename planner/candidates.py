@@ -11,11 +11,13 @@ parallel folding); each degree row once per CP algorithm where cp > 1
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
-from planner.columns.codes import Labels, narrow_codes
+from planner.columns.codes import Labels, code_dtype, narrow_codes
 from planner.cp_inner import with_cp_inner
 from planner.cp_search import (
     degenerate_hierarchy,
@@ -43,7 +45,10 @@ class SearchSpace(BaseModel):
     vpp: list[int] | None = None
     micro_batch_size: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
     schedule: list[str] = Field(default_factory=lambda: list(SCHEDULES))
-    zero_stage: list[int] = Field(default_factory=lambda: [0, 1, 2, 3])
+    #: ZeRO stages 0 to 3, as a layout takes them (:class:`planner.spec.layout.Layout`).
+    zero_stage: list[Annotated[int, Field(ge=0, le=3)]] = Field(
+        default_factory=lambda: [0, 1, 2, 3]
+    )
     recompute: list[str] = Field(default_factory=lambda: ["none", "selective", "full"])
     sequence_parallel: list[bool] = Field(default_factory=lambda: [True, False])
     #: Context-parallel algorithms searched where cp > 1 (cp = 1 rows: the first of them).
@@ -155,35 +160,49 @@ def screening_grid(
     return columns, cells, (sizes[0], sizes[1] or 1, *sizes[2:])
 
 
+def expand_index(
+    cells: np.ndarray, grid_shape: tuple[int, ...], space
+) -> tuple[np.ndarray, np.ndarray, Labels]:
+    """Screened rows × every ZeRO stage × every recompute policy, in the order of the full
+    grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it): each
+    row's screened row (its index among ``cells``, the screened rows' cells, ascending),
+    ZeRO stage and recompute policy (:class:`planner.columns.codes.Labels`), each in narrow
+    integers (10^6-10^7 rows).
+
+    The screened rows of one ``(degree, pair, mbs)`` are its sequence-parallel values,
+    neighbours among ``cells``; each expands to ``zero × recompute`` runs of them."""
+    copies = len(space.zero_stage) * len(space.recompute)
+    group = cells // grid_shape[-1]  # the (degree, pair, mbs) of each screened row
+    starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
+    width = np.diff(np.append(starts, len(cells)))  # its screened rows (SP values)
+    rows_of_group = width * copies
+    total = int(rows_of_group.sum())
+    index = code_dtype(max(total, len(cells)))
+    # Each row's place among its group's rows, then its screened row and (zero, policy).
+    local = np.arange(total, dtype=index)
+    local -= np.repeat((np.cumsum(rows_of_group) - rows_of_group).astype(index), rows_of_group)
+    width = np.repeat(width.astype(index), rows_of_group)
+    row = np.repeat(starts.astype(index), rows_of_group)
+    row += local % width
+    local //= width  # the (zero, policy) pair, zero-major
+    del width
+    policies = len(space.recompute)
+    zero_stage = np.asarray(space.zero_stage, dtype=np.int8)[local // policies]  # 0 to 3
+    recompute = Labels(
+        (local % policies).astype(np.min_scalar_type(-policies)), tuple(space.recompute)
+    )
+    return row, zero_stage, recompute
+
+
 def expand_rows(
     columns: dict[str, np.ndarray], cells: np.ndarray, grid_shape: tuple[int, ...], space
 ) -> dict[str, np.ndarray]:
-    """Screened rows × every ZeRO stage × every recompute policy, in the order of the full
-    grid ``(degree, pair, mbs, zero, recompute, sp)`` (ties in the ranking keep it). The
-    schedule and the recompute policy come as :class:`planner.columns.codes.Labels`."""
-    num_zero, num_recompute = len(space.zero_stage), len(space.recompute)
-    alive = np.zeros(int(np.prod(grid_shape)), dtype=bool)
-    alive[cells] = True
-    num_sp = grid_shape[-1]
-    alive = alive.reshape(-1, num_sp)
-    live = np.flatnonzero(alive.any(axis=1))  # cells with a row (the others expand to none)
-    full = np.broadcast_to(alive[live, None, None, :], (len(live), num_zero, num_recompute, num_sp))
-    cell, zero, recompute, sp = np.nonzero(full)
-    # The expanded rows' own columns first, and the index columns released as soon as read:
-    # each is one int64 per expanded row (10^6-10^7 of them).
-    zero_stage = np.asarray(space.zero_stage)[zero]
-    del zero
-    recompute = Labels(narrow_codes(recompute, len(space.recompute)), tuple(space.recompute))
-    row_of_cell = np.zeros(len(alive.ravel()), dtype=np.int64)
-    row_of_cell[cells] = np.arange(len(cells))
-    cell = live[cell]
-    cell *= num_sp
-    cell += sp
-    del sp
-    row = row_of_cell[cell]
-    del cell, row_of_cell
+    """The screened rows' ``columns`` expanded to every ZeRO stage and recompute policy
+    (:func:`expand_index`), with those two columns: every column in memory (the search
+    keeps them factored, :class:`planner.columns.expanded.ExpandedRows`)."""
+    row, zero_stage, recompute = expand_index(cells, grid_shape, space)
     out = {key: value[row] for key, value in columns.items()}
-    out["zero_stage"] = zero_stage
+    out["zero_stage"] = zero_stage.astype(np.int64)
     out["recompute"] = recompute
     return out
 

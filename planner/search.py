@@ -2,8 +2,10 @@
 
 The candidates and the rules that empty rows come from :mod:`planner.candidates`; each
 rejected row is counted under the first rule it fails, and rows whose CP algorithm another
-beats on the same layout are not timed (:mod:`planner.cp_search`). The survivors are
-evaluated by :func:`planner.evaluate.screen_columns`, rows that do not fit in
+beats on the same layout are not timed (:mod:`planner.cp_search`). The survivors, each
+under every ZeRO stage and recompute policy, are kept factored over them
+(:class:`planner.columns.expanded.ExpandedRows`: no layout column is written out for every
+row) and evaluated by :func:`planner.evaluate.screen_columns`, rows that do not fit in
 ``HBM × (1 − mem_headroom)`` are rejected, and the rest are ranked under the model's error,
 the top rows re-timed by the event simulator (:mod:`planner.rank`, :mod:`planner.refine`).
 The ranked rows are kept as columns; pandas is imported only when they are asked for as a
@@ -19,15 +21,16 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
-from planner.candidates import SearchSpace, expand_rows, rejection_masks, screening_grid
+from planner.candidates import SearchSpace, expand_index, rejection_masks, screening_grid
 from planner.columns.codes import Labels
+from planner.columns.expanded import ExpandedRows
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
 from planner.cp_search import (
     CP_DOMINATED,
     dominated_cp_rows,
 )
 from planner.evaluate import FULL_PRECISION_OUTPUTS, in_output_order, screen_columns
-from planner.evaluate.indices import GRID_SHAPE, shapes_beside
+from planner.evaluate.indices import shapes_beside
 from planner.progress import report
 from planner.rank import RankSettings, over_every_row, rank_order
 from planner.refine import DEFAULT_REFINE_TOP
@@ -108,10 +111,6 @@ class SearchResult(BaseModel):
         return pd.DataFrame(frame, copy=False)  # one block per column: no stacking copy
 
 
-#: The grid columns a row's shape reads (:func:`planner.evaluate.indices.shapes_beside`).
-SHAPE_GRID_COLUMNS = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size")
-
-
 def search(
     job: Job,
     cluster: Cluster,
@@ -164,83 +163,74 @@ def search(
         rejected[CP_DOMINATED] = int(beaten.sum()) * copies
     alive &= ~beaten
     grid = {key: value[alive] for key, value in grid.items()}
-    ahead = None  # the rows' shape table, worked out beside the expansion (numpy)
+    ahead = None  # the rows' tables, started from the grid (the shapes beside the expansion)
+    split = space.pipeline_layer_split
     if alive.any():
-        shape_grid = {key: grid[key] for key in SHAPE_GRID_COLUMNS}
-        ahead, grid[GRID_SHAPE] = shapes_beside(job, accelerator, shape_grid, space.recompute)
-    cols = expand_rows(grid, cells[alive], grid_shape, space)
-    split = (space.pipeline_layer_split,)
-    # One split for every row: its codes a read-only view of one 0, no column in memory.
-    cols["pipeline_layer_split"] = Labels(np.broadcast_to(np.int8(0), (len(cols["tp"]),)), split)
+        ahead, codes = shapes_beside(job, accelerator, grid, space.recompute, split)
+        grid.update(codes)  # read at each row's grid row
+    # The rows, factored: each a grid row under a ZeRO stage and a recompute policy.
+    cols = ExpandedRows(grid, *expand_index(cells[alive], grid_shape, space), split)
     report(progress, "enumerating layouts", total, total)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
-    smallest = None
-
-    def timed_rows_only(memory_out: dict, valid: np.ndarray, rows: np.ndarray) -> dict:
-        """After the memory screen: the smallest row that does not fit noted, and the
-        layout columns narrowed to the rows to time (the full-size ones released)."""
-        nonlocal smallest
-        memory = memory_out["memory_per_gpu_bytes"]
-        too_big = np.flatnonzero(valid & (memory > usable))
-        if len(too_big):
-            best = _smallest(memory, too_big)
-            smallest = {
-                **{k: _plain(cols[k][best]) for k in LAYOUT_COLUMNS},
-                "memory_per_gpu_bytes": float(memory[best]),
-            }
-        cols.pop(GRID_SHAPE, None)  # read by the screen's tables, before this
-        for key in list(cols):  # one at a time: one extra column alive at most
-            cols[key] = cols[key][rows]
-        return cols
-
     screened = None  # rows that do not fit are not timed
-    if len(cols["tp"]):
+    if len(cols):
         screened = screen_columns(
             job, cluster, accelerator, cols, usable, order, mfu_dtype,
             memory_parts_of_timed_rows=True, progress=progress, compact=True,
             outputs=None if every_output else FULL_PRECISION_OUTPUTS,
-            timed_columns=timed_rows_only,
             reach=reach_of(only_top, refine_top, rank_settings) if objective == "step_time"
             and only_top is not None else None, shapes_ahead=ahead,
         )  # fmt: skip
+    smallest = None  # the smallest placeable row that does not fit
     columns, feasible = {}, 0  # the ranked rows (none screened: none)
     if screened:
-        memory_out, placeable, rows, timed, bound_s = screened
+        memory_out, placeable, rows, timed, bound_s, timed_rows = screened
         report(progress, "ranking", 0, len(rows))
         del screened
+        memory = memory_out["memory_per_gpu_bytes"]
+        too_big = np.flatnonzero(placeable & (memory > usable))
+        if len(too_big):
+            best = _smallest(memory, too_big)
+            smallest = {
+                **{k: _plain(cols.column(k, [best])[0]) for k in LAYOUT_COLUMNS},
+                "memory_per_gpu_bytes": float(memory[best]),
+            }
         placeable = placeable.copy()  # as evaluate_columns reports it: the timed rows' own
-        placeable[rows] = timed["valid"]
+        placeable[rows if timed_rows is None else rows[timed_rows]] = timed["valid"]
         if not placeable.all():
             rejected["cannot be placed on the cluster"] = int((~placeable).sum())
-        memory = memory_out["memory_per_gpu_bytes"]
         too_big = placeable & (memory > usable)  # none of them timed
         if too_big.any():
             rejected[f"does not fit in {usable / GIB:.1f} GiB per GPU"] = int(too_big.sum())
-        # Kept rows (placeable and fitting) are timed rows: read at their place among them
-        # (``at``), the layout columns too; memory per GPU, of every row, at ``kept``.
+        # Kept rows (placeable and fitting) are rows to time: read at their place among
+        # the timed rows (``timed_at``: the timed outputs), among the rows to time (``at``:
+        # the other memory outputs) and among all rows (``kept``: memory per GPU and the
+        # layout columns).
         kept = np.flatnonzero(placeable & ~too_big)
-        at = np.searchsorted(rows, kept)
+        at = timed_at = np.searchsorted(rows, kept)
         feasible = len(kept)
         merged = in_output_order(timed, memory_out)
 
         def kept_rows(key: str, positions: tuple | None = None) -> np.ndarray:
-            """A kept column in the kept rows' order, or at ``positions`` of it (the pair
-            ``at[p], kept[p]``: memory per GPU is read at ``kept``, every other column —
-            one per timed row — at ``at``)."""
-            rows = (at, kept) if positions is None else positions
-            rows = rows[1] if key == "memory_per_gpu_bytes" else rows[0]
-            if key in timed or key in memory_out:
-                return np.take(timed[key] if key in timed else memory_out[key], rows)
-            value = cols[key]  # a layout column (every other one is timed or memory)
-            if isinstance(value, Labels):
-                return value[rows]
-            return np.take(value, rows)
+            """A kept column in the kept rows' order, or at ``positions`` of it (the
+            triple ``timed_at[p], at[p], kept[p]``)."""
+            timed_at_p, at_p, kept_p = (timed_at, at, kept) if positions is None else positions
+            if key == "memory_per_gpu_bytes":
+                return np.take(memory_out[key], kept_p)
+            if key in timed:
+                return np.take(timed[key], timed_at_p)
+            if key in memory_out:
+                return np.take(memory_out[key], at_p)
+            return cols.column(key, kept_p)  # a layout column (every other: timed or memory)
 
         every_row = None  # what the preference rules read over every feasible row
-        if np.isfinite(bound_s):  # only the rows within reach are ranked
-            feasible_rows = at, kept
-            reached = np.take(timed["step_time_s"], at) <= bound_s
-            kept, at = kept[reached], at[reached]
+        if timed_rows is not None:  # only the rows within reach were timed, and are ranked
+            feasible_rows = None, at, kept  # (the preference rules read layout columns only)
+            timed_at = np.searchsorted(timed_rows, at)
+            reached = timed_at < len(timed_rows)
+            reached[reached] = timed_rows[timed_at[reached]] == at[reached]
+            reached[reached] = timed["step_time_s"][timed_at[reached]] <= bound_s
+            kept, at, timed_at = kept[reached], at[reached], timed_at[reached]
 
             def every_row() -> tuple:
                 """:func:`planner.rank.over_every_row` of every feasible row, at the ranked."""
@@ -263,7 +253,9 @@ def search(
         def records(positions: list[int]) -> list[dict]:
             """Kept rows (positions) as plain dicts, for the event simulator."""
             where = np.asarray(positions, dtype=np.int64)
-            found = {key: kept_rows(key, (at[where], kept[where])) for key in names}
+            found = {
+                key: kept_rows(key, (timed_at[where], at[where], kept[where])) for key in names
+            }
             found.update({key: value[positions] for key, value in extra.items()})
             return [{key: _plain(value[i]) for key, value in found.items()}
                     for i in range(len(positions))]  # fmt: skip
@@ -282,10 +274,10 @@ def search(
         report(progress, "simulating the top rows", count, count)
         # Each column taken once, in the final order, and the evaluated ones released; string
         # columns stay labels (strings only in the DataFrame).
-        final = at[order], kept[order]
+        final = timed_at[order], at[order], kept[order]
         for key in names:
             columns[key] = kept_rows(key, final)
-            for source in (timed, merged, memory_out, cols):
+            for source in (timed, merged, memory_out):
                 source.pop(key, None)
         columns.update({key: value[order] for key, value in extra.items()})
         del memory_out, merged, cols

@@ -112,6 +112,11 @@ class LayoutColumns:
             },
         )
 
+    def block(self, rows) -> LayoutColumns:
+        """The selected rows as the evaluation's models read them (:meth:`take`; a search's
+        factored rows write theirs out, :meth:`planner.columns.expanded.ExpandedRows.block`)."""
+        return self.take(rows)
+
     def table_indices(self, rows) -> dict:
         """The selected rows' table indices (those set), as :meth:`index` takes them."""
         return {name: value[rows] for name in TABLE_INDICES

@@ -32,12 +32,13 @@ import numpy as np
 
 from hwspecs.schema import Accelerator, Cluster
 from planner.columns.codes import distinct_rows
+from planner.columns.expanded import ExpandedRows
 from planner.columns.layout import LayoutColumns
 from planner.columns.tables import one_value_or_column
 from planner.comm.rows import chunks_column, placeable
 from planner.comm.traffic import AXES
 from planner.evaluate.blocks import in_blocks
-from planner.evaluate.indices import GRID_SHAPE, ShapesAhead, gpu_rates, row_tables
+from planner.evaluate.indices import ShapesAhead, gpu_rates, row_tables
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
 from planner.evaluate.time import (
     exposed_comm_floor,
@@ -88,7 +89,7 @@ def evaluate_columns(
     ``valid`` and carry NaN times. Each row's numbers do not depend on the other rows.
     """
     if memory_limit_bytes is not None:  # the screen, its timed rows spread over all rows
-        memory, valid, rows, timed, _ = screen_columns(
+        memory, valid, rows, timed, *_ = screen_columns(
             job, cluster, accelerator, columns, memory_limit_bytes, order, mfu_dtype
         )
         full = {}
@@ -137,10 +138,13 @@ class Screened(NamedTuple):
     memory: dict[str, np.ndarray]  # the memory outputs of every row
     valid: np.ndarray  # which rows can be placed
     rows: np.ndarray  # the rows to time: placeable and fitting
-    timed: dict[str, np.ndarray]  # their timed outputs, one per row of them
-    #: Rows to time whose step time is above this were not timed (NaN outputs, ``valid``
-    #: True): they cannot be within reach (``screen_columns``' ``reach``); inf: all timed.
+    #: The timed outputs of the rows of ``rows`` at ``timed_rows``, one per row of them.
+    timed: dict[str, np.ndarray]
+    #: Rows to time whose step time is above this were not timed: they cannot be within
+    #: reach (``screen_columns``' ``reach``); inf: all timed.
     bound_s: float
+    #: Where in ``rows`` the timed rows are (ascending; None: all of them).
+    timed_rows: np.ndarray | None = None
 
 
 def screen_columns(
@@ -155,15 +159,14 @@ def screen_columns(
     progress=None,
     compact: bool = False,
     outputs: frozenset[str] | None = None,
-    timed_columns=None,
     reach: tuple[int, float] | None = None,
     shapes_ahead: ShapesAhead | None = None,
 ) -> Screened:
     """The search's screen, as :func:`evaluate_columns` with ``memory_limit_bytes`` but
     without spreading the timed rows back over all rows: (memory outputs of every row,
-    which rows can be placed, the rows timed — placeable and fitting —, the timed outputs
-    of those rows only, one per row of them, and the step time beyond which rows were not
-    timed).
+    which rows can be placed, the rows to time — placeable and fitting —, the timed outputs
+    of those rows only, one per row timed, the step time beyond which rows were not timed,
+    and which of them were; :class:`Screened`).
 
     ``memory_parts_of_timed_rows``: every memory output but ``memory_per_gpu_bytes`` is
     kept for the timed rows only (one per row of them), and the others' released before
@@ -173,33 +176,25 @@ def screen_columns(
     search's feasible table). ``outputs``: the outputs kept (None: all); ``valid`` and
     ``memory_per_gpu_bytes`` are always kept (the screen reads them); the memory outputs
     left out are not computed, the timed ones are (a row's numbers are the same with any
-    ``outputs``). ``timed_columns``:
-    called after the memory screen with (the memory outputs, ``valid``, the rows to time),
-    it returns ``columns`` at those rows, which are timed from it (a caller that then
-    releases its full-size columns holds none while the rows are timed). ``reach``: (n,
+    ``outputs``). ``columns`` may be a search's
+    :class:`planner.columns.expanded.ExpandedRows` (each block written out as it is
+    evaluated). ``reach``: (n,
     band): only the rows whose step time can be at most ``(1 + band)`` times the n-th
-    fastest row's are timed (:func:`_rows_within_reach`); the others carry NaN outputs,
-    ``valid`` True, and are all slower than ``bound_s``. ``shapes_ahead``: the shape table
-    already started (:func:`planner.evaluate.indices.shapes_beside`), ``columns`` holding each row's
-    :data:`GRID_SHAPE`."""
-    c = LayoutColumns.of(columns)
+    fastest row's are timed (:func:`_rows_within_reach`; ``timed_rows`` says which); the
+    others are all slower than ``bound_s``. ``shapes_ahead``: the tables
+    started from the grid rows of ``columns``, :class:`ExpandedRows` holding each row's grid
+    codes (:func:`planner.evaluate.indices.shapes_beside`)."""
+    c = columns if isinstance(columns, ExpandedRows) else LayoutColumns.of(columns)
     kept = None if outputs is None else outputs | {"valid", "memory_per_gpu_bytes"}
     report(progress, "memory screen", 0, len(c))
     rates, bf16_rates, tuned = gpu_rates(job, accelerator)
-    ahead = None if shapes_ahead is None else (shapes_ahead, columns[GRID_SHAPE])
-    shapes, structs = row_tables(job, c, rates, bf16_rates, tuned, shapes_ahead=ahead)
+    shapes, structs = row_tables(job, c, rates, bf16_rates, tuned, shapes_ahead=shapes_ahead)
     valid = _placeable(job, cluster, c)
     memory, rows = _memory_in_blocks(
         job, c, shapes, structs, tuned, valid, memory_limit_bytes, memory_parts_of_timed_rows,
         progress, compact, kept,
     )  # fmt: skip
-    if timed_columns is None:
-        c = c.take(rows)  # the timed rows' columns only
-    else:  # the caller's, as given (no copies of int64 columns), and the rows' table indices
-        indices = c.table_indices(rows)
-        del c  # no full-size column of the screen's own while the caller narrows its own
-        c = LayoutColumns.of(timed_columns(memory, valid, rows))
-        c.index(**indices)
+    c = c.take(rows)  # the timed rows only
     within, bound_s = None, np.inf
     if reach is not None:
         within, bound_s = _rows_within_reach(
@@ -209,9 +204,7 @@ def screen_columns(
         job, cluster, accelerator, c if within is None else c.take(within), shapes, structs,
         order, mfu_dtype, rates, tuned, progress, compact, kept,
     )  # fmt: skip
-    if within is not None:
-        timed = _spread(timed, within, len(c))
-    return Screened(memory, valid, rows, timed, bound_s)
+    return Screened(memory, valid, rows, timed, bound_s, within)
 
 
 #: Rows timed first to find how far the fastest rows reach (:func:`_rows_within_reach`):
@@ -239,14 +232,14 @@ def _rows_within_reach(
         return None, np.inf
 
     def floor_of(rows: slice) -> np.ndarray:
-        return step_time_floor(job, accelerator, c.take(rows), shapes, structs, rates)
+        return step_time_floor(job, accelerator, c.block(rows), shapes, structs, rates)
 
     def probed_bound(floor: np.ndarray, rows=None) -> float:
         """The ``count``-th fastest step of the rows (of ``rows``) with the lowest floor."""
         probe = np.argpartition(floor, min(PROBE_FACTOR * count, len(floor)) - 1)
         probe = np.sort(probe[: PROBE_FACTOR * count])
         probed = time_columns(
-            job, cluster, accelerator, c.take(probe if rows is None else rows[probe]), shapes,
+            job, cluster, accelerator, c.block(probe if rows is None else rows[probe]), shapes,
             structs, order, mfu_dtype, rates, tuned,
         )["step_time_s"]  # fmt: skip
         probed = probed[np.isfinite(probed)]
@@ -259,7 +252,7 @@ def _rows_within_reach(
     within = np.flatnonzero(~(floor > bound_s * (1 + 1e-9)))  # a NaN floor: timed
 
     def comm_floor_of(rows: slice) -> np.ndarray:
-        return exposed_comm_floor(job, cluster, c.take(within[rows]), order)
+        return exposed_comm_floor(job, cluster, c.block(within[rows]), order)
 
     # The rows left: their floor with the communication no compute can hide, and the bound
     # again from the rows with the lowest of it (the lower of two upper bounds).
@@ -269,23 +262,11 @@ def _rows_within_reach(
     return within[~(floor > bound_s * (1 + 1e-9))], bound_s
 
 
-def _spread(timed: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
-    """Outputs of ``rows`` of ``n`` rows over all of them, in each output's dtype: NaN
-    elsewhere (0 in an integer output; ``valid`` True: the rows not timed are placeable)."""
-    spread = {}
-    for key, value in timed.items():
-        if key == "valid":
-            full = np.ones(n, dtype=value.dtype)
-        else:
-            full = np.full(n, np.nan if value.dtype.kind == "f" else 0, dtype=value.dtype)
-        full[rows] = value
-        spread[key] = full
-    return spread
-
-
-def _placeable(job: Job, cluster: Cluster, c: LayoutColumns) -> np.ndarray:
+def _placeable(job: Job, cluster: Cluster, c: LayoutColumns | ExpandedRows) -> np.ndarray:
     """Rows that can be placed on the cluster (:func:`planner.comm.rows.placeable`)."""
     # Placeable or not depends on the structure (tp, ep, etp, pp, vpp, schedule, split), cp, dp.
+    if isinstance(c, ExpandedRows):  # all of them the grid's
+        return c.per_grid_row(lambda rows: _placeable(job, cluster, rows))
     some, inverse = distinct_rows(c.structure, c.cp, c.dp)
     at = c.take(some)
     return placeable(cluster, job.model.num_layers, *at.columns("tp", "cp", "pp", "dp", "ep"),
@@ -307,7 +288,7 @@ def _memory_in_blocks(
     timed_rows = []
 
     def screened(rows: slice) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        block = memory_columns(job, c.take(rows), shapes, structs, tuned, outputs=outputs)
+        block = memory_columns(job, c.block(rows), shapes, structs, tuned, outputs=outputs)
         at = np.flatnonzero(valid[rows] & (block["memory_per_gpu_bytes"] <= limit_bytes))
         kept = {}
         for key, value in block.items():
@@ -339,7 +320,7 @@ def _timed_in_blocks(
     report(progress, "timing", 0, n)
 
     def timed_block(rows: slice) -> dict[str, np.ndarray]:
-        sub = c.take(rows)
+        sub = c.block(rows)
         return time_columns(
             job, cluster, accelerator, sub, shapes, structs, order, mfu_dtype, rates, tuned
         )

@@ -2,8 +2,8 @@
 shape (:func:`planner.columns.tables.shape_table_of`) and pipeline structure
 (:func:`planner.columns.tables.structure_table_of`), worked out once per distinct value,
 and the distinct (structure, shape, micro-batches) and (structure, ZeRO) combinations the
-memory and time models dedupe on. A search may start the shape table from its grid rows
-before it expands them (:func:`shapes_beside`)."""
+memory and time models dedupe on. A search starts them from its grid rows, whose codes its
+factored rows then read (:func:`shapes_beside`)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from typing import NamedTuple
 import numpy as np
 
 from hwspecs.schema import Accelerator
-from planner.columns.codes import Labels, coded, distinct_rows, narrow_codes, unique_rows
+from planner.columns.codes import Labels, coded, distinct_rows, unique_rows
+from planner.columns.expanded import ExpandedRows
 from planner.columns.layout import LayoutColumns
 from planner.columns.tables import shape_table_of, structure_table_of
 from planner.cost.compute import GpuRates
 from planner.evaluate.blocks import beside
-from planner.evaluate.time import data_parallel_form
+from planner.evaluate.time import FSDP, data_parallel_form
 from planner.spec.job import Job
 from planner.spec.layout import resolved_etp, sequence_parallel_column
 
@@ -39,45 +40,119 @@ def gpu_rates(job: Job, accelerator: Accelerator | None) -> tuple:
 
 
 class ShapesAhead(NamedTuple):
-    """A shape table started before the rows it serves exist (:func:`shapes_beside`)."""
+    """The tables of a search's rows started from its grid rows (:func:`shapes_beside`):
+    each row of a :class:`planner.columns.expanded.ExpandedRows` reads them through its grid
+    row's codes (the grid columns :data:`GRID_CODES`) and its own ZeRO stage and recompute
+    policy."""
 
-    table: Callable[[], dict]  # waits for the table and gives it
-    #: Each row's index into the table: its grid row's shape index (the column named
+    table: Callable[[], dict]  # waits for the shape table and gives it
+    #: Each row's index into the shape table: its grid row's shape index (the column named
     #: :data:`GRID_SHAPE`, below ``grid_shapes``) times the policies, plus its recompute
     #: policy's code.
     grid_shapes: int
     policies: int
+    #: The grid rows' distinct pipeline structures (:func:`unique_rows`' values; each row's
+    #: index among them in :data:`GRID_STRUCTURE`).
+    structures: list[tuple]
+    #: How many distinct (structure, grid shape, micro-batches) the grid rows hold
+    #: (:data:`GRID_HELD`) and distinct (structure, ZeRO group) (:data:`GRID_STATES`).
+    grid_held: int
+    grid_states: int
 
 
-#: The column of a search's rows that holds their grid row's index into a
-#: :class:`ShapesAhead` table (before the recompute policy).
-GRID_SHAPE = "grid_shape"
+#: The grid columns that hold each grid row's codes into a :class:`ShapesAhead`: shape
+#: (before the recompute policy), structure, and the (structure, shape, micro-batches) and
+#: (structure, ZeRO group) combinations (before the policy and the ZeRO stage).
+GRID_SHAPE, GRID_STRUCTURE, GRID_HELD, GRID_STATES = (
+    "grid_shape", "grid_structure", "grid_held", "grid_states",
+)  # fmt: skip
+GRID_CODES = (GRID_SHAPE, GRID_STRUCTURE, GRID_HELD, GRID_STATES)
+#: The fields a row's shape and its pipeline structure read.
+SHAPE_FIELDS = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size", "recompute")
+STRUCTURE_FIELDS = ("tp", "ep", "etp", "pp", "vpp", "schedule", "pipeline_layer_split")
+#: ZeRO stages are below this (:class:`planner.candidates.SearchSpace` and the layout take 0
+#: to 3): a row's states index is its grid row's times it plus its stage.
+ZERO_STAGES = 4
 
 
 def shapes_beside(
-    job: Job, accelerator: Accelerator, columns: dict, recompute: tuple
-) -> tuple[ShapesAhead, np.ndarray]:
-    """The shape table of every row that the grid rows ``columns`` (tp, cp, ep, etp,
-    sequence_parallel, micro_batch_size) expand to under each policy of ``recompute``,
-    worked out beside the caller (:func:`planner.evaluate.blocks.beside`: while it expands
-    the rows), and each grid row's shape index (:data:`GRID_SHAPE`; the rows' index into
-    the table adds their policy). The same entries as :func:`row_tables` works out from the
-    rows: the rows' shapes are these grid shapes, each under every policy."""
-    tp = np.asarray(columns["tp"], dtype=np.int64)
-    sp = sequence_parallel_column(columns["sequence_parallel"], tp)  # as LayoutColumns reads it
-    fields = (tp, columns["cp"], columns["ep"], resolved_etp(columns.get("etp"), tp), sp,
-              columns["micro_batch_size"])  # fmt: skip
+    job: Job, accelerator: Accelerator, grid: dict, recompute: tuple, split: str
+) -> tuple[ShapesAhead, dict[str, np.ndarray]]:
+    """The shape table of every row that the grid rows ``grid`` (the search's columns before
+    the ZeRO stage and the recompute policy; ``split``: the layer split every row takes)
+    expand to under each policy of ``recompute``, worked out beside the caller
+    (:func:`planner.evaluate.blocks.beside`: while it indexes the rows and screens their
+    memory), the grid rows' distinct structures, and each grid row's codes
+    (:data:`GRID_CODES`, the narrowest integers that hold them). The same entries as :func:`row_tables` works out from the
+    rows: every grid row expands to each ZeRO stage and policy, so the rows' shapes are these
+    grid shapes under every policy, their structures these structures, and their
+    combinations these under every stage and policy."""
+    tp = np.asarray(grid["tp"], dtype=np.int64)
+    sp = sequence_parallel_column(grid["sequence_parallel"], tp)  # as LayoutColumns reads it
+    etp = resolved_etp(grid.get("etp"), tp)
+    fields = (tp, grid["cp"], grid["ep"], etp, sp, grid["micro_batch_size"])
     grid_rows, grid_shape = distinct_rows(*fields)
+    one_split = Labels(np.broadcast_to(np.int8(0), tp.shape), (split,))
+    structures, grid_structure = unique_rows(
+        tp, grid["ep"], etp, grid["pp"], grid["vpp"], grid["schedule"], one_split
+    )
+    held_rows, grid_held = distinct_rows(grid_structure, grid_shape, grid["num_microbatches"])
+    dp_cp = np.asarray(grid["dp"], dtype=np.int64) * np.asarray(grid["cp"], dtype=np.int64)
+    state_rows, grid_states = distinct_rows(grid_structure, dp_cp)
+    # The shape table started last: a thread in Python beside this numpy would hold it up.
     count = len(recompute)
     distinct = [np.repeat(np.asarray(field)[grid_rows], count) for field in fields]
     policies = Labels(np.tile(np.arange(count, dtype=np.int64), len(grid_rows)), tuple(recompute))
     rates, bf16_rates, tuned = gpu_rates(job, accelerator)
     table = beside(lambda: shape_table_of(job, rates, tuned, *distinct, policies, bf16_rates))
-    return ShapesAhead(table, len(grid_rows), count), narrow_codes(grid_shape, len(grid_rows))
+    codes = {
+        GRID_SHAPE: _smallest_ints(grid_shape, len(grid_rows)),
+        GRID_STRUCTURE: _smallest_ints(grid_structure, len(structures)),
+        GRID_HELD: _smallest_ints(grid_held, len(held_rows)),
+        GRID_STATES: _smallest_ints(grid_states, len(state_rows)),
+    }
+    ahead = ShapesAhead(table, len(grid_rows), count, structures, len(held_rows), len(state_rows))
+    return ahead, codes
+
+
+def _smallest_ints(codes: np.ndarray, count: int) -> np.ndarray:
+    """Codes below ``count`` in the narrowest signed integers that hold them (a search
+    expands each to every row)."""
+    return codes.astype(np.min_scalar_type(-max(count, 1)), copy=False)
+
+
+def _codes_from_grid(c: ExpandedRows, ahead: ShapesAhead, dp_form: bool) -> dict:
+    """Each row's table indices from its grid row's codes (:func:`shapes_beside`), its
+    recompute policy and its ZeRO stage: ``shape``, ``structure``, ``held`` (with
+    ``dp_form``, the data-parallel wrapper's code too) and ``states``, as
+    :meth:`LayoutColumns.index` takes them. Two rows share an index exactly where they
+    share the fields it stands for, as :func:`row_tables` finds them from the rows (the
+    numbering differs; every table is read through it)."""
+    policy = c.recompute.codes
+    shape = c.column(GRID_SHAPE).astype(np.int64) * ahead.policies + policy
+    held = c.column(GRID_HELD).astype(np.int64) * ahead.policies + policy
+    held_count = ahead.grid_held * ahead.policies
+    if dp_form:  # the wrapper's code (0 to FSDP) as a last digit
+        held *= FSDP + 1
+        held += c.data_parallel_form
+        held_count *= FSDP + 1
+    states = c.column(GRID_STATES).astype(np.int64) * ZERO_STAGES + c.zero_stage
+    return {
+        "shape": coded(shape, ahead.grid_shapes * ahead.policies),
+        "structure": coded(c.column(GRID_STRUCTURE), len(ahead.structures)),
+        "held": coded(held, held_count),
+        "states": coded(states, ahead.grid_states * ZERO_STAGES),
+    }
 
 
 def row_tables(
-    job: Job, c: LayoutColumns, rates, bf16_rates, tuned, every_rank=False, shapes_ahead=None
+    job: Job,
+    c: LayoutColumns | ExpandedRows,
+    rates,
+    bf16_rates,
+    tuned,
+    every_rank=False,
+    shapes_ahead: ShapesAhead | None = None,
 ) -> tuple[dict, dict]:
     """The per-shape and per-structure tables. Records in ``c`` each row's index into them
     (``shape``, ``structure``) and into the distinct (structure, shape, micro-batches)
@@ -87,30 +162,25 @@ def row_tables(
 
     Each row's indices are numpy over the rows; the tables' entries are worked out per
     distinct shape and structure in Python, while the combinations' indices are found
-    beside them (:func:`planner.evaluate.blocks.beside`). ``shapes_ahead``: (the shape
-    table already started, each row's :data:`GRID_SHAPE`), :func:`shapes_beside`."""
-    shape_fields = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size", "recompute")
-    if shapes_ahead is None:
-        shape_rows, shape_inv = distinct_rows(*c.columns(*shape_fields))
-        num_shapes = len(shape_rows)
-        distinct = [column[shape_rows] for column in c.columns(*shape_fields)]
-
-        def shapes_of() -> dict:
-            return shape_table_of(job, rates, tuned, *distinct, bf16_rates)
-
-    else:  # a grid row's shape under each policy, in the policies' order
-        ahead, grid_shape = shapes_ahead
-        shape_inv = np.asarray(grid_shape, dtype=np.int64) * ahead.policies + c.recompute.codes
-        num_shapes, shapes_of = ahead.grid_shapes * ahead.policies, ahead.table
-    struct_fields = ("tp", "ep", "etp", "pp", "vpp", "schedule", "pipeline_layer_split")
-    structures, struct_inv = unique_rows(*c.columns(*struct_fields))
+    beside them (:func:`planner.evaluate.blocks.beside`). ``shapes_ahead``: the tables
+    started from the grid rows (:func:`shapes_beside`) of ``c``, a search's
+    :class:`ExpandedRows` holding the grid codes :data:`GRID_CODES`: every index is then read
+    from the codes, none found afresh."""
+    # The wrapper's operations cost time only where the accelerator records host costs.
+    c.index(data_parallel_form=data_parallel_form(c.zero_stage, c.zero_group_size))
+    dp_form = bool(rates.op_overhead_s)
+    if shapes_ahead is not None:
+        c.index(**_codes_from_grid(c, shapes_ahead, dp_form))
+        structs = structure_table_of(job, shapes_ahead.structures, every_rank)
+        return shapes_ahead.table(), structs
+    shape_rows, shape_inv = distinct_rows(*c.columns(*SHAPE_FIELDS))
+    distinct = [column[shape_rows] for column in c.columns(*SHAPE_FIELDS)]
+    structures, struct_inv = unique_rows(*c.columns(*STRUCTURE_FIELDS))
     c.index(
-        shape=coded(shape_inv, num_shapes),
+        shape=coded(shape_inv, len(shape_rows)),
         structure=coded(struct_inv, len(structures)),
-        # The wrapper's operations cost time only where the accelerator records host costs.
-        data_parallel_form=data_parallel_form(c.zero_stage, c.zero_group_size),
     )
-    held = ("shape", "num_microbatches", "data_parallel_form")[: 3 if rates.op_overhead_s else 2]
+    held = ("shape", "num_microbatches", "data_parallel_form")[: 3 if dp_form else 2]
 
     def combinations() -> dict[str, Labels]:
         found = {}
@@ -121,6 +191,6 @@ def row_tables(
 
     combined = beside(combinations)
     structs = structure_table_of(job, structures, every_rank)
-    shapes = shapes_of()
+    shapes = shape_table_of(job, rates, tuned, *distinct, bf16_rates)
     c.index(**combined())
     return shapes, structs

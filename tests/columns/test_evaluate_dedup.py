@@ -12,7 +12,13 @@ import pandas as pd
 import pytest
 
 from hwspecs.catalog import load_accelerator, load_cluster
-from planner.candidates import SearchSpace, expand_rows, rejection_masks, screening_grid
+from planner.candidates import (
+    SearchSpace,
+    expand_index,
+    expand_rows,
+    rejection_masks,
+    screening_grid,
+)
 from planner.columns.codes import Labels, distinct_rows, unique_rows
 from planner.comm.traffic import axis_times_vectorized
 from planner.evaluate import evaluate_columns
@@ -223,12 +229,15 @@ def test_table_is_ranked_with_a_fresh_index():
 
 
 @pytest.mark.parametrize("job", [JOB, MOE_JOB], ids=["dense", "moe"])
-def test_shapes_worked_out_ahead_from_the_grid_are_the_rows_own(job):
-    """The search starts the shape table from the grid rows, each under every recompute
-    policy (planner.evaluate.indices.shapes_beside), before it expands them: every expanded row
-    reads the entries the table worked out from the rows themselves gives it."""
+def test_tables_worked_out_ahead_from_the_grid_are_the_rows_own(job):
+    """The search starts its tables from the grid rows (planner.evaluate.indices.
+    shapes_beside) and keeps its rows factored over them (ExpandedRows): every row reads the
+    entries the tables worked out from the written-out rows give it, and shares each table
+    index (shape, structure, held, states) with exactly the rows it shares it with there."""
+    from planner.columns.codes import distinct_rows
+    from planner.columns.expanded import ExpandedRows
     from planner.columns.layout import LayoutColumns
-    from planner.evaluate.indices import GRID_SHAPE, gpu_rates, row_tables, shapes_beside
+    from planner.evaluate.indices import gpu_rates, row_tables, shapes_beside
 
     space = SearchSpace()
     grid, cells, shape = screening_grid(job, DGX, 64, space)
@@ -236,21 +245,33 @@ def test_shapes_worked_out_ahead_from_the_grid_are_the_rows_own(job):
     for _, mask in rejection_masks(job, DGX, grid, space):
         alive &= ~np.asarray(mask, dtype=bool)
     grid = {k: v[alive] for k, v in grid.items()}
-    fields = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size")
-    ahead, grid[GRID_SHAPE] = shapes_beside(
-        job, H100, {k: grid[k] for k in fields}, space.recompute
-    )
     columns = expand_rows(grid, cells[alive], shape, space)
     columns["pipeline_layer_split"] = np.full(len(columns["tp"]), "auto", dtype=object)
+    ahead, codes = shapes_beside(job, H100, grid, space.recompute, "auto")
+    factored = ExpandedRows({**grid, **codes}, *expand_index(cells[alive], shape, space), "auto")
     rates = gpu_rates(job, H100)
-    own, from_grid = LayoutColumns.of(columns), LayoutColumns.of(columns)
-    own_shapes, _ = row_tables(job, own, *rates)
-    grid_shapes, _ = row_tables(job, from_grid, *rates, shapes_ahead=(ahead, columns[GRID_SHAPE]))
+    own = LayoutColumns.of(columns)
+    own_shapes, own_structs = row_tables(job, own, *rates)
+    grid_shapes, grid_structs = row_tables(job, factored, *rates, shapes_ahead=ahead)
     assert len(grid_shapes["fd"]) >= len(own_shapes["fd"]) > 1
     for key, values in own_shapes.items():
         np.testing.assert_array_equal(
-            grid_shapes[key][from_grid.shape.codes], values[own.shape.codes], err_msg=key
+            grid_shapes[key][factored.shape.codes], values[own.shape.codes], err_msg=key
         )
+    for key, values in own_structs.items():
+        np.testing.assert_array_equal(
+            grid_structs[key][factored.structure.codes], values[own.structure.codes], err_msg=key
+        )
+    for name in ("shape", "structure", "held", "states"):
+        ours, theirs = getattr(factored, name).codes, getattr(own, name).codes
+        assert len(distinct_rows(ours)[0]) == len(distinct_rows(theirs)[0])
+        assert len(distinct_rows(ours, theirs)[0]) == len(distinct_rows(ours)[0]), name
+    written = factored.block(slice(None))
+    for key in (*columns, "zero_group_size", "expert_data_parallel_size"):
+        mine, given = getattr(written, key), getattr(own, key)
+        if hasattr(given, "strings"):
+            mine, given = mine.strings(), given.strings()
+        np.testing.assert_array_equal(mine, given, err_msg=key)
 
 
 def test_memory_outputs_left_out_are_not_computed_and_the_rest_unchanged():

@@ -1,0 +1,101 @@
+"""The search's rows factored over its grid (planner.columns.expanded.ExpandedRows) against
+the same rows written out (planner.candidates.expand_rows): every column, every selection
+and every per-grid-row quantity the same."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwspecs.catalog import load_accelerator, load_cluster
+from planner.candidates import (
+    SearchSpace,
+    expand_index,
+    expand_rows,
+    rejection_masks,
+    screening_grid,
+)
+from planner.columns.expanded import GRID_LAYOUT_FIELDS, ExpandedRows
+from planner.columns.layout import LayoutColumns
+from planner.evaluate import _placeable
+from planner.spec.job import Job
+from planner.spec.model import load_model
+
+DGX = load_cluster("dgx-h100")
+H100 = load_accelerator("h100-sxm")
+MOE_JOB = Job(model=load_model("mixtral-8x7b"), seq_len=4096, global_batch_tokens=4096 * 256)
+SPACE = SearchSpace(zero_stage=[1, 3], recompute=["none", "full"], micro_batch_size=[1, 2])
+
+
+def _both(split: str = "auto") -> tuple[ExpandedRows, dict]:
+    grid, cells, shape = screening_grid(MOE_JOB, DGX, 64, SPACE)
+    alive = np.ones(len(cells), dtype=bool)
+    for _, mask in rejection_masks(MOE_JOB, DGX, grid, SPACE):
+        alive &= ~np.asarray(mask, dtype=bool)
+    grid = {k: v[alive] for k, v in grid.items()}
+    written = expand_rows(grid, cells[alive], shape, SPACE)
+    written["pipeline_layer_split"] = np.full(len(written["tp"]), split, dtype=object)
+    factored = ExpandedRows(grid, *expand_index(cells[alive], shape, SPACE), split)
+    return factored, written
+
+
+FACTORED, COLUMNS = _both()
+WRITTEN = LayoutColumns.of(COLUMNS)
+
+
+def _values(column):
+    return column.strings() if hasattr(column, "strings") else np.asarray(column)
+
+
+def test_every_layout_column_is_the_written_out_rows():
+    assert len(FACTORED) == len(COLUMNS["tp"]) > 100
+    for key in (*GRID_LAYOUT_FIELDS, "zero_stage", "recompute", "pipeline_layer_split"):
+        np.testing.assert_array_equal(
+            _values(FACTORED.column(key)), _values(COLUMNS[key]), err_msg=key
+        )
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_a_selection_written_out_is_the_written_out_rows_selected(data):
+    """take (still factored) then block (written out) gives the rows LayoutColumns.take
+    gives, their derived groups too; a slice and an index array alike."""
+    n = len(FACTORED)
+    first = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=40))
+    second = data.draw(st.lists(st.integers(0, len(first) - 1), min_size=1, max_size=20))
+    start = data.draw(st.integers(0, n - 1))
+    for rows, then in ((np.array(first), np.array(second)), (slice(start, n), slice(0, 7))):
+        got = FACTORED.take(rows).block(then)
+        want = WRITTEN.take(rows).take(then)
+        for name in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "micro_batch_size",
+                     "num_microbatches", "zero_stage", "sequence_parallel", "schedule",
+                     "recompute", "pipeline_layer_split", "cp_algorithm", "cp_inner",
+                     "zero_group_size", "expert_data_parallel_size"):  # fmt: skip
+            np.testing.assert_array_equal(
+                _values(getattr(got, name)), _values(getattr(want, name)), err_msg=name
+            )
+
+
+@pytest.mark.parametrize("split", ["auto", "work-balanced"])
+def test_a_quantity_of_the_grid_worked_out_once_per_grid_row_is_every_rows(split):
+    """per_grid_row: a quantity of the grid's fields (and the structure) worked out on one
+    row of each grid row, read back at every row, equals it worked out on every row; and on
+    a selection that leaves some grid rows without a row."""
+    from planner.evaluate.indices import gpu_rates, row_tables
+
+    factored, columns = _both(split)
+    written = LayoutColumns.of(columns)
+    row_tables(MOE_JOB, written, *gpu_rates(MOE_JOB, H100))
+    factored.index(structure=written.structure)
+    some = np.flatnonzero(np.arange(len(factored)) % 7 == 3)
+
+    def of_grid(c):
+        return (c.tp * 1000 + c.pp) * 1000 + c.dp * 10 + c.structure.codes % 10
+
+    for function in (of_grid, lambda c: _placeable(MOE_JOB, DGX, c)):
+        expected = np.asarray(function(written))
+        np.testing.assert_array_equal(factored.per_grid_row(function), expected)
+        np.testing.assert_array_equal(factored.take(some).per_grid_row(function), expected[some])
+    np.testing.assert_array_equal(
+        _placeable(MOE_JOB, DGX, factored), _placeable(MOE_JOB, DGX, written)
+    )

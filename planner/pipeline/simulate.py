@@ -44,7 +44,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from hwspecs.errors import PlanError
-from planner.pipeline.event_loop import run_actions, timeline_columns
+from planner.pipeline.event_loop import last_end, run_actions, timeline_columns
 from planner.pipeline.schedules.actions import (
     ACTION_KINDS,
     BACKWARD_INPUT,
@@ -208,14 +208,15 @@ def simulated_step_time(
     schedule: Schedule, f: PerStage = 1.0, b: PerStage = 1.0, w: PerStage = 1.0
 ) -> float:
     """:func:`simulate`'s ``step_time`` (no hops, no F&B overlap) without building its
-    timeline or measuring it: the first start to the last end of the same event loop."""
+    timeline or measuring it: the last end of the same event loop (:func:`last_end`).
+
+    The first start is 0: a rank that opens with a stage-0 forward outside an F&B pair
+    starts it at 0, all times are ≥ 0, and a schedule with no such rank deadlocks (every
+    action would wait for an earlier one), which raises.
+    """
     num_stages, num_microbatches = schedule_extent(schedule)
     durations = (_per_stage(name, x, num_stages) for name, x in (("f", f), ("b", b), ("w", w)))
-    hop = _per_stage("comm", 0.0, num_stages, max(num_stages - 1, 1))
-    starts, ends = run_actions(schedule, num_stages, num_microbatches, *durations, hop, 0.0)
-    if not any(ends):
-        return 0.0
-    return max(max(e) for e in ends if e) - min(min(s) for s in starts if s)
+    return last_end(schedule, num_stages, num_microbatches, *durations)
 
 
 def _peak_per_rank(

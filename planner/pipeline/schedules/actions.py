@@ -16,7 +16,9 @@ for how a micro-batch's direction is encoded.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+from typing import NamedTuple, TypeVar
 
 from hwspecs.errors import PlanError
 
@@ -29,6 +31,8 @@ BACKWARD_WEIGHT = "W"
 FULL_BACKWARD = "BW"
 
 ACTION_KINDS: tuple[str, ...] = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FULL_BACKWARD)
+#: The passes of a schedule that splits the backward, in their order for one micro-batch.
+SPLIT_KINDS: tuple[str, str, str] = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 
 
 class Action(NamedTuple):
@@ -51,13 +55,49 @@ class Action(NamedTuple):
 Schedule = list[list[Action]]
 
 _new_tuple = tuple.__new__
+_T = TypeVar("_T")
 
 
-def new_action(kind: str, microbatch: int, stage_index: int, fb_pair: bool = False) -> Action:
-    """``Action(kind, microbatch, stage_index, fb_pair)`` built by ``tuple.__new__``: a
-    namedtuple's own ``__new__`` is a Python function (about 0.6 µs a call against 0.25),
-    and the long schedules the search simulates have 10^5 actions."""
-    return _new_tuple(Action, (kind, microbatch, stage_index, fb_pair))
+def as_actions(fields: Iterable[tuple[str, int, int, bool]]) -> list[Action]:
+    """``Action(*f)`` for each ``f`` of ``fields``, by ``tuple.__new__`` mapped over them: a
+    namedtuple's own ``__new__`` is a Python function (about 0.3 µs a call against 0.1
+    here), and the long schedules the search simulates have 10^5 actions."""
+    return list(map(_new_tuple, repeat(Action), fields))
+
+
+def from_columns(kinds: list[str], microbatches: list[int], stages: list[int]) -> list[Action]:
+    """The actions whose fields are the columns' entries, in order (none an F&B pair). A
+    rank's actions built from its columns at once lie in memory in the order the event
+    loop reads them."""
+    return as_actions(zip(kinds, microbatches, stages, repeat(False, len(kinds)), strict=True))
+
+
+def interleave(*runs: list[_T]) -> list[_T]:
+    """Equal-length runs taken in turn: ``runs[0][0], runs[1][0], …, runs[0][1], …``."""
+    merged = runs[0] * len(runs)  # the right length; every slot is overwritten below
+    for offset, run in enumerate(runs):
+        merged[offset :: len(runs)] = run
+    return merged
+
+
+def in_rounds(
+    blocks: Iterable[tuple[Sequence[tuple[str, int]], int, Sequence[int]]],
+) -> list[Action]:
+    """The actions of blocks of rounds, one block after another (the form the 1F1B-like
+    schedules are written in). A block ``(pattern, count, firsts)`` runs ``count`` rounds
+    of one action per ``(kind, stage)`` of ``pattern``, in its order; the action in column
+    ``j`` runs micro-batch ``firsts[j]`` in the first round, one more in each next."""
+    kinds: list[str] = []
+    microbatches: list[int] = []
+    stages: list[int] = []
+    for pattern, count, firsts in blocks:
+        kinds += [kind for kind, _ in pattern] * count
+        stages += [stage for _, stage in pattern] * count
+        column = [0] * (len(pattern) * count)
+        for offset, first in enumerate(firsts):
+            column[offset :: len(pattern)] = range(first, first + count)
+        microbatches += column
+    return from_columns(kinds, microbatches, stages)
 
 
 def require(condition: bool, message: str) -> None:

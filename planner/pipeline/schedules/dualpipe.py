@@ -35,8 +35,8 @@ from planner.pipeline.schedules.actions import (
     BACKWARD_WEIGHT,
     FORWARD,
     FULL_BACKWARD,
-    Action,
     Schedule,
+    as_actions,
     check_sizes,
     check_vpp,
     require,
@@ -128,12 +128,17 @@ def dualpipe(pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
     for rank in range(pp):
         second_half = rank >= half
         position = min(rank, pp - 1 - rank)
-        ops = []
-        for kind, phase, mb, pair in _rank_ops(half, position, per_direction):
-            direction = phase ^ second_half
-            stage = rank if direction == 0 else pp - 1 - rank
-            ops.append(Action(kind, mb + direction * per_direction, stage, pair))
-        schedule.append(ops)
+        # By direction, then by phase (direction ^ second half): the direction's first
+        # micro-batch id and its stage on this rank.
+        first, stage = (0, per_direction), (rank, pp - 1 - rank)
+        if second_half:
+            first, stage = first[::-1], stage[::-1]
+        schedule.append(
+            as_actions(
+                (kind, first[phase] + mb, stage[phase], pair)
+                for kind, phase, mb, pair in _rank_ops(half, position, per_direction)
+            )
+        )
     return schedule
 
 
@@ -150,10 +155,10 @@ def dualpipev(pp: int, num_microbatches: int, vpp: int = 2) -> Schedule:
     for rank in range(pp):
         stages = (rank, 2 * pp - 1 - rank)
         schedule.append(
-            [
-                Action(kind, mb, stages[phase], pair)
+            as_actions(
+                (kind, mb, stages[phase], pair)
                 for kind, phase, mb, pair in _rank_ops(pp, rank, num_microbatches)
-            ]
+            )
         )
     return schedule
 

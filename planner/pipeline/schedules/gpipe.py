@@ -10,10 +10,10 @@ from __future__ import annotations
 from planner.pipeline.schedules.actions import (
     FORWARD,
     FULL_BACKWARD,
-    Action,
     Schedule,
     check_sizes,
     check_vpp,
+    in_rounds,
 )
 
 NAME = "gpipe"
@@ -23,9 +23,12 @@ def gpipe(pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
     """Per-rank actions of GPipe on ``pp`` ranks (one stage each)."""
     check_sizes(NAME, pp, num_microbatches)
     check_vpp(NAME, vpp, 1)
-    microbatches = range(num_microbatches)
     return [
-        [Action(FORWARD, mb, rank) for mb in microbatches]
-        + [Action(FULL_BACKWARD, mb, rank) for mb in microbatches]
+        in_rounds(
+            [
+                (((FORWARD, rank),), num_microbatches, (0,)),
+                (((FULL_BACKWARD, rank),), num_microbatches, (0,)),
+            ]
+        )
         for rank in range(pp)
     ]

@@ -14,16 +14,22 @@ empty or hold at least ``p`` micro-batches. Bubble ``(p−1)(F+B+W)/v``.
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import add
+from typing import TypeVar
+
 from planner.pipeline.schedules.actions import (
     FORWARD,
     FULL_BACKWARD,
-    Action,
     Schedule,
     check_sizes,
+    from_columns,
+    interleave,
     require,
 )
 
 NAME = "interleaved-1f1b"
+_T = TypeVar("_T")
 
 
 def schedule_table(num_microbatches: int, vpp: int, group_size: int) -> list[tuple[int, int]]:
@@ -67,17 +73,28 @@ def interleaved_1f1b(
     group_size = check_group_size(pp, num_microbatches, microbatch_group_size)
     table = schedule_table(num_microbatches, vpp, group_size)
     total = len(table)
+    microbatches = [mb for mb, _ in table]
+    forward_stages = [chunk * pp for _, chunk in table]  # rank 0's; rank r adds r
+    backward_stages = [(vpp - 1 - chunk) * pp for _, chunk in table]
+    kinds = [FORWARD] * total, [FULL_BACKWARD] * total
     schedule: Schedule = []
     for rank in range(pp):
-        forwards = [Action(FORWARD, mb, chunk * pp + rank) for mb, chunk in table]
-        backwards = [
-            Action(FULL_BACKWARD, mb, (vpp - 1 - chunk) * pp + rank) for mb, chunk in table
-        ]
+        stages = [list(map(add, base, repeat(rank))) for base in (forward_stages, backward_stages)]
         warmup = min(2 * (pp - rank - 1) + (vpp - 1) * group_size, total)
-        ops = forwards[:warmup]
-        for step in range(total - warmup):
-            ops.append(forwards[warmup + step])
-            ops.append(backwards[step])
-        ops.extend(backwards[total - warmup :])
-        schedule.append(ops)
+        schedule.append(
+            from_columns(
+                _in_1f1b_order(*kinds, warmup),
+                _in_1f1b_order(microbatches, microbatches, warmup),
+                _in_1f1b_order(*stages, warmup),
+            )
+        )
     return schedule
+
+
+def _in_1f1b_order(forwards: list[_T], backwards: list[_T], warmup: int) -> list[_T]:
+    """A column of a rank's actions from its forwards' and backwards' (in table order):
+    ``warmup`` forwards, then one forward and one backward per step, then the backwards left."""
+    steady = len(forwards) - warmup
+    return (
+        forwards[:warmup] + interleave(forwards[warmup:], backwards[:steady]) + backwards[steady:]
+    )

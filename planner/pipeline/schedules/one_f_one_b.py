@@ -10,10 +10,10 @@ from __future__ import annotations
 from planner.pipeline.schedules.actions import (
     FORWARD,
     FULL_BACKWARD,
-    Action,
     Schedule,
     check_sizes,
     check_vpp,
+    in_rounds,
 )
 
 NAME = "1f1b"
@@ -26,13 +26,15 @@ def one_f_one_b(pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
     schedule: Schedule = []
     for rank in range(pp):
         warmup = min(pp - rank - 1, num_microbatches)
-        ops = [Action(FORWARD, mb, rank) for mb in range(warmup)]
-        for step in range(num_microbatches - warmup):
-            ops.append(Action(FORWARD, warmup + step, rank))
-            ops.append(Action(FULL_BACKWARD, step, rank))
-        ops.extend(
-            Action(FULL_BACKWARD, mb, rank)
-            for mb in range(num_microbatches - warmup, num_microbatches)
+        steady = num_microbatches - warmup
+        forward, backward = (FORWARD, rank), (FULL_BACKWARD, rank)
+        schedule.append(
+            in_rounds(
+                [
+                    ((forward,), warmup, (0,)),
+                    ((forward, backward), steady, (warmup, 0)),
+                    ((backward,), warmup, (steady,)),
+                ]
+            )
         )
-        schedule.append(ops)
     return schedule

@@ -13,14 +13,12 @@ With ``T_F = T_B = T_W`` the bubble is zero once ``m ≥ 2p−1``; activations s
 from __future__ import annotations
 
 from planner.pipeline.schedules.actions import (
-    BACKWARD_INPUT,
-    BACKWARD_WEIGHT,
-    FORWARD,
+    SPLIT_KINDS,
     Action,
     Schedule,
     check_sizes,
     check_vpp,
-    new_action,
+    in_rounds,
 )
 
 NAME = "zbv"
@@ -28,55 +26,42 @@ NAME = "zbv"
 
 def _rank_ops(pp: int, rank: int, num_slots: int, num_microbatches: int) -> list[Action]:
     """One rank's actions for ``num_slots ≥ 2p−1`` micro-batches, those of micro-batches past
-    ``num_microbatches`` dropped (built with :func:`new_action`: 10^5 actions on PP 64)."""
-    ops: list[Action] = []
-    stages = (rank, 2 * pp - 1 - rank)
-    f = [0, 0]  # next forward micro-batch per chunk
-    b = [0, 0]  # next input-gradient micro-batch per chunk
+    ``num_microbatches`` dropped.
 
-    def add(kind: str, chunk: int, mb: int) -> None:
-        if mb < num_microbatches:
-            ops.append(new_action(kind, mb, stages[chunk]))
-
-    def forward(chunk: int) -> None:
-        add(FORWARD, chunk, f[chunk])
-        f[chunk] += 1
-
-    def backward_and_weight(chunk: int) -> None:
-        add(BACKWARD_INPUT, chunk, b[chunk])
-        add(BACKWARD_WEIGHT, chunk, b[chunk])
-        b[chunk] += 1
-
-    for _ in range(2 * (pp - rank) - 1):
-        forward(0)
-    for _ in range(rank):
-        forward(1)
-        forward(0)
-    for _ in range(pp - rank):
-        forward(1)
-        backward_and_weight(1)
-    while f[1] < f[0] or f[0] < num_slots:
-        if f[0] < num_slots:
-            forward(0)
-        backward_and_weight(0)
-        forward(1)
-        backward_and_weight(1)
-    # Drain: input gradients first, weight gradients deferred into the tail.
-    w = list(b)
-    for _ in range(rank):
-        add(BACKWARD_INPUT, 0, b[0])
-        b[0] += 1
-        add(BACKWARD_INPUT, 1, b[1])
-        b[1] += 1
-    for _ in range(pp - rank):
-        add(BACKWARD_INPUT, 0, b[0])
-        b[0] += 1
-        add(BACKWARD_WEIGHT, 0, w[0])
-        w[0] += 1
-    for mb in range(w[1], b[1]):
-        add(BACKWARD_WEIGHT, 1, mb)
-    for mb in range(w[0], b[0]):
-        add(BACKWARD_WEIGHT, 0, mb)
+    The order as blocks of rounds (:func:`in_rounds`: a pattern of (kind, stage) columns, a
+    number of rounds and each column's first micro-batch): 10^5 actions on PP 64.
+    Chunk 0 (stage ``r``) is ``near``, chunk 1 (stage ``2p−1−r``) ``far``.
+    """
+    p, r, n = pp, rank, num_slots
+    f_near, b_near, w_near = ((kind, r) for kind in SPLIT_KINDS)
+    f_far, b_far, w_far = ((kind, 2 * p - 1 - r) for kind in SPLIT_KINDS)
+    warmup = 2 * (p - r) - 1  # chunk-0 forwards before the first chunk-1 one
+    steady = n - 2 * p + r + 1  # full rounds F0 B0 W0 F1 B1 W1, until the last chunk-0 F
+    tail = p - r - 1  # rounds after it, without F0, until chunk 1 has caught up
+    far_done = p - r + steady  # chunk-1 input gradients run by the end of the full rounds
+    blocks = (  # (pattern, rounds, first micro-batch of each column)
+        ((f_near,), warmup, (0,)),
+        ((f_far, f_near), r, (0, warmup)),
+        ((f_far, b_far, w_far), p - r, (r, 0, 0)),
+        (
+            (f_near, b_near, w_near, f_far, b_far, w_far),
+            steady,
+            (warmup + r, 0, 0, p, p - r, p - r),
+        ),
+        (
+            (b_near, w_near, f_far, b_far, w_far),
+            tail,
+            (steady, steady, p + steady, far_done, far_done),
+        ),
+        # Drain: input gradients first, weight gradients deferred into the tail.
+        ((b_near, b_far), r, (n - p, n - r)),
+        ((b_near, w_near), p - r, (n - p + r, n - p)),
+        ((w_far,), r, (n - r,)),
+        ((w_near,), r, (n - r,)),
+    )
+    ops = in_rounds(blocks)
+    if num_microbatches < num_slots:
+        ops = [action for action in ops if action.microbatch < num_microbatches]
     return ops
 
 

@@ -18,16 +18,15 @@ gradient, free to move) and hold back ``W`` passes to fill the bubbles of 1F1B.
 
 from __future__ import annotations
 
-from collections import deque
+from itertools import pairwise
 
 from planner.pipeline.schedules.actions import (
-    BACKWARD_INPUT,
-    BACKWARD_WEIGHT,
-    FORWARD,
+    SPLIT_KINDS,
     Action,
     Schedule,
     check_sizes,
     check_vpp,
+    in_rounds,
 )
 
 ZB_H1 = "zb-h1"
@@ -38,30 +37,26 @@ def _rank_ops(
     rank: int, num_microbatches: int, warmup: int, weight_lag: int, forward_first: bool
 ) -> list[Action]:
     """Warm-up forwards, then one forward and one input gradient per step (forward first
-    or last), each input gradient followed by the weight gradient ``weight_lag`` behind."""
-    ops = [Action(FORWARD, mb, rank) for mb in range(warmup)]
-    pending: deque[int] = deque()
-    next_backward = 0
+    or last), each input gradient followed by the weight gradient ``weight_lag`` behind.
 
-    def backward() -> None:
-        nonlocal next_backward
-        ops.append(Action(BACKWARD_INPUT, next_backward, rank))
-        pending.append(next_backward)
-        next_backward += 1
-        if len(pending) > weight_lag:
-            ops.append(Action(BACKWARD_WEIGHT, pending.popleft(), rank))
-
-    for mb in range(warmup, num_microbatches):
-        if forward_first:
-            ops.append(Action(FORWARD, mb, rank))
-            backward()
-        else:
-            backward()
-            ops.append(Action(FORWARD, mb, rank))
-    while next_backward < num_microbatches:
-        backward()
-    ops.extend(Action(BACKWARD_WEIGHT, mb, rank) for mb in pending)
-    return ops
+    Round ``k`` runs ``B(k)``, after it ``W(k − lag)`` once ``k ≥ lag``, and ``F(warmup + k)``
+    while forwards remain; the rounds are cut into blocks where either changes (:func:`in_rounds`).
+    """
+    m, lag = num_microbatches, weight_lag
+    steady = m - warmup  # rounds with a forward
+    forward, backward, weight = ((kind, rank) for kind in SPLIT_KINDS)
+    blocks = [((forward,), warmup, (0,))]
+    for lo, hi in pairwise(sorted({0, steady, min(lag, m), m})):
+        pattern, firsts = [backward], [lo]
+        if lo >= lag:
+            pattern.append(weight)
+            firsts.append(lo - lag)
+        if lo < steady:
+            pattern.insert(0 if forward_first else len(pattern), forward)
+            firsts.insert(0 if forward_first else len(firsts), warmup + lo)
+        blocks.append((pattern, hi - lo, firsts))
+    blocks.append(((weight,), min(lag, m), (max(m - lag, 0),)))
+    return in_rounds(blocks)
 
 
 def zb_h1(pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
@@ -81,11 +76,9 @@ def zb_h2(pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
     # Built for at least 2p−1 micro-batches (rank 0's warm-up); with fewer, the missing
     # ones are dropped, as torch does for ZB-V, which can only make every action earlier.
     num_slots = max(num_microbatches, 2 * pp - 1)
-    return [
-        [
-            action
-            for action in _rank_ops(rank, num_slots, 2 * (pp - rank) - 1, 2 * rank, False)
-            if action.microbatch < num_microbatches
-        ]
-        for rank in range(pp)
+    schedule = [
+        _rank_ops(rank, num_slots, 2 * (pp - rank) - 1, 2 * rank, False) for rank in range(pp)
     ]
+    if num_microbatches < num_slots:
+        schedule = [[a for a in ops if a.microbatch < num_microbatches] for ops in schedule]
+    return schedule

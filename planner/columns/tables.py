@@ -122,80 +122,44 @@ def shape_table_of(
     shape holding it: times and weight-pass bytes per (tp, ep, etp, SP, mbs/cp, cp > 1
     where dispatch costs time), without the recompute policy; activation bytes per (tp,
     etp, SP, mbs/cp, the routed load of ep, recompute) (:func:`local_token_ratio`;
-    ``tests/columns/test_shape_fields.py`` holds the functions to those fields). The
-    memory entries and the times are :func:`shape_memory_entries` and
-    :func:`shape_time_entries` (a search works the times out while it screens memory)."""
-    shapes = ShapeRows(job, rates, tp, cp, ep, etp, sp, mbs, recompute)
-    table = {**shape_memory_entries(job, tuned, shapes),
-             **shape_time_entries(job, rates, tuned, shapes, bf16_rates)}  # fmt: skip
-    return {key: table[key] for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}
+    ``tests/columns/test_shape_fields.py`` holds the functions to those fields)."""
+    model, e = job.model, job.precision.activation_bytes
+    t, c, x, et, s, b = (np.asarray(col) for col in (tp, cp, ep, etp, sp, mbs))
+    r = recompute.codes
+    num, den = local_token_ratio(b, c)
+    many_cp = (c > 1) if rates.op_overhead_s else np.zeros(len(c), dtype=bool)
+    load = model.routed_load_factor(x) if model.is_moe else np.ones(len(x))
+    time_rows, time_of = distinct_rows(t, x, et, s, num, den, many_cp)
+    act_rows, act_of = distinct_rows(t, et, s, num, den, load, r)
+    measures = job.active_memory_measures
 
-
-class ShapeRows:
-    """Distinct layer shapes (one row each, :func:`shape_table_of`'s arguments), their
-    distinct time rows and activation rows, and each one's :class:`act.ActivationShape`."""
-
-    def __init__(self, job: Job, rates: GpuRates, tp, cp, ep, etp, sp, mbs, recompute: Labels):
-        model = job.model
-        self.job, self.recompute = job, recompute
-        t, c, x, et, s, b = (np.asarray(col) for col in (tp, cp, ep, etp, sp, mbs))
-        self.t, self.c, self.x, self.et, self.s, self.b = t, c, x, et, s, b
-        num, den = local_token_ratio(b, c)
-        many_cp = (c > 1) if rates.op_overhead_s else np.zeros(len(c), dtype=bool)
-        load = model.routed_load_factor(x) if model.is_moe else np.ones(len(x))
-        self.time_rows, self.time_of = distinct_rows(t, x, et, s, num, den, many_cp)
-        self.act_rows, self.act_of = distinct_rows(t, et, s, num, den, load, recompute.codes)
-
-    def activation_shape(self, u: int) -> act.ActivationShape:
-        """The activation shape of row ``u``."""
-        job, r = self.job, self.recompute.codes
+    def activation_shape(u: int) -> act.ActivationShape:
         return act.ActivationShape(
-            seq_len=job.seq_len, micro_batch_size=int(self.b[u]), tp=int(self.t[u]),
-            cp=int(self.c[u]), sequence_parallel=bool(self.s[u]),
-            flash_attention=job.flash_attention, recompute=self.recompute.values[r[u]],
-            element_bytes=job.precision.activation_bytes, measures=job.active_memory_measures,
-            ep=int(self.x[u]), etp=None if self.et[u] == self.t[u] else int(self.et[u]),
+            seq_len=job.seq_len, micro_batch_size=int(b[u]), tp=int(t[u]), cp=int(c[u]),
+            sequence_parallel=bool(s[u]), flash_attention=job.flash_attention,
+            recompute=recompute.values[r[u]], element_bytes=e, measures=measures,
+            ep=int(x[u]), etp=None if et[u] == t[u] else int(et[u]),
         )  # fmt: skip
 
-
-def shape_memory_entries(job: Job, tuned, shapes: ShapeRows) -> dict[str, np.ndarray]:
-    """The shapes' entries the memory model reads (:data:`MEMORY_SHAPE_KEYS`): activation
-    bytes per activation row, weight-pass bytes per time row."""
-    memo = {}  # the linears of a (model, MoE or not, tp), kept over the shapes
-    own_rows = [_activation_entries(job, tuned, shapes.activation_shape(u))
-                for u in shapes.act_rows.tolist()]  # fmt: skip
-    own = np.array(own_rows, dtype=float).reshape(-1, len(ACTIVATION_SHAPE_KEYS))
-    columns = dict(zip(ACTIVATION_SHAPE_KEYS, own[shapes.act_of].T, strict=True))
-    passes = np.array(
-        [_weight_passes(job, shapes.activation_shape(u), memo) for u in shapes.time_rows.tolist()],
-        dtype=float,
-    ).reshape(-1, 2)
-    columns["wpass_dense"], columns["wpass_moe"] = passes[shapes.time_of].T
-    return columns
-
-
-def shape_time_entries(
-    job: Job, rates: GpuRates, tuned, shapes: ShapeRows, bf16_rates=None
-) -> dict[str, np.ndarray]:
-    """The shapes' per-layer times (:data:`TIME_SHAPE_KEYS`): once per time row, the
-    recompute seconds once per time row and policy."""
     memo = {}  # the pieces of a shape that read fewer fields (stage_times.shape_times)
     free_rows = [
-        _recompute_free(job, rates, tuned, bf16_rates, shapes.activation_shape(u), int(shapes.x[u]),
-                        memo)
-        for u in shapes.time_rows.tolist()
-    ]  # fmt: skip
+        _recompute_free(job, rates, tuned, bf16_rates, activation_shape(u), int(x[u]), memo)
+        for u in time_rows.tolist()
+    ]
+    own_rows = [_activation_entries(job, tuned, activation_shape(u)) for u in act_rows.tolist()]
+    own = np.array(own_rows, dtype=float).reshape(-1, len(ACTIVATION_SHAPE_KEYS))[act_of].T
     free = np.array([row for *_, row in free_rows], dtype=float).reshape(-1, len(FREE_SHAPE_KEYS))
-    columns = dict(zip(FREE_SHAPE_KEYS, free[shapes.time_of].T, strict=True))
+    columns = dict(zip(ACTIVATION_SHAPE_KEYS, own, strict=True))
+    columns.update(zip(FREE_SHAPE_KEYS, free[time_of].T, strict=True))
     # Recompute seconds: the shape's layer times under its policy (once per time × policy).
-    policies = shapes.recompute.values
+    policies = recompute.values
     rerun = np.array(
         [[(times.dense.recompute_s(p), moe_t.recompute_s(p)) for p in policies]
          for times, moe_t, _ in free_rows],
         dtype=float,
     ).reshape(len(free_rows), len(policies), 2)  # fmt: skip
-    columns["rd"], columns["rm"] = rerun[shapes.time_of, shapes.recompute.codes].T
-    return {key: columns[key] for key in TIME_SHAPE_KEYS}
+    columns["rd"], columns["rm"] = rerun[time_of, r].T
+    return {key: columns[key] for key in MEMORY_SHAPE_KEYS + TIME_SHAPE_KEYS}
 
 
 def _activation_entries(job: Job, tuned, shape: act.ActivationShape) -> tuple[float, ...]:
@@ -221,37 +185,34 @@ def _activation_entries(job: Job, tuned, shape: act.ActivationShape) -> tuple[fl
 #: Shape-table entries of activation memory (:func:`_activation_entries`' order).
 ACTIVATION_SHAPE_KEYS = ("act_dense", "act_moe", "first_extra", "last_extra", "working",
                          "backward", "logits")  # fmt: skip
-#: Per-layer times that do not depend on the recompute policy, in :func:`_recompute_free`'s
+#: Shape-table entries that do not depend on the recompute policy, in :func:`_recompute_free`'s
 #: order.
-FREE_SHAPE_KEYS = ("fd", "bd", "wd", "fm", "bm", "wm", "f_emb", "b_emb", "w_emb", "f_head",
-                   "b_head", "w_head")  # fmt: skip
-
-
-def _weight_passes(job: Job, shape: act.ActivationShape, memo: dict) -> tuple[float, float]:
-    """A shape's weight-pass bytes per dense and per MoE layer (0 for a dense model)."""
-    model, kept = job.model, job.weight_pass_memory
-
-    def weight_pass(moe_layer: bool) -> float:
-        linears = memo_linears(memo, model, moe_layer, shape.tp)
-        return weight_pass_bytes_per_layer(model, shape, moe_layer, kept, linears)
-
-    return weight_pass(False), weight_pass(True) if model.is_moe else 0.0
+FREE_SHAPE_KEYS = ("wpass_dense", "wpass_moe", "fd", "bd", "wd", "fm", "bm", "wm", "f_emb",
+                   "b_emb", "w_emb", "f_head", "b_head", "w_head")  # fmt: skip
 
 
 def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, memo: dict):
     """(layer times, MoE layer times, the values of :data:`FREE_SHAPE_KEYS`): a shape's
-    per-layer times, which do not depend on the recompute policy (``memo``: kept over the
-    shapes of one table, :func:`planner.cost.stage_times.shape_times`)."""
+    entries that do not depend on the recompute policy, per-layer times and weight-pass bytes
+    (``memo``: kept over the shapes of one table, :func:`planner.cost.stage_times.shape_times`)."""
     model, t, b = job.model, shape.tp, shape.micro_batch_size
     times = shape_times(
         model, job.seq_len, b, t, shape.cp, ep, shape.sequence_parallel, job.flash_attention,
         rates, shape.element_bytes, tuned, bf16_rates, shape.measures, shape.etp, memo,
     )  # fmt: skip
+    kept = job.weight_pass_memory
+
+    def weight_pass(moe_layer: bool) -> float:
+        linears = memo_linears(memo, model, moe_layer, t)
+        return weight_pass_bytes_per_layer(model, shape, moe_layer, kept, linears)
+
     moe_t = times.moe or times.dense
     return (
         times,
         moe_t,
         (  # in the order of FREE_SHAPE_KEYS
+            weight_pass(False),
+            weight_pass(True) if model.is_moe else 0.0,
             times.dense.forward_s,
             times.dense.input_grad_s,
             times.dense.weight_grad_s,

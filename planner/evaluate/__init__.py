@@ -194,8 +194,6 @@ def screen_columns(
         job, c, shapes, structs, tuned, valid, memory_limit_bytes, memory_parts_of_timed_rows,
         progress, compact, kept,
     )  # fmt: skip
-    if shapes_ahead is not None:  # the shapes' times, worked out beside the memory screen
-        shapes.update(shapes_ahead.times())
     c = c.take(rows)  # the timed rows only
     within, bound_s = None, np.inf
     if reach is not None:

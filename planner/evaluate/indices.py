@@ -16,13 +16,7 @@ from hwspecs.schema import Accelerator
 from planner.columns.codes import Labels, coded, distinct_rows, unique_rows
 from planner.columns.expanded import ExpandedRows
 from planner.columns.layout import LayoutColumns
-from planner.columns.tables import (
-    ShapeRows,
-    shape_memory_entries,
-    shape_table_of,
-    shape_time_entries,
-    structure_table_of,
-)
+from planner.columns.tables import shape_table_of, structure_table_of
 from planner.cost.compute import GpuRates
 from planner.evaluate.blocks import beside
 from planner.evaluate.time import FSDP, data_parallel_form
@@ -51,11 +45,7 @@ class ShapesAhead(NamedTuple):
     row's codes (the grid columns :data:`GRID_CODES`) and its own ZeRO stage and recompute
     policy."""
 
-    #: The shape table's memory entries (:func:`planner.columns.tables.shape_memory_entries`).
-    memory: dict
-    #: Waits for its times (:func:`planner.columns.tables.shape_time_entries`, worked out
-    #: beside the caller) and gives them.
-    times: Callable[[], dict]
+    table: Callable[[], dict]  # waits for the shape table and gives it
     #: Each row's index into the shape table: its grid row's shape index (the column named
     #: :data:`GRID_SHAPE`, below ``grid_shapes``) times the policies, plus its recompute
     #: policy's code.
@@ -90,9 +80,9 @@ def shapes_beside(
 ) -> tuple[ShapesAhead, dict[str, np.ndarray]]:
     """The shape table of every row that the grid rows ``grid`` (the search's columns before
     the ZeRO stage and the recompute policy; ``split``: the layer split every row takes)
-    expand to under each policy of ``recompute`` — its memory entries, and its times worked
-    out beside the caller (:func:`planner.evaluate.blocks.beside`: while it screens the rows'
-    memory) —, the grid rows' distinct structures, and each grid row's codes
+    expand to under each policy of ``recompute``, worked out beside the caller
+    (:func:`planner.evaluate.blocks.beside`: while it indexes the rows and screens their
+    memory), the grid rows' distinct structures, and each grid row's codes
     (:data:`GRID_CODES`, the narrowest integers that hold them). The same entries as :func:`row_tables` works out from the
     rows: every grid row expands to each ZeRO stage and policy, so the rows' shapes are these
     grid shapes under every policy, their structures these structures, and their
@@ -109,23 +99,19 @@ def shapes_beside(
     held_rows, grid_held = distinct_rows(grid_structure, grid_shape, grid["num_microbatches"])
     dp_cp = np.asarray(grid["dp"], dtype=np.int64) * np.asarray(grid["cp"], dtype=np.int64)
     state_rows, grid_states = distinct_rows(grid_structure, dp_cp)
-    # The times started last: a thread in Python beside this numpy would hold it up.
+    # The shape table started last: a thread in Python beside this numpy would hold it up.
     count = len(recompute)
     distinct = [np.repeat(np.asarray(field)[grid_rows], count) for field in fields]
     policies = Labels(np.tile(np.arange(count, dtype=np.int64), len(grid_rows)), tuple(recompute))
     rates, bf16_rates, tuned = gpu_rates(job, accelerator)
-    shapes = ShapeRows(job, rates, *distinct, policies)
-    memory = shape_memory_entries(job, tuned, shapes)
-    times = beside(lambda: shape_time_entries(job, rates, tuned, shapes, bf16_rates))
+    table = beside(lambda: shape_table_of(job, rates, tuned, *distinct, policies, bf16_rates))
     codes = {
         GRID_SHAPE: _smallest_ints(grid_shape, len(grid_rows)),
         GRID_STRUCTURE: _smallest_ints(grid_structure, len(structures)),
         GRID_HELD: _smallest_ints(grid_held, len(held_rows)),
         GRID_STATES: _smallest_ints(grid_states, len(state_rows)),
     }
-    ahead = ShapesAhead(
-        memory, times, len(grid_rows), count, structures, len(held_rows), len(state_rows)
-    )
+    ahead = ShapesAhead(table, len(grid_rows), count, structures, len(held_rows), len(state_rows))
     return ahead, codes
 
 
@@ -179,15 +165,14 @@ def row_tables(
     beside them (:func:`planner.evaluate.blocks.beside`). ``shapes_ahead``: the tables
     started from the grid rows (:func:`shapes_beside`) of ``c``, a search's
     :class:`ExpandedRows` holding the grid codes :data:`GRID_CODES`: every index is then read
-    from the codes, none found afresh, and the shape table is its memory entries only (the
-    caller adds ``shapes_ahead.times()`` before it times a row)."""
+    from the codes, none found afresh."""
     # The wrapper's operations cost time only where the accelerator records host costs.
     c.index(data_parallel_form=data_parallel_form(c.zero_stage, c.zero_group_size))
     dp_form = bool(rates.op_overhead_s)
     if shapes_ahead is not None:
         c.index(**_codes_from_grid(c, shapes_ahead, dp_form))
         structs = structure_table_of(job, shapes_ahead.structures, every_rank)
-        return dict(shapes_ahead.memory), structs
+        return shapes_ahead.table(), structs
     shape_rows, shape_inv = distinct_rows(*c.columns(*SHAPE_FIELDS))
     distinct = [column[shape_rows] for column in c.columns(*SHAPE_FIELDS)]
     structures, struct_inv = unique_rows(*c.columns(*STRUCTURE_FIELDS))

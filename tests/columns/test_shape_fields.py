@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwspecs.catalog import load_accelerator
-from planner.columns.tables import _activation_entries, _recompute_free, _weight_passes
+from planner.columns.tables import _activation_entries, _recompute_free
 from planner.cost import activations as act
 from planner.cost.compute import GpuRates
 from planner.spec.job import Job
@@ -43,8 +43,7 @@ def _shape(job, tp, cp, ep, etp, sp, mbs, recompute):
 def _times(job, shape, rates, bf16_rates):
     times, moe_t, free = _recompute_free(job, rates, None, bf16_rates, shape, shape.ep, {})
     policies = ("none", "selective", "full")
-    rerun = [(times.dense.recompute_s(p), moe_t.recompute_s(p)) for p in policies]
-    return free, _weight_passes(job, shape, {}), rerun
+    return free, [(times.dense.recompute_s(p), moe_t.recompute_s(p)) for p in policies]
 
 
 @settings(max_examples=25, deadline=None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.columns.codes import Labels
-from planner.columns.layout import TABLE_INDICES, LayoutColumns
+from planner.columns.layout import LayoutColumns, TableIndexed
 
 #: The grid's columns a row's layout reads (the ZeRO stage, the recompute policy and the
 #: layer split are the row's own).
@@ -28,7 +28,7 @@ GRID_LAYOUT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "micro_batch_s
 
 
 @dataclass(eq=False)
-class ExpandedRows:
+class ExpandedRows(TableIndexed):
     """Rows of layouts as (grid row, ZeRO stage, recompute policy); one layer split for all.
 
     ``grid`` holds :data:`GRID_LAYOUT_FIELDS` (and any other per-grid-row column, such as
@@ -102,15 +102,3 @@ class ExpandedRows:
         at = np.zeros(len(present), dtype=np.int64)
         at[grid_rows] = np.arange(len(grid_rows))
         return values[at[self.row]]
-
-    def table_indices(self, rows) -> dict:
-        """The selected rows' table indices (those set), as :meth:`index` takes them."""
-        return {name: value[rows] for name in TABLE_INDICES
-                if (value := getattr(self, name)) is not None}  # fmt: skip
-
-    def index(self, **tables: Labels | np.ndarray) -> None:
-        """Record each row's index into the evaluation's tables (``shape=…``, …)."""
-        for name, value in tables.items():
-            if name not in TABLE_INDICES:
-                raise AttributeError(f"no table index {name!r}")
-            setattr(self, name, value)

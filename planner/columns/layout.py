@@ -34,8 +34,25 @@ LABEL_FIELDS = ("schedule", "recompute", "pipeline_layer_split")
 TABLE_INDICES = ("shape", "structure", "held", "states", "data_parallel_form")
 
 
+class TableIndexed:
+    """Rows that carry their indices into the evaluation's tables (:data:`TABLE_INDICES`,
+    attributes None until set)."""
+
+    def table_indices(self, rows) -> dict:
+        """The selected rows' table indices (those set), as :meth:`index` takes them."""
+        return {name: value[rows] for name in TABLE_INDICES
+                if (value := getattr(self, name)) is not None}  # fmt: skip
+
+    def index(self, **tables: Labels | np.ndarray) -> None:
+        """Record each row's index into the evaluation's tables (``shape=…``, …)."""
+        for name, value in tables.items():
+            if name not in TABLE_INDICES:
+                raise AttributeError(f"no table index {name!r}")
+            setattr(self, name, value)
+
+
 @dataclass(eq=False)
-class LayoutColumns:
+class LayoutColumns(TableIndexed):
     """One entry per row of layouts, for every layout field and the groups derived from them.
 
     The table indices (``shape`` … ``data_parallel_form``) are None until the evaluation
@@ -116,18 +133,6 @@ class LayoutColumns:
         """The selected rows as the evaluation's models read them (:meth:`take`; a search's
         factored rows write theirs out, :meth:`planner.columns.expanded.ExpandedRows.block`)."""
         return self.take(rows)
-
-    def table_indices(self, rows) -> dict:
-        """The selected rows' table indices (those set), as :meth:`index` takes them."""
-        return {name: value[rows] for name in TABLE_INDICES
-                if (value := getattr(self, name)) is not None}  # fmt: skip
-
-    def index(self, **tables: Labels | np.ndarray) -> None:
-        """Record each row's index into the evaluation's tables (``shape=…``, …)."""
-        for name, value in tables.items():
-            if name not in TABLE_INDICES:
-                raise AttributeError(f"no table index {name!r}")
-            setattr(self, name, value)
 
 
 def _inner_column(column, shape) -> np.ndarray:

@@ -163,7 +163,7 @@ def search(
         rejected[CP_DOMINATED] = int(beaten.sum()) * copies
     alive &= ~beaten
     grid = {key: value[alive] for key, value in grid.items()}
-    ahead = None  # the rows' tables, started from the grid (the shapes beside the expansion)
+    ahead = None  # the rows' tables, started from the grid (the shapes on a thread beside)
     split = space.pipeline_layer_split
     if alive.any():
         ahead, codes = shapes_beside(job, accelerator, grid, space.recompute, split)

@@ -19,6 +19,7 @@ import numpy as np
 
 from planner.columns.codes import Labels
 from planner.columns.layout import LayoutColumns, TableIndexed
+from planner.spec.layout import zero_group_size
 
 #: The grid's columns a row's layout reads (the ZeRO stage, the recompute policy and the
 #: layer split are the row's own).
@@ -64,9 +65,9 @@ class ExpandedRows(TableIndexed):
 
     @property
     def zero_group_size(self) -> np.ndarray:
-        """Each row's ZeRO group, dp·cp (:attr:`LayoutColumns.zero_group_size`)."""
-        dp_cp = np.asarray(self.grid["dp"], dtype=np.int64) * np.asarray(self.grid["cp"])
-        return dp_cp[self.row]
+        """Each row's ZeRO group (:attr:`LayoutColumns.zero_group_size`)."""
+        dp, cp = (np.asarray(self.grid[key], dtype=np.int64) for key in ("dp", "cp"))
+        return zero_group_size(dp, cp)[self.row]
 
     def take(self, rows) -> ExpandedRows:
         """The selected rows (an index array, a slice or a boolean mask), still factored."""

@@ -22,6 +22,7 @@ from planner.spec.layout import (
     expert_data_parallel_size,
     resolved_etp,
     sequence_parallel_column,
+    zero_group_size,
 )
 
 #: Integer layout fields, in :class:`planner.spec.layout.Layout` order (etp apart: it may be
@@ -107,7 +108,7 @@ class LayoutColumns(TableIndexed):
                 cp_algorithm_codes(columns.get("cp_algorithm"), tp.shape), dtype=np.int8
             ),
             cp_inner=_inner_column(columns.get("cp_inner"), tp.shape),
-            zero_group_size=dp * cp,
+            zero_group_size=zero_group_size(dp, cp),
             expert_data_parallel_size=expert_data_parallel_size(dp, cp, tp, ep, etp),
         )
 

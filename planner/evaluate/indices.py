@@ -21,7 +21,7 @@ from planner.cost.compute import GpuRates
 from planner.evaluate.blocks import beside
 from planner.evaluate.time import FSDP, data_parallel_form
 from planner.spec.job import Job
-from planner.spec.layout import resolved_etp, sequence_parallel_column
+from planner.spec.layout import resolved_etp, sequence_parallel_column, zero_group_size
 
 
 def gpu_rates(job: Job, accelerator: Accelerator | None) -> tuple:
@@ -42,8 +42,8 @@ def gpu_rates(job: Job, accelerator: Accelerator | None) -> tuple:
 class ShapesAhead(NamedTuple):
     """The tables of a search's rows started from its grid rows (:func:`shapes_beside`):
     each row of a :class:`planner.columns.expanded.ExpandedRows` reads them through its grid
-    row's codes (the grid columns :data:`GRID_CODES`) and its own ZeRO stage and recompute
-    policy."""
+    row's codes (the grid columns :data:`GRID_SHAPE` … :data:`GRID_STATES`) and its own
+    ZeRO stage and recompute policy."""
 
     table: Callable[[], dict]  # waits for the shape table and gives it
     #: Each row's index into the shape table: its grid row's shape index (the column named
@@ -66,7 +66,6 @@ class ShapesAhead(NamedTuple):
 GRID_SHAPE, GRID_STRUCTURE, GRID_HELD, GRID_STATES = (
     "grid_shape", "grid_structure", "grid_held", "grid_states",
 )  # fmt: skip
-GRID_CODES = (GRID_SHAPE, GRID_STRUCTURE, GRID_HELD, GRID_STATES)
 #: The fields a row's shape and its pipeline structure read.
 SHAPE_FIELDS = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size", "recompute")
 STRUCTURE_FIELDS = ("tp", "ep", "etp", "pp", "vpp", "schedule", "pipeline_layer_split")
@@ -81,12 +80,13 @@ def shapes_beside(
     """The shape table of every row that the grid rows ``grid`` (the search's columns before
     the ZeRO stage and the recompute policy; ``split``: the layer split every row takes)
     expand to under each policy of ``recompute``, worked out beside the caller
-    (:func:`planner.evaluate.blocks.beside`: while it indexes the rows and screens their
-    memory), the grid rows' distinct structures, and each grid row's codes
-    (:data:`GRID_CODES`, the narrowest integers that hold them). The same entries as :func:`row_tables` works out from the
-    rows: every grid row expands to each ZeRO stage and policy, so the rows' shapes are these
-    grid shapes under every policy, their structures these structures, and their
-    combinations these under every stage and policy."""
+    (:func:`planner.evaluate.blocks.beside`: while it indexes the rows and works out their
+    structure table), the grid rows' distinct structures, and each grid row's codes
+    (:data:`GRID_SHAPE` … :data:`GRID_STATES`, the narrowest integers that hold them). The
+    same entries as :func:`row_tables` works out from the rows: every grid row expands to
+    each ZeRO stage and policy, so the rows' shapes are these grid shapes under every
+    policy, their structures these structures, and their combinations these under every
+    stage and policy."""
     tp = np.asarray(grid["tp"], dtype=np.int64)
     sp = sequence_parallel_column(grid["sequence_parallel"], tp)  # as LayoutColumns reads it
     etp = resolved_etp(grid.get("etp"), tp)
@@ -97,8 +97,8 @@ def shapes_beside(
         tp, grid["ep"], etp, grid["pp"], grid["vpp"], grid["schedule"], one_split
     )
     held_rows, grid_held = distinct_rows(grid_structure, grid_shape, grid["num_microbatches"])
-    dp_cp = np.asarray(grid["dp"], dtype=np.int64) * np.asarray(grid["cp"], dtype=np.int64)
-    state_rows, grid_states = distinct_rows(grid_structure, dp_cp)
+    dp, cp = (np.asarray(grid[key], dtype=np.int64) for key in ("dp", "cp"))
+    state_rows, grid_states = distinct_rows(grid_structure, zero_group_size(dp, cp))
     # The shape table started last: a thread in Python beside this numpy would hold it up.
     count = len(recompute)
     distinct = [np.repeat(np.asarray(field)[grid_rows], count) for field in fields]
@@ -164,7 +164,7 @@ def row_tables(
     distinct shape and structure in Python, while the combinations' indices are found
     beside them (:func:`planner.evaluate.blocks.beside`). ``shapes_ahead``: the tables
     started from the grid rows (:func:`shapes_beside`) of ``c``, a search's
-    :class:`ExpandedRows` holding the grid codes :data:`GRID_CODES`: every index is then read
+    :class:`ExpandedRows` holding the grid codes (:data:`GRID_SHAPE` …): every index is then read
     from the codes, none found afresh."""
     # The wrapper's operations cost time only where the accelerator records host costs.
     c.index(data_parallel_form=data_parallel_form(c.zero_stage, c.zero_group_size))

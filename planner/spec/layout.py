@@ -125,8 +125,8 @@ class Layout(BaseModel):
 
     @property
     def zero_group_size(self) -> int:
-        """Ranks over which ZeRO shards dense model states: dp·cp (CP ranks hold the same weights)."""
-        return self.dp * self.cp
+        """Ranks over which ZeRO shards dense model states (:func:`zero_group_size`)."""
+        return zero_group_size(self.dp, self.cp)
 
     def resolved_num_microbatches(self, global_batch_size: int | None) -> int:
         """Micro-batches per step from the global batch (sequences), or the explicit count."""
@@ -178,6 +178,12 @@ def resolved_etp(etp, tp) -> np.ndarray:
     if column.dtype == object:  # None where a layout leaves etp out
         column = np.array([0 if v is None else v for v in column.ravel()]).reshape(column.shape)
     return np.where(column > 0, column, tp).astype(np.int64)
+
+
+def zero_group_size(dp, cp):
+    """Ranks over which ZeRO shards dense model states and gradients are reduced: dp·cp (CP
+    ranks hold the same weights). Works on numpy columns."""
+    return dp * cp
 
 
 def expert_data_parallel_size(dp, cp, tp, ep, etp):

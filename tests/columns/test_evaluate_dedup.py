@@ -16,8 +16,6 @@ from planner.candidates import (
     SearchSpace,
     expand_index,
     expand_rows,
-    rejection_masks,
-    screening_grid,
 )
 from planner.columns.codes import Labels, distinct_rows, unique_rows
 from planner.comm.traffic import axis_times_vectorized
@@ -26,6 +24,7 @@ from planner.search import RANKING_KEYS, _ranking, _smallest
 from planner.spec.job import Job
 from planner.spec.model import load_model
 from planner.spec.precision import PrecisionSpec
+from tests.columns.screened_grid import screened_grid
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")
@@ -42,11 +41,7 @@ MUON_JOB = Job(
 def _search_rows(job: Job, count: int, seed: int) -> dict:
     """``count`` random rows of the search's screened candidates on 64 GPUs."""
     space = SearchSpace()
-    grid, cells, shape = screening_grid(job, DGX, 64, space)
-    alive = np.ones(len(cells), dtype=bool)
-    for _, mask in rejection_masks(job, DGX, grid, space):
-        alive &= ~np.asarray(mask, dtype=bool)
-    columns = expand_rows({k: v[alive] for k, v in grid.items()}, cells[alive], shape, space)
+    columns = expand_rows(*screened_grid(job, DGX, 64, space), space)
     pick = np.sort(np.random.default_rng(seed).choice(len(columns["tp"]), count, replace=False))
     rows = {k: np.asarray(v)[pick] for k, v in columns.items()}
     # The same layouts with twice the micro-batches, and on half the replicas (where dp is
@@ -240,15 +235,11 @@ def test_tables_worked_out_ahead_from_the_grid_are_the_rows_own(job):
     from planner.evaluate.indices import gpu_rates, row_tables, shapes_beside
 
     space = SearchSpace()
-    grid, cells, shape = screening_grid(job, DGX, 64, space)
-    alive = np.ones(len(cells), dtype=bool)
-    for _, mask in rejection_masks(job, DGX, grid, space):
-        alive &= ~np.asarray(mask, dtype=bool)
-    grid = {k: v[alive] for k, v in grid.items()}
-    columns = expand_rows(grid, cells[alive], shape, space)
+    grid, cells, shape = screened_grid(job, DGX, 64, space)
+    columns = expand_rows(grid, cells, shape, space)
     columns["pipeline_layer_split"] = np.full(len(columns["tp"]), "auto", dtype=object)
     ahead, codes = shapes_beside(job, H100, grid, space.recompute, "auto")
-    factored = ExpandedRows({**grid, **codes}, *expand_index(cells[alive], shape, space), "auto")
+    factored = ExpandedRows({**grid, **codes}, *expand_index(cells, shape, space), "auto")
     rates = gpu_rates(job, H100)
     own = LayoutColumns.of(columns)
     own_shapes, own_structs = row_tables(job, own, *rates)

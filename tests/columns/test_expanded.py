@@ -12,14 +12,13 @@ from planner.candidates import (
     SearchSpace,
     expand_index,
     expand_rows,
-    rejection_masks,
-    screening_grid,
 )
 from planner.columns.expanded import GRID_LAYOUT_FIELDS, ExpandedRows
 from planner.columns.layout import LayoutColumns
 from planner.evaluate import _placeable
 from planner.spec.job import Job
 from planner.spec.model import load_model
+from tests.columns.screened_grid import screened_grid
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")
@@ -28,14 +27,10 @@ SPACE = SearchSpace(zero_stage=[1, 3], recompute=["none", "full"], micro_batch_s
 
 
 def _both(split: str = "auto") -> tuple[ExpandedRows, dict]:
-    grid, cells, shape = screening_grid(MOE_JOB, DGX, 64, SPACE)
-    alive = np.ones(len(cells), dtype=bool)
-    for _, mask in rejection_masks(MOE_JOB, DGX, grid, SPACE):
-        alive &= ~np.asarray(mask, dtype=bool)
-    grid = {k: v[alive] for k, v in grid.items()}
-    written = expand_rows(grid, cells[alive], shape, SPACE)
+    grid, cells, shape = screened_grid(MOE_JOB, DGX, 64, SPACE)
+    written = expand_rows(grid, cells, shape, SPACE)
     written["pipeline_layer_split"] = np.full(len(written["tp"]), split, dtype=object)
-    factored = ExpandedRows(grid, *expand_index(cells[alive], shape, SPACE), split)
+    factored = ExpandedRows(grid, *expand_index(cells, shape, SPACE), split)
     return factored, written
 
 

@@ -16,7 +16,6 @@ from planner.candidates import (
     SearchSpace,
     _schedule_options,
     expand_rows,
-    rejection_masks,
     screening_grid,
 )
 from planner.estimate import layout_columns
@@ -28,6 +27,7 @@ from planner.search import RANKING_COLUMNS, RANKING_KEYS, _ranking
 from planner.spec.job import Job
 from planner.spec.layout import Layout
 from planner.spec.model import load_model
+from tests.columns.screened_grid import screened_grid
 
 DGX = load_cluster("dgx-h100")
 H100 = load_accelerator("h100-sxm")
@@ -131,11 +131,7 @@ def test_screened_rows_expand_to_the_full_grid_in_its_order(space):
 @pytest.mark.parametrize("job", [JOB, MOE_JOB], ids=["dense", "moe"])
 def test_timing_only_rows_that_fit_changes_none_of_their_numbers(job):
     space = SearchSpace(micro_batch_size=[1, 4])
-    grid, cells, shape = screening_grid(job, DGX, 64, space)
-    alive = np.ones(len(cells), dtype=bool)
-    for _, mask in rejection_masks(job, DGX, grid, space):
-        alive &= ~np.asarray(mask, dtype=bool)
-    columns = expand_rows({k: v[alive] for k, v in grid.items()}, cells[alive], shape, space)
+    columns = expand_rows(*screened_grid(job, DGX, 64, space), space)
     pick = np.random.default_rng(0).choice(len(columns["tp"]), size=400, replace=False)
     columns = {k: v[np.sort(pick)] for k, v in columns.items()}
     columns["pipeline_layer_split"] = np.full(400, "auto", dtype=object)

@@ -32,7 +32,7 @@ from planner.cp_search import (
 from planner.evaluate import FULL_PRECISION_OUTPUTS, in_output_order, screen_columns
 from planner.evaluate.indices import shapes_beside
 from planner.progress import report
-from planner.rank import RankSettings, over_every_row, rank_order
+from planner.rank import SHARED_BY_GROUPS, RankSettings, over_every_row, rank_order
 from planner.refine import DEFAULT_REFINE_TOP
 from planner.spec.job import Job
 from planner.spec.layout import Layout
@@ -223,21 +223,25 @@ def search(
                 return np.take(memory_out[key], at_p)
             return cols.column(key, kept_p)  # a layout column (every other: timed or memory)
 
-        every_row = None  # what the preference rules read over every feasible row
+        feasible_rows = None, at, kept  # every feasible row (the rules read layout columns)
+        reached = None  # the ranked rows among them (None: all)
         if timed_rows is not None:  # only the rows within reach were timed, and are ranked
-            feasible_rows = None, at, kept  # (the preference rules read layout columns only)
             timed_at = np.searchsorted(timed_rows, at)
             reached = timed_at < len(timed_rows)
             reached[reached] = timed_rows[timed_at[reached]] == at[reached]
             reached[reached] = timed["step_time_s"][timed_at[reached]] <= bound_s
             kept, at, timed_at = kept[reached], at[reached], timed_at[reached]
 
-            def every_row() -> tuple:
-                """:func:`planner.rank.over_every_row` of every feasible row, at the ranked."""
-                least_pp, least_cp, tp_max = over_every_row(
-                    lambda key: kept_rows(key, feasible_rows)
-                )
-                return least_pp[reached], least_cp[reached], tp_max
+        def every_row() -> tuple:
+            """:func:`planner.rank.over_every_row` of every feasible row, at the ranked; the
+            rows sharing its columns found from the grid's (:meth:`ExpandedRows.distinct_codes`)."""
+            shared = cols.distinct_codes(SHARED_BY_GROUPS, feasible_rows[2])
+            least_pp, least_cp, tp_max = over_every_row(
+                lambda key: kept_rows(key, feasible_rows), shared
+            )
+            if reached is None:
+                return least_pp, least_cp, tp_max
+            return least_pp[reached], least_cp[reached], tp_max
 
         extra = {}  # the time to train of each kept row (with a token budget)
         if training is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.columns.codes import Labels
+from planner.columns.codes import Labels, distinct_rows
 from planner.columns.layout import LayoutColumns, TableIndexed
 from planner.spec.layout import zero_group_size
 
@@ -89,6 +89,20 @@ class ExpandedRows(TableIndexed):
         c = LayoutColumns.of(written)
         c.index(**self.table_indices(rows))
         return c
+
+    def distinct_codes(self, keys: tuple[str, ...], rows=None) -> np.ndarray:
+        """Each row's (at ``rows``; None: every row) code of its tuple of the columns
+        ``keys``: two rows share a code exactly where they share those columns' values, as
+        in :func:`planner.columns.codes.distinct_rows`' inverse of the written-out columns
+        (numbered otherwise). The grid's columns are told apart once over the grid rows;
+        the ZeRO stage and the policy join each row's grid code."""
+        at = self.row if rows is None else self.row[rows]
+        per_row = [self.column(key, rows) for key in keys if key in ("zero_stage", "recompute")]
+        grid_keys = [key for key in keys if key not in ("zero_stage", "recompute")]
+        if not grid_keys:
+            return distinct_rows(*per_row)[1]
+        _, grid_code = distinct_rows(*(self.grid[key] for key in grid_keys))
+        return distinct_rows(grid_code[at], *per_row)[1]
 
     def per_grid_row(self, rows_function) -> np.ndarray:
         """``rows_function`` (of a :class:`LayoutColumns`, one value per row) of the rows,

@@ -94,3 +94,40 @@ def test_a_quantity_of_the_grid_worked_out_once_per_grid_row_is_every_rows(split
     np.testing.assert_array_equal(
         _placeable(MOE_JOB, DGX, factored), _placeable(MOE_JOB, DGX, written)
     )
+
+
+def _same_partition(a: np.ndarray, b: np.ndarray) -> bool:
+    """Two code columns that group the rows alike (equal in one exactly where in the other)."""
+    pairs = np.unique(np.stack([a, b]), axis=1)
+    return len(np.unique(pairs[0])) == len(np.unique(pairs[1])) == pairs.shape[1]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    keys=st.lists(
+        st.sampled_from(("tp", "cp", "pp", "ep", "etp", "sequence_parallel", "zero_stage",
+                         "recompute", "micro_batch_size")),  # fmt: skip
+        min_size=1, max_size=6, unique=True,
+    ),
+    every=st.integers(1, 9),
+)
+def test_distinct_codes_group_the_rows_as_the_written_out_columns_do(keys, every):
+    """ExpandedRows.distinct_codes (grid columns told apart over the grid, the ZeRO stage
+    and the policy per row) groups the rows (all, or a selection) exactly as distinct_rows
+    of the written-out columns does."""
+    from planner.columns.codes import distinct_rows
+
+    for rows in (None, np.flatnonzero(np.arange(len(FACTORED)) % every == 0)):
+        at = slice(None) if rows is None else rows
+        want = distinct_rows(*(COLUMNS[key][at] for key in keys))[1]
+        assert _same_partition(FACTORED.distinct_codes(tuple(keys), rows), want), keys
+
+
+def test_the_rules_groups_from_the_grid_are_the_written_out_rows():
+    """planner.rank.over_every_row with the shared codes from the grid gives what it finds
+    from the written-out columns."""
+    from planner.rank import SHARED_BY_GROUPS, over_every_row
+
+    shared = FACTORED.distinct_codes(SHARED_BY_GROUPS)
+    for got, want in zip(over_every_row(COLUMNS, shared), over_every_row(COLUMNS), strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -88,9 +88,7 @@ def _shallowest(values: np.ndarray, group: np.ndarray) -> np.ndarray:
 SHARED_BY_GROUPS = ("tp", "ep", *MEMORY_MEASURES)
 
 
-def over_every_row(
-    columns, shared: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, int]:
+def over_every_row(columns, shared: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """What the rules read over every row, not just the ones they place: per row the least
     pp and the least cp among the rows sharing every other degree and memory measure (one
     group per distinct tuple of them, :func:`planner.columns.codes.distinct_rows`; rules 3

@@ -102,13 +102,14 @@ def _same_partition(a: np.ndarray, b: np.ndarray) -> bool:
     return len(np.unique(pairs[0])) == len(np.unique(pairs[1])) == pairs.shape[1]
 
 
+#: Columns ExpandedRows.distinct_codes may group by: grid columns and per-row ones.
+GROUPED = ("tp", "cp", "pp", "ep", "etp", "sequence_parallel", "zero_stage", "recompute",
+           "micro_batch_size")  # fmt: skip
+
+
 @settings(max_examples=30, deadline=None)
 @given(
-    keys=st.lists(
-        st.sampled_from(("tp", "cp", "pp", "ep", "etp", "sequence_parallel", "zero_stage",
-                         "recompute", "micro_batch_size")),  # fmt: skip
-        min_size=1, max_size=6, unique=True,
-    ),
+    keys=st.lists(st.sampled_from(GROUPED), min_size=1, max_size=6, unique=True),
     every=st.integers(1, 9),
 )
 def test_distinct_codes_group_the_rows_as_the_written_out_columns_do(keys, every):

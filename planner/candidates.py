@@ -11,15 +11,18 @@ parallel folding); each degree row once per CP algorithm where cp > 1
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
-from planner.columns.codes import Labels, code_dtype, narrow_codes
+from planner.columns.codes import Labels, code_dtype, distinct_rows, narrow_codes
 from planner.cp_inner import with_cp_inner
 from planner.cp_search import (
+    DEGENERATE_HIERARCHY,
     degenerate_hierarchy,
     hierarchical_inner_degrees,
     with_cp_algorithm,
@@ -99,15 +102,43 @@ def _with_expert_tp(t, c, p, x, d, is_moe: bool, pinned: list[int] | None):
     return t[row], c[row], p[row], x[row], d[row], choices[keep]
 
 
+#: The screening grid's fields, in the order they are written out, and each one's axis: 0
+#: degree rows, 1 (schedule, vpp) pairs, 2 micro-batch sizes, 3 sequence-parallel values.
+GRID_AXIS = {"tp": 0, "cp": 0, "pp": 0, "dp": 0, "ep": 0, "etp": 0, "vpp": 1,
+             "micro_batch_size": 2, "schedule": 1, "sequence_parallel": 3, "cp_algorithm": 0,
+             "cp_inner": 0}  # fmt: skip
+
+
+@dataclass(eq=False)
+class ScreeningGrid:
+    """The knobs the screening rules read, factored over the grid's four axes: each field's
+    values along its axis (:data:`GRID_AXIS`) and the kept cells, flat indices into
+    ``shape`` = (degree rows, pairs, micro-batch sizes, SP values), ascending. A column over
+    the cells is written out only where it is asked for (:meth:`columns`): the rules read
+    each field along its axis (:func:`first_rejections`)."""
+
+    values: dict[str, np.ndarray | Labels]
+    cells: np.ndarray
+    shape: tuple[int, int, int, int]
+
+    def __len__(self) -> int:
+        return len(self.cells)
+
+    def columns(self, rows=None) -> dict[str, np.ndarray | Labels]:
+        """Every field written out at the cells (at ``rows`` of them; None: every cell)."""
+        cells = self.cells if rows is None else self.cells[rows]
+        at = np.unravel_index(cells, self.shape)
+        return {field: self.values[field][at[axis]] for field, axis in GRID_AXIS.items()}
+
+
 def screening_grid(
     job: Job, cluster: Cluster, gpus: int, space: SearchSpace, order=None
-) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[int, ...]]:
-    """The knobs the screening rules read, as numpy columns over their combinations.
+) -> ScreeningGrid:
+    """The knobs the screening rules read, over their combinations (:class:`ScreeningGrid`).
 
     Degrees (multiplying to ``gpus``), (schedule, vpp), micro-batch size and sequence
-    parallelism; no rule reads the ZeRO stage or the recompute policy, so each row here
+    parallelism; no rule reads the ZeRO stage or the recompute policy, so each cell here
     stands for ``len(zero_stage) · len(recompute)`` candidates (:func:`expand_rows`).
-    Also returns each row's cell in the grid ``(degree, pair, mbs, sp)`` and its shape.
     """
     model = job.model
     tps = space.tp or _divisors(gpus, 64)
@@ -131,33 +162,24 @@ def screening_grid(
         )
     pairs = _schedule_options(space, model.num_layers)
     sizes = (len(t), len(pairs), len(space.micro_batch_size), len(space.sequence_parallel))
-    # Sequence parallelism means nothing without TP: keep one of the two rows. The cells
-    # kept are chosen first, and each column is read at them from its few values.
+    # Sequence parallelism means nothing without TP: keep one of the two rows.
     sp_values = np.asarray(space.sequence_parallel, dtype=bool)
     keep = np.ones(sizes, dtype=bool)
     if False in space.sequence_parallel:
         keep &= (t > 1)[:, None, None, None] | ~sp_values[None, None, None, :]
     cells = np.flatnonzero(keep)
-    degree, pair, mbs, sp = np.unravel_index(cells, sizes)
     names = tuple(name for name, _ in pairs) or ("1f1b",)
-    vpps = np.array([v for _, v in pairs] or [1])
-    columns = {
-        "tp": t[degree],
-        "cp": c[degree],
-        "pp": p[degree],
-        "dp": d[degree],
-        "ep": x[degree],
-        "etp": et[degree],
-        "vpp": vpps[pair],
-        "micro_batch_size": np.asarray(space.micro_batch_size)[mbs],
-        "schedule": Labels(narrow_codes(pair, len(names)), names),
-        "sequence_parallel": sp_values[sp],
-        "cp_algorithm": Labels(
-            narrow_codes(algorithm, len(space.cp_algorithm))[degree], tuple(space.cp_algorithm)
-        ),
-        "cp_inner": inner[degree],
-    }
-    return columns, cells, (sizes[0], sizes[1] or 1, *sizes[2:])
+    values = {
+        "tp": t, "cp": c, "pp": p, "dp": d, "ep": x, "etp": et,
+        "vpp": np.array([v for _, v in pairs] or [1]),
+        "micro_batch_size": np.asarray(space.micro_batch_size),
+        "schedule": Labels(narrow_codes(np.arange(len(names)), len(names)), names),
+        "sequence_parallel": sp_values,
+        "cp_algorithm": Labels(narrow_codes(algorithm, len(space.cp_algorithm)),
+                               tuple(space.cp_algorithm)),
+        "cp_inner": inner,
+    }  # fmt: skip
+    return ScreeningGrid(values, cells, (sizes[0], sizes[1] or 1, *sizes[2:]))
 
 
 def expand_index(
@@ -207,46 +229,144 @@ def expand_rows(
     return out
 
 
+def num_microbatches(job: Job, c: dict) -> np.ndarray:
+    """Micro-batches per step of the rows (columns ``c``): the global batch over dp × micro-
+    batch size, 0 where it does not divide; without a global batch pp·vpp (interleaved) or
+    pp. The columns it reads: :func:`_microbatch_fields`."""
+    gbs = job.global_batch_size
+    if gbs:
+        per_step = c["dp"] * c["micro_batch_size"]
+        return np.where(gbs % per_step == 0, gbs // per_step, 0)
+    return np.where(c["vpp"] > 1, c["pp"] * c["vpp"], c["pp"])
+
+
+def _microbatch_fields(job: Job) -> tuple[str, ...]:
+    return ("dp", "micro_batch_size") if job.global_batch_size else ("pp", "vpp")
+
+
+def grid_columns(job: Job, grid: ScreeningGrid, rows=None) -> dict:
+    """The grid's columns written out at ``rows`` of its cells (None: every cell), with
+    each row's micro-batches per step (at least 1)."""
+    columns = grid.columns(rows)
+    columns["num_microbatches"] = np.maximum(num_microbatches(job, columns), 1)
+    return columns
+
+
+#: One screening check: (reason, the columns it reads, its broken rows of such columns).
+Check = tuple[str, tuple[str, ...], Callable[[dict], np.ndarray]]
+
+
+def screening_checks(job: Job, cluster: Cluster, space: SearchSpace) -> list[Check]:
+    """The checks in the order they are applied: the layout rules of :mod:`planner.spec.rules`
+    (the same table :func:`planner.spec.rules.check_layout` reads) and the schedules'
+    micro-batch rules, with the search space's own where they read what no layout rule
+    does: TP inside the scale-up domain (unless allowed), a global batch that divides into
+    micro-batches, pp = 1 listed once (as 1f1b) and hierarchical CP of one level listed
+    once. ``num_microbatches`` among the columns is :func:`num_microbatches` (0 where the
+    batch does not divide: the schedules' rules read it only where it does)."""
+    model, s = job.model, job.seq_len
+    domain = cluster.scale_up_domain_size
+    search_rules = {  # after the layout rule named
+        "ffn": (
+            f"tp crosses the {domain}-GPU scale-up (NVLink) domain",
+            ("tp",),
+            lambda c: (c["tp"] > domain) & (not space.allow_cross_node_tp),
+        ),
+        "ep_experts": (
+            "global batch not divisible by dp × micro-batch size",
+            ("num_microbatches",),
+            lambda c: c["num_microbatches"] == 0,
+        ),
+    }
+    checks: list[Check] = []
+    for rule in RULES:
+        checks.append((rule.reason(model), rule.reads, lambda c, r=rule: r.broken(model, s, c)))
+        if rule.name in search_rules:
+            checks.append(search_rules[rule.name])
+    checks += [
+        (rule.reason(model), rule.reads,
+         lambda c, r=rule: r.broken(model, s, c) & (c["num_microbatches"] > 0))
+        for rule in schedule_rules()
+    ]  # fmt: skip
+    checks.append((
+        "a pipeline schedule needs pp > 1 (pp = 1 is listed once, as 1f1b)",
+        ("pp", "schedule"),
+        lambda c: (c["pp"] == 1) & ~Labels.of(c["schedule"]).isin(("1f1b",)),
+    ))  # fmt: skip
+    # A hierarchy of one level is ring (k = 1) or Ulysses (k = cp).
+    checks.append((DEGENERATE_HIERARCHY, ("cp", "cp_algorithm", "cp_inner"), degenerate_hierarchy))
+    return checks
+
+
 def rejection_masks(
     job: Job, cluster: Cluster, cols: dict, space: SearchSpace
 ) -> list[tuple[str, np.ndarray]]:
-    """(reason, rejected rows) in the order rules are applied: the layout rules of
-    :mod:`planner.spec.rules` (the same table :func:`planner.spec.rules.check_layout` reads)
-    and the schedules' micro-batch rules, with the search space's own three where they read
-    what no layout rule does: TP inside the scale-up domain (unless allowed), a global batch
-    that divides into micro-batches, and pp = 1 listed once (as 1f1b)."""
-    model, s = job.model, job.seq_len
-    tp, pp, dp, vpp = (cols[k] for k in ("tp", "pp", "dp", "vpp"))
-    mbs = cols["micro_batch_size"]
-    gbs = job.global_batch_size
-    m = (
-        np.where(gbs % (dp * mbs) == 0, gbs // (dp * mbs), 0)
-        if gbs
-        else np.where(vpp > 1, pp * vpp, pp)
-    )
-    columns = {**cols, "num_microbatches": m,
+    """(reason, rejected rows) of written-out columns ``cols`` (one layout: 1-row columns;
+    ``num_microbatches`` and ``replicate_kv`` are the job's), in :func:`screening_checks`'
+    order; the hierarchy's check where the columns name a CP algorithm. The search finds
+    the same once per distinct combination of the columns each check reads
+    (:func:`first_rejections`)."""
+    columns = {**cols, "num_microbatches": num_microbatches(job, cols),
                "replicate_kv": job.ulysses_kv_heads == "replicate"}  # fmt: skip
-    search_rules = {  # after the layout rule named: (reason, rejected rows)
-        "ffn": (
-            f"tp crosses the {cluster.scale_up_domain_size}-GPU scale-up (NVLink) domain",
-            (tp > cluster.scale_up_domain_size) & (not space.allow_cross_node_tp),
-        ),
-        "ep_experts": ("global batch not divisible by dp × micro-batch size", m == 0),
-    }
-    masks = []
-    for rule in RULES:
-        masks.append((rule.reason(model), rule.broken(model, s, columns)))
-        if rule.name in search_rules:
-            masks.append(search_rules[rule.name])
-    ok_m = m > 0  # the schedules' rules read m only where the batch divides
-    masks += [
-        (rule.reason(model), rule.broken(model, s, columns) & ok_m) for rule in schedule_rules()
+    shape = np.shape(cols["tp"])
+    return [
+        (reason, np.broadcast_to(np.asarray(broken(columns), dtype=bool), shape))
+        for reason, _, broken in screening_checks(job, cluster, space)
+        if reason != DEGENERATE_HIERARCHY or "cp_algorithm" in cols
     ]
-    masks.append((
-        "a pipeline schedule needs pp > 1 (pp = 1 is listed once, as 1f1b)",
-        (pp == 1) & ~Labels.of(cols["schedule"]).isin(("1f1b",)),
-    ))  # fmt: skip
-    if "cp_algorithm" in cols:  # a hierarchy of one level is ring (k = 1) or Ulysses (k = cp)
-        masks.append(degenerate_hierarchy(cols))
-    cols["num_microbatches"] = np.maximum(m, 1)
-    return masks
+
+
+def first_rejections(
+    job: Job, cluster: Cluster, grid: ScreeningGrid, space: SearchSpace
+) -> tuple[list[str], np.ndarray]:
+    """The reasons of :func:`screening_checks`, in order, and each cell's index of the
+    first it breaks (``len(reasons)``: none), as :func:`rejection_masks` of the written-out
+    grid finds them.
+
+    Each check is worked out once per distinct combination of the columns it reads: the
+    checks that read the same axes of the grid form a group; its degree rows narrowed to
+    their distinct values of the degree fields the group reads, the group's first broken
+    check is found over those and its other axes, and the groups' firsts meet in one
+    (degree row, pair, micro-batch size, SP value) array read at the cells."""
+    checks = screening_checks(job, cluster, space)
+    none = len(checks)
+    m_fields = _microbatch_fields(job)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    fields_of = []
+    for index, (_, reads, _) in enumerate(checks):
+        fields = {f for read in reads for f in (m_fields if read == "num_microbatches" else
+                                                (read,)) if f in GRID_AXIS}  # fmt: skip
+        fields_of.append(fields)
+        groups.setdefault(tuple(sorted({GRID_AXIS[f] for f in fields})), []).append(index)
+    first = np.full(grid.shape, none, dtype=np.min_scalar_type(none))
+    for axes, members in groups.items():
+        fields = sorted(set().union(*(fields_of[i] for i in members)))
+        found = _first_broken(job, grid, axes, fields, [(i, checks[i][2]) for i in members], none)
+        np.minimum(first, found, out=first)
+    return [reason for reason, _, _ in checks], first.reshape(-1)[grid.cells]
+
+
+def _first_broken(job, grid: ScreeningGrid, axes, fields, checks, none: int) -> np.ndarray:
+    """The index of the first of ``checks`` ((index, broken) reading ``fields`` along
+    ``axes``) each (degree row, pair, micro-batch size, SP value) breaks, as an array that
+    broadcasts over the grid's shape (``none``: none broken)."""
+    degree_fields = [f for f in fields if GRID_AXIS[f] == 0]
+    chosen, inverse = (distinct_rows(*(grid.values[f] for f in degree_fields))
+                       if degree_fields else (np.zeros(1, dtype=np.int64), None))  # fmt: skip
+    sizes = [len(chosen) if axis == 0 else grid.shape[axis] for axis in axes]
+    count = int(np.prod(sizes))  # one row per combination (no axis: one row)
+    at = np.unravel_index(np.arange(count), sizes) if axes else ()
+    columns = {}
+    for field in fields:
+        place = at[axes.index(GRID_AXIS[field])]
+        columns[field] = grid.values[field][chosen[place] if GRID_AXIS[field] == 0 else place]
+    columns["replicate_kv"] = job.ulysses_kv_heads == "replicate"
+    if set(_microbatch_fields(job)) <= set(columns):
+        columns["num_microbatches"] = num_microbatches(job, columns)
+    found = np.full(count, none, dtype=np.min_scalar_type(none))
+    for index, broken in reversed(checks):  # the first broken check's index last
+        found[np.broadcast_to(np.asarray(broken(columns), dtype=bool), (count,))] = index
+    found = found.reshape(sizes)
+    if inverse is not None:
+        found = found[inverse]  # every degree row
+    return found.reshape([grid.shape[a] if a in axes else 1 for a in range(len(grid.shape))])

@@ -71,17 +71,17 @@ def hierarchical_inner_degrees(
     return inner
 
 
-def degenerate_hierarchy(columns: dict) -> tuple[str, np.ndarray]:
-    """(reason, rows) of hierarchical CP with one level: all CP ranks in one scale-up domain
-    (it is Ulysses) or one per domain (it is the ring); the search lists those once."""
+#: How the search counts hierarchical CP of one level (:func:`degenerate_hierarchy`).
+DEGENERATE_HIERARCHY = ("hierarchical CP within one scale-up domain or one rank per domain "
+                        "(listed once, as ulysses or ring)")  # fmt: skip
+
+
+def degenerate_hierarchy(columns: dict) -> np.ndarray:
+    """Rows of hierarchical CP with one level: all CP ranks in one scale-up domain (it is
+    Ulysses) or one per domain (it is the ring); the search lists those once."""
     inner = columns.get("cp_inner", np.ones_like(columns["cp"]))
-    rows = Labels.of(columns["cp_algorithm"]).isin(("hierarchical",)) & (
+    return Labels.of(columns["cp_algorithm"]).isin(("hierarchical",)) & (
         (inner <= 1) | (inner >= columns["cp"])
-    )
-    return (
-        "hierarchical CP within one scale-up domain or one rank per domain (listed once, "
-        "as ulysses or ring)",
-        rows,
     )
 
 

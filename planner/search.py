@@ -21,7 +21,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwspecs.schema import Cluster
-from planner.candidates import SearchSpace, expand_index, rejection_masks, screening_grid
+from planner.candidates import (
+    SearchSpace,
+    expand_index,
+    first_rejections,
+    grid_columns,
+    screening_grid,
+)
 from planner.columns.codes import Labels
 from planner.columns.expanded import ExpandedRows
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, usable_memory_bytes
@@ -148,28 +154,31 @@ def search(
     bound), and ``feasible`` still counts every row that fits."""
     space = space or SearchSpace()
     report(progress, "enumerating layouts", 0, 0)  # how many: not known before
-    grid, cells, grid_shape = screening_grid(job, cluster, gpus, space, order)
-    copies = len(space.zero_stage) * len(space.recompute)  # rows per screened grid row
-    total = len(cells) * copies
+    whole_grid = screening_grid(job, cluster, gpus, space, order)
+    copies = len(space.zero_stage) * len(space.recompute)  # rows per grid cell
+    total = len(whole_grid) * copies
     rejected: dict[str, int] = {}
-    alive = np.ones(len(cells), dtype=bool)
-    for reason, mask in rejection_masks(job, cluster, grid, space):
-        hit = alive & np.asarray(mask, dtype=bool)
-        if hit.any():  # two rules may share a reason
-            rejected[reason] = rejected.get(reason, 0) + int(hit.sum()) * copies
-        alive &= ~hit
-    beaten = alive & dominated_cp_rows(job, cluster, order, grid, alive)  # same layout, faster CP
-    if beaten.any():
+    reasons, first = first_rejections(job, cluster, whole_grid, space)
+    for reason, count in zip(reasons, np.bincount(first, minlength=len(reasons)), strict=False):
+        if count:  # two rules may share a reason
+            rejected[reason] = rejected.get(reason, 0) + int(count) * copies
+    alive = np.flatnonzero(first == len(reasons))
+    del first
+    grid = grid_columns(job, whole_grid, alive)  # the rows no rule rejects, written out
+    beaten = dominated_cp_rows(job, cluster, order, grid, np.ones(len(alive), dtype=bool))
+    if beaten.any():  # same layout, faster CP
         rejected[CP_DOMINATED] = int(beaten.sum()) * copies
-    alive &= ~beaten
-    grid = {key: value[alive] for key, value in grid.items()}
+        grid = {key: value[~beaten] for key, value in grid.items()}
+        alive = alive[~beaten]
     ahead = None  # the rows' tables, started from the grid (the shapes on a thread beside)
     split = space.pipeline_layer_split
-    if alive.any():
+    if len(alive):
         ahead, codes = shapes_beside(job, accelerator, grid, space.recompute, split)
         grid.update(codes)  # read at each row's grid row
     # The rows, factored: each a grid row under a ZeRO stage and a recompute policy.
-    cols = ExpandedRows(grid, *expand_index(cells[alive], grid_shape, space), split)
+    cells = whole_grid.cells[alive]
+    cols = ExpandedRows(grid, *expand_index(cells, whole_grid.shape, space), split)
+    del whole_grid, alive, cells
     report(progress, "enumerating layouts", total, total)
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     screened = None  # rows that do not fit are not timed

@@ -1,7 +1,7 @@
 """The rules a layout must keep, in one table: a reason, a vectorized predicate, a message.
 
 Each :class:`Rule` reads numpy columns of layouts (one row each; a single layout is a
-1-row column) and says where it is broken. :func:`check_layout` raises the first broken
+1-row column), the ones it names, and says where it is broken. :func:`check_layout` raises the first broken
 rule's message for one layout; the search (:mod:`planner.search`) counts the rows each rule
 rejects, in this order, under the rule's ``reason``. The schedules' own constraints on
 (pp, num_microbatches) come from the schedule registry
@@ -48,6 +48,9 @@ class Rule:
     reason: Callable[[ModelSpec], str]
     broken: Callable[[ModelSpec, int | None, Columns], np.ndarray]
     message: Callable[[ModelSpec, int | None, dict], str]
+    #: The columns ``broken`` reads (it reads no other): the search works it out once per
+    #: distinct combination of their values (:func:`planner.candidates.first_rejections`).
+    reads: tuple[str, ...]
 
 
 def _fold(c: Columns) -> np.ndarray:
@@ -201,6 +204,7 @@ RULES: tuple[Rule, ...] = (
         lambda m: f"tp does not divide the {m.num_attention_heads} attention heads",
         lambda m, s, c: m.num_attention_heads % c["tp"] != 0,
         lambda m, s, r: f"tp {r['tp']} does not divide num_attention_heads {m.num_attention_heads}",
+        ("tp",),
     ),
     Rule(
         "kv_heads",
@@ -214,6 +218,7 @@ RULES: tuple[Rule, ...] = (
             f"tp {r['tp']} and num_kv_heads {m.num_kv_heads} must divide one another "
             f"(KV heads are split, or replicated when tp > kv heads)"
         ),
+        ("tp",),
     ),
     Rule(
         "ffn",
@@ -222,54 +227,63 @@ RULES: tuple[Rule, ...] = (
             (m.ffn_hidden_size % c["tp"] != 0) | ((m.moe_ffn_hidden_size or c["tp"]) % c["tp"] != 0)
         ),
         lambda m, s, r: _ffn_message(m, r),
+        ("tp",),
     ),
     Rule(
         "layers",
         lambda m: "layers do not split over pp·vpp stages",
         lambda m, s, c: layers_broken(m.num_layers, c),
         lambda m, s, r: _layers_message(m, r),
+        ("pp", "vpp", "split"),
     ),
     Rule(
         "dense_experts",
         lambda m: "ep or etp on a dense model",
         lambda m, s, c: (not m.is_moe) & ((c["ep"] > 1) | (c["etp"] != c["tp"])),
         lambda m, s, r: f"{_expert_axis(r)} needs a mixture-of-experts model; {m.name} is dense",
+        ("tp", "ep", "etp"),
     ),
     Rule(
         "etp",
         lambda m: "etp is neither 1 nor tp",
         lambda m, s, c: (c["etp"] != 1) & (c["etp"] != c["tp"]),
         lambda m, s, r: _expert_message(r),
+        ("tp", "etp"),
     ),
     Rule(
         "ep_fold",
         lambda m: "ep is not a multiple of tp/etp (etp 1 folds TP into EP)",
         lambda m, s, c: c["ep"] % _fold(c) != 0,
         lambda m, s, r: _expert_message(r),
+        ("tp", "ep", "etp"),
     ),
     Rule(
         "ep_carved",
         lambda m: "ep does not divide dp·cp or the experts",
         lambda m, s, c: (c["dp"] * c["cp"]) % np.maximum(c["ep"] // _fold(c), 1) != 0,
         lambda m, s, r: _expert_message(r),
+        ("tp", "cp", "dp", "ep", "etp"),
     ),
     Rule(
         "ep_experts",
         lambda m: "ep does not divide dp·cp or the experts",
         lambda m, s, c: (m.num_routed_experts or 1) % c["ep"] != 0,
         lambda m, s, r: f"ep {r['ep']} does not divide num_routed_experts {m.num_routed_experts}",
+        ("ep",),
     ),
     Rule(
         "cp_sequence",
         lambda m: "sequence not divisible by 2·cp (load-balanced CP) or by cp (Ulysses)",
         lambda m, s, c: (s is not None) & (c["cp"] > 1) & ((s or 1) % _cp_chunks(c) != 0),
         lambda m, s, r: _cp_sequence_message(s, r),
+        ("cp", "cp_algorithm"),
     ),
     Rule(
         "cp_heads",
         lambda m: "Ulysses degree does not divide the attention or KV heads per TP rank",
         lambda m, s, c: _ulysses_heads_broken(m, c),
         lambda m, s, r: _ulysses_heads_message(m, r),
+        ("tp", "cp", "cp_algorithm", "cp_inner", "replicate_kv"),
     ),
     Rule(
         "sp_sequence",
@@ -283,6 +297,7 @@ RULES: tuple[Rule, ...] = (
         lambda m, s, r: (
             f"sequence parallelism needs seq_len/cp = {s // r['cp']} divisible by tp {r['tp']}"
         ),
+        ("tp", "cp", "sequence_parallel"),
     ),
 )
 
@@ -315,6 +330,7 @@ def schedule_rules() -> tuple[Rule, ...]:
                 runs(name, c) & rule.broken(c["pp"], c["num_microbatches"])
             ),
             lambda m, s, r, rule=rule: rule.message(r["pp"], r["num_microbatches"]),
+            ("schedule", "pp", "num_microbatches"),
         )
         for name, spec in SCHEDULES.items()
         for index, rule in enumerate(spec.microbatch_rules)

@@ -121,8 +121,8 @@ def _full_grid(job, gpus, space):
     "space", [SearchSpace(), SearchSpace(zero_stage=[1, 3], recompute=["full", "none"])]
 )
 def test_screened_rows_expand_to_the_full_grid_in_its_order(space):
-    grid, cells, shape = screening_grid(JOB, DGX, 64, space)
-    expanded = expand_rows(grid, cells, shape, space)
+    grid = screening_grid(JOB, DGX, 64, space)
+    expanded = expand_rows(grid.columns(), grid.cells, grid.shape, space)
     plain = _full_grid(JOB, 64, space)
     for key, column in plain.items():
         np.testing.assert_array_equal(expanded[key], column, err_msg=key)

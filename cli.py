@@ -41,9 +41,10 @@ _KEPT_BYTES = 2**30
 #: The collector's thresholds for one command (as mypy sets them for one run,
 #: ``mypy/build.py``): the search allocates Python objects by the 10^5 (its shape and
 #: structure tables, the event simulator), few of them in cycles, and at CPython's default
-#: (700, 10, 10) collected 250-270 times a DeepSeek-V3 plan; a command's process ends when it
-#: is done. Measured 2026-12-04 on the 2-core machine, one process each: DeepSeek-V3's plan
-#: 2.67 -> 2.47 s, the default plan 0.75 -> 0.66 s in the search.
+#: (700, 10, 10) collected 210 times a default plan and 270 times a DeepSeek-V3 one; a
+#: command's process ends when it is done. Measured 2026-12-04 on the 2-core machine, whole
+#: process against the same tree without it, 8 pairs: the default plan 1.05 -> 1.00 s
+#: (0.95x); DeepSeek-V3's no change beyond the machine's spread (1.02x, 0.90-1.14).
 _GC_THRESHOLDS = (200_000, 30, 30)
 
 

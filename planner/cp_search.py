@@ -27,7 +27,6 @@ from planner.columns.codes import Labels, distinct_rows
 from planner.comm.context_parallel import cp_inner_degree
 from planner.comm.traffic import axis_times_vectorized
 from planner.cost.context_parallel import cp_buffer_bytes
-from planner.evaluate.blocks import in_block_order, worker_threads
 from planner.spec.layout import DEFAULT_MESH_ORDER, cp_algorithm_codes
 
 #: Why rows whose CP algorithm another beats on the same layout are not timed.
@@ -106,8 +105,7 @@ def dominated_cp_rows(job, cluster, order, columns: dict, alive: np.ndarray) -> 
     variants, variant = np.unique(np.stack([algorithm, probe["cp_inner"]], axis=-1), axis=0,
                                   return_inverse=True)  # fmt: skip
     variant = variant.reshape(-1)
-    cost = list(in_block_order(lambda r: _exposed_cp_s(job, cluster, order, probe, algorithm, r),
-                               ["none", "full"], worker_threads()))  # fmt: skip
+    cost = list(_exposed_cp_s(job, cluster, order, probe, algorithm, ("none", "full")))
     cost.append(cp_buffer_bytes(job.model, job.seq_len, probe["micro_batch_size"], probe["tp"],
                                 probe["cp"], algorithm, job.precision.activation_bytes,
                                 job.ulysses_kv_heads == "replicate"))  # fmt: skip
@@ -137,15 +135,22 @@ def dominated_cp_rows(job, cluster, order, columns: dict, alive: np.ndarray) -> 
     return out
 
 
-def _exposed_cp_s(job, cluster, order, probe: dict, algorithm, recompute: str) -> np.ndarray:
-    """Exposed CP seconds of one micro-batch per probe row (compute given: the ring's
-    overlap applies; NaN where a row cannot be placed)."""
-    ones = np.ones(len(algorithm))
+def _exposed_cp_s(
+    job, cluster, order, probe: dict, algorithm, recompute: tuple[str, ...]
+) -> np.ndarray:
+    """Exposed CP seconds of one micro-batch per probe row under each policy of
+    ``recompute`` ([policy, probe row]; compute given: the ring's overlap applies; NaN where a
+    row cannot be placed), in one call: the policies share the probe rows' placements."""
+    count, policies = len(algorithm), len(recompute)
+    ones = np.ones(count * policies)
     out = axis_times_vectorized(
-        job, cluster, **{k: probe[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp")},
-        micro_batch_size=probe["micro_batch_size"], num_microbatches=1, zero_stage=0,
-        recompute=recompute, schedule="1f1b", order=order or ("tp", "cp", "ep", "pp", "dp"),
-        forward_s=ones, backward_s=ones, cp_algorithm=algorithm, cp_inner=probe.get("cp_inner"),
+        job, cluster, **{k: np.tile(probe[k], policies) for k in ("tp", "cp", "pp", "dp", "ep",
+                                                                  "etp", "micro_batch_size")},
+        num_microbatches=1, zero_stage=0,
+        recompute=Labels(np.repeat(np.arange(policies, dtype=np.int8), count), recompute),
+        schedule="1f1b", order=order or ("tp", "cp", "ep", "pp", "dp"), forward_s=ones,
+        backward_s=ones, cp_algorithm=np.tile(algorithm, policies),
+        cp_inner=None if probe.get("cp_inner") is None else np.tile(probe["cp_inner"], policies),
         axes=("cp",),
     )  # fmt: skip
-    return out["cp_exposed_time_s"]
+    return out["cp_exposed_time_s"].reshape(policies, count)

@@ -211,12 +211,12 @@ def search(
         too_big = placeable & (memory > usable)  # none of them timed
         if too_big.any():
             rejected[f"does not fit in {usable / GIB:.1f} GiB per GPU"] = int(too_big.sum())
-        # Kept rows (placeable and fitting) are rows to time: read at their place among
-        # the timed rows (``timed_at``: the timed outputs), among the rows to time (``at``:
-        # the other memory outputs) and among all rows (``kept``: memory per GPU and the
-        # layout columns).
-        kept = np.flatnonzero(placeable & ~too_big)
-        at = timed_at = np.searchsorted(rows, kept)
+        # Kept rows (placeable and fitting) are rows to time, those still placeable: read
+        # at their place among the timed rows (``timed_at``: the timed outputs), among the
+        # rows to time (``at``: the other memory outputs) and among all rows (``kept``:
+        # memory per GPU and the layout columns).
+        at = timed_at = np.flatnonzero(placeable[rows])
+        kept = rows[at]
         feasible = len(kept)
         merged = in_output_order(timed, memory_out)
 

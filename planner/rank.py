@@ -88,23 +88,27 @@ def _shallowest(values: np.ndarray, group: np.ndarray) -> np.ndarray:
 SHARED_BY_GROUPS = ("tp", "ep", *MEMORY_MEASURES)
 
 
-def over_every_row(columns, shared: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+def over_every_row(columns, distinct=None) -> tuple[np.ndarray, np.ndarray, int]:
     """What the rules read over every row, not just the ones they place: per row the least
     pp and the least cp among the rows sharing every other degree and memory measure (one
     group per distinct tuple of them, :func:`planner.columns.codes.distinct_rows`; rules 3
     and 4), and the largest tp (rule 2's reference). ``columns``: see
-    :func:`preference_keys`. ``shared``: each row's code of its tuple of
-    :data:`SHARED_BY_GROUPS` (equal codes exactly where the tuples are equal), when the
-    caller has it (None: found from the columns)."""
+    :func:`preference_keys`. ``distinct``: a function giving each row's code of its tuple
+    of the columns named (equal codes exactly where the tuples are equal; small
+    non-negative integers), when the caller has a faster way than the columns (None: found
+    from them)."""
     get = columns if callable(columns) else columns.__getitem__
     tp, cp, pp = (np.asarray(get(k)) for k in ("tp", "cp", "pp"))
-    # The rows sharing tp, ep and the memory measures; pp's groups add cp, cp's add pp.
-    if shared is None:
+    if distinct is None:  # the rows sharing tp, ep and the memory measures, then cp or pp
         shared = tp
         for key in SHARED_BY_GROUPS[1:]:  # one column at a time: two alive at most
             _, shared = distinct_rows(shared, get(key))
-    least_pp = _shallowest(pp, distinct_rows(shared, cp)[1])
-    least_cp = _shallowest(cp, distinct_rows(shared, pp)[1])
+
+        def distinct(keys):
+            return distinct_rows(shared, get(keys[-1]))[1]
+
+    least_pp = _shallowest(pp, distinct((*SHARED_BY_GROUPS, "cp")))
+    least_cp = _shallowest(cp, distinct((*SHARED_BY_GROUPS, "pp")))
     return least_pp, least_cp, int(tp.max(initial=1))
 
 

@@ -14,6 +14,7 @@ DataFrame (:attr:`SearchResult.table`: the CSV and the plan page), not by a plan
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ from planner.cp_search import (
 from planner.evaluate import FULL_PRECISION_OUTPUTS, in_output_order, screen_columns
 from planner.evaluate.indices import shapes_beside
 from planner.progress import report
-from planner.rank import SHARED_BY_GROUPS, RankSettings, over_every_row, rank_order
+from planner.rank import RankSettings, over_every_row, rank_order
 from planner.refine import DEFAULT_REFINE_TOP
 from planner.spec.job import Job
 from planner.spec.layout import Layout
@@ -183,8 +184,11 @@ def search(
     usable = usable_memory_bytes(accelerator.hbm_bytes, mem_headroom)
     screened = None  # rows that do not fit are not timed
     if len(cols):
+        # The screen indexes its own copy of the rows into its tables: those indices (a
+        # column each, as long as the rows) go when it has taken the rows to time, not
+        # at the end of the search, which reads layout columns only.
         screened = screen_columns(
-            job, cluster, accelerator, cols, usable, order, mfu_dtype,
+            job, cluster, accelerator, dataclasses.replace(cols), usable, order, mfu_dtype,
             memory_parts_of_timed_rows=True, progress=progress, compact=True,
             outputs=None if every_output else FULL_PRECISION_OUTPUTS,
             reach=reach_of(only_top, refine_top, rank_settings) if objective == "step_time"
@@ -244,9 +248,9 @@ def search(
         def every_row() -> tuple:
             """:func:`planner.rank.over_every_row` of every feasible row, at the ranked; the
             rows sharing its columns found from the grid's (:meth:`ExpandedRows.distinct_codes`)."""
-            shared = cols.distinct_codes(SHARED_BY_GROUPS, feasible_rows[2])
             least_pp, least_cp, tp_max = over_every_row(
-                lambda key: kept_rows(key, feasible_rows), shared
+                lambda key: kept_rows(key, feasible_rows),
+                lambda keys: cols.distinct_codes(keys, feasible_rows[2]),
             )
             if reached is None:
                 return least_pp, least_cp, tp_max

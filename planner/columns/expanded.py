@@ -94,15 +94,23 @@ class ExpandedRows(TableIndexed):
         """Each row's (at ``rows``; None: every row) code of its tuple of the columns
         ``keys``: two rows share a code exactly where they share those columns' values, as
         in :func:`planner.columns.codes.distinct_rows`' inverse of the written-out columns
-        (numbered otherwise). The grid's columns are told apart once over the grid rows;
-        the ZeRO stage and the policy join each row's grid code."""
+        (numbered otherwise: below the product of the grid's distinct tuples and the
+        stages' and policies' counts, not every code taken). The grid's columns are told
+        apart once over the grid rows; the ZeRO stage and the policy are appended as digits."""
         at = self.row if rows is None else self.row[rows]
-        per_row = [self.column(key, rows) for key in keys if key in ("zero_stage", "recompute")]
         grid_keys = [key for key in keys if key not in ("zero_stage", "recompute")]
-        if not grid_keys:
-            return distinct_rows(*per_row)[1]
-        _, grid_code = distinct_rows(*(self.grid[key] for key in grid_keys))
-        return distinct_rows(grid_code[at], *per_row)[1]
+        code = np.zeros(len(at), dtype=np.int64)
+        if grid_keys:
+            _, grid_code = distinct_rows(*(self.grid[key] for key in grid_keys))
+            code = grid_code[at]
+        if "zero_stage" in keys:
+            stage = self.zero_stage if rows is None else self.zero_stage[rows]
+            code *= int(stage.max(initial=0)) + 1
+            code += stage
+        if "recompute" in keys:
+            code *= len(self.recompute.values)
+            code += self.recompute.codes if rows is None else self.recompute.codes[rows]
+        return code
 
     def per_grid_row(self, rows_function) -> np.ndarray:
         """``rows_function`` (of a :class:`LayoutColumns`, one value per row) of the rows,

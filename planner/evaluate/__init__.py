@@ -185,6 +185,7 @@ def screen_columns(
     started from the grid rows of ``columns``, :class:`ExpandedRows` holding each row's grid
     codes (:func:`planner.evaluate.indices.shapes_beside`)."""
     c = columns if isinstance(columns, ExpandedRows) else LayoutColumns.of(columns)
+    del columns  # the rows' table indices go with ``c`` once the rows to time are taken
     kept = None if outputs is None else outputs | {"valid", "memory_per_gpu_bytes"}
     report(progress, "memory screen", 0, len(c))
     rates, bf16_rates, tuned = gpu_rates(job, accelerator)

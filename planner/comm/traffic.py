@@ -66,16 +66,20 @@ def _group_sizes(key: dict) -> dict[str, np.ndarray]:
 
 
 def _priced_terms(
-    job: Job, cluster: Cluster, order, key: dict, split, axes: tuple[str, ...] | None = None
-) -> list[tuple]:
+    job: Job, cluster: Cluster, order, key: dict, split, axes: tuple[str, ...] | None = None,
+    links: bool = True,
+):  # fmt: skip
     """Every collective term that some row runs (of ``axes``; None: all), priced on the rows
     of ``key`` (columns tp, cp, pp, dp, ep, etp, chunks, b, m, sp, full, zero, v_shape,
-    mirrored): (term, count, message bytes, one collective's seconds, one bucket's seconds,
-    raw seconds, {link: seconds busy}).
+    mirrored), one after another: (term, count, message bytes, one collective's seconds, one
+    bucket's seconds, raw seconds, {link: seconds busy}; with ``links`` False, None for the
+    last, not worked out). A generator: a caller that reads each term once holds one term's
+    columns at a time.
 
     Collective times come from cost tables built once per distinct (tp, cp, ep, pp, dp, etp,
     given inner degree). Sets ``key["cp_inner"]``, hierarchical CP's inner degree: the row's
-    ``inner`` where given (> 0), else that of its placement (the CP ranks of one domain)."""
+    ``inner`` where given (> 0), else that of its placement (the CP ranks of one domain),
+    before the first term."""
     rows = key["tp"].shape
     combos = np.stack([key[k] for k in ("tp", "cp", "ep", "pp", "dp", "etp", "inner")], axis=-1)
     combos = combos.reshape(-1, 7)
@@ -100,26 +104,29 @@ def _priced_terms(
                                  "zero")), split, key["v_shape"], key["etp"], key["mirrored"],
         key["cpa"], key["cp_inner"], rates,
     )  # fmt: skip
-    priced = []
+    for term in terms:
+        count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
+        if not count.any() or (axes is not None and term.axis not in axes):
+            continue
+        yield _priced(term, count, costs, inv, rows, links)
+
+
+def _priced(term, count: np.ndarray, costs, inv: np.ndarray, rows: tuple, links: bool) -> tuple:
+    """One term priced on the rows (:func:`_priced_terms`' tuple)."""
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
-        for term in terms:
-            count = np.broadcast_to(np.asarray(term.count, dtype=float), rows)
-            if not count.any() or (axes is not None and term.axis not in axes):
-                continue
-            alpha, beta, per_byte = costs(term.group or AXIS_GROUPS[term.axis], term.op)
-            message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
-            # One collective's time, on the rows that run it (the others count 0 of them).
-            live = np.flatnonzero(count > 0)
-            at = inv.ravel()[live]
-            ab = alpha[at], beta[at]
-            one, choice = cheapest(*ab, live, message, rows)
-            bucket = one
-            if np.any(term.bucket_bytes):
-                bucket = cheapest(*ab, live, term.bucket_bytes, rows)[0]
-            raw = np.where(count > 0, count * one, 0.0)
-            busy = link_busy(per_byte, at, choice, live, count * message, rows)
-            priced.append((term, count, message, one, bucket, raw, busy))
-    return priced
+        alpha, beta, per_byte = costs(term.group or AXIS_GROUPS[term.axis], term.op)
+        message = np.broadcast_to(np.asarray(term.message_bytes, dtype=float), rows)
+        # One collective's time, on the rows that run it (the others count 0 of them).
+        live = np.flatnonzero(count > 0)
+        at = inv.ravel()[live]
+        ab = alpha[at], beta[at]
+        one, choice = cheapest(*ab, live, message, rows)
+        bucket = one
+        if np.any(term.bucket_bytes):
+            bucket = cheapest(*ab, live, term.bucket_bytes, rows)[0]
+        raw = np.where(count > 0, count * one, 0.0)
+        busy = link_busy(per_byte, at, choice, live, count * message, rows) if links else None
+    return term, count, message, one, bucket, raw, busy
 
 
 def _add(columns: dict, name: str, rows: np.ndarray | None, values: np.ndarray) -> None:
@@ -200,7 +207,7 @@ def exposed_floor_vectorized(
     sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
     # Per key: the floor of rows that overlap the EP all-to-alls, and of those that do not.
     floor = [np.zeros(len(key["tp"])), np.zeros(len(key["tp"]))]
-    priced = _priced_terms(job, cluster, order, key, split_key)
+    priced = _priced_terms(job, cluster, order, key, split_key, links=False)  # one at a time
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
         for term, count, _, one, bucket, raw, _ in priced:
             if term.axis in skip_axes:
@@ -289,7 +296,7 @@ def axis_times_vectorized(
     # Everything but the exposure is worked out on one row per distinct combination ("key")
     # and broadcast; only terms whose exposure reads the compute times are split into
     # exposed and hidden per row.
-    priced = _priced_terms(job, cluster, order, key, split_key, axes)
+    priced = list(_priced_terms(job, cluster, order, key, split_key, axes))
     if compute is not None:
         compute = tuple(np.broadcast_to(x, rows).reshape(count_rows) for x in compute)
     # Axes whose exposure reads the compute times are summed per row; the others per key.

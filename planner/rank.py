@@ -98,18 +98,19 @@ def over_every_row(columns, distinct=None) -> tuple[np.ndarray, np.ndarray, int]
     non-negative integers), when the caller has a faster way than the columns (None: found
     from them)."""
     get = columns if callable(columns) else columns.__getitem__
-    tp, cp, pp = (np.asarray(get(k)) for k in ("tp", "cp", "pp"))
+    tp_max = int(np.asarray(get("tp")).max(initial=1))
     if distinct is None:  # the rows sharing tp, ep and the memory measures, then cp or pp
-        shared = tp
+        shared = np.asarray(get("tp"))
         for key in SHARED_BY_GROUPS[1:]:  # one column at a time: two alive at most
             _, shared = distinct_rows(shared, get(key))
 
         def distinct(keys):
             return distinct_rows(shared, get(keys[-1]))[1]
 
-    least_pp = _shallowest(pp, distinct((*SHARED_BY_GROUPS, "cp")))
-    least_cp = _shallowest(cp, distinct((*SHARED_BY_GROUPS, "pp")))
-    return least_pp, least_cp, int(tp.max(initial=1))
+    # Each column read when it is needed (the search's rows: 10^6 each).
+    least_pp = _shallowest(np.asarray(get("pp")), distinct((*SHARED_BY_GROUPS, "cp")))
+    least_cp = _shallowest(np.asarray(get("cp")), distinct((*SHARED_BY_GROUPS, "pp")))
+    return least_pp, least_cp, tp_max
 
 
 def preference_keys(

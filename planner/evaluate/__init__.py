@@ -38,7 +38,7 @@ from planner.columns.tables import one_value_or_column
 from planner.comm.rows import chunks_column, placeable
 from planner.comm.traffic import AXES
 from planner.evaluate.blocks import in_blocks
-from planner.evaluate.indices import ShapesAhead, gpu_rates, row_tables
+from planner.evaluate.indices import STRUCTURE_FIELDS, ShapesAhead, gpu_rates, row_tables
 from planner.evaluate.memory import MEMORY_OUTPUTS, memory_columns
 from planner.evaluate.time import (
     exposed_comm_floor,
@@ -189,8 +189,8 @@ def screen_columns(
     kept = None if outputs is None else outputs | {"valid", "memory_per_gpu_bytes"}
     report(progress, "memory screen", 0, len(c))
     rates, bf16_rates, tuned = gpu_rates(job, accelerator)
+    valid = _placeable(job, cluster, c)  # beside the tables, where they were started ahead
     shapes, structs = row_tables(job, c, rates, bf16_rates, tuned, shapes_ahead=shapes_ahead)
-    valid = _placeable(job, cluster, c)
     memory, rows = _memory_in_blocks(
         job, c, shapes, structs, tuned, valid, memory_limit_bytes, memory_parts_of_timed_rows,
         progress, compact, kept,
@@ -268,7 +268,9 @@ def _placeable(job: Job, cluster: Cluster, c: LayoutColumns | ExpandedRows) -> n
     # Placeable or not depends on the structure (tp, ep, etp, pp, vpp, schedule, split), cp, dp.
     if isinstance(c, ExpandedRows):  # all of them the grid's
         return c.per_grid_row(lambda rows: _placeable(job, cluster, rows))
-    some, inverse = distinct_rows(c.structure, c.cp, c.dp)
+    structure = c.structure  # its index, or (not indexed yet) its fields
+    structure = (structure,) if structure is not None else c.columns(*STRUCTURE_FIELDS)
+    some, inverse = distinct_rows(*structure, c.cp, c.dp)
     at = c.take(some)
     return placeable(cluster, job.model.num_layers, *at.columns("tp", "cp", "pp", "dp", "ep"),
                      chunks_column(at.schedule, at.vpp),

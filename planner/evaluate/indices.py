@@ -45,7 +45,9 @@ class ShapesAhead(NamedTuple):
     row's codes (the grid columns :data:`GRID_SHAPE` … :data:`GRID_STATES`) and its own
     ZeRO stage and recompute policy."""
 
-    table: Callable[[], dict]  # waits for the shape table and gives it
+    #: Waits for the shape table and the structure table (of the examined ranks) and gives
+    #: them.
+    tables: Callable[[], tuple[dict, dict]]
     #: Each row's index into the shape table: its grid row's shape index (the column named
     #: :data:`GRID_SHAPE`, below ``grid_shapes``) times the policies, plus its recompute
     #: policy's code.
@@ -99,19 +101,22 @@ def shapes_beside(
     held_rows, grid_held = distinct_rows(grid_structure, grid_shape, grid["num_microbatches"])
     dp, cp = (np.asarray(grid[key], dtype=np.int64) for key in ("dp", "cp"))
     state_rows, grid_states = distinct_rows(grid_structure, zero_group_size(dp, cp))
-    # The shape table started last: a thread in Python beside this numpy would hold it up.
+    # The tables started last: a thread in Python beside this numpy would hold it up. Both
+    # are Python, on one thread: the caller's numpy (the rows' indices, which rows can be
+    # placed) runs beside them, not a third Python.
     count = len(recompute)
     distinct = [np.repeat(np.asarray(field)[grid_rows], count) for field in fields]
     policies = Labels(np.tile(np.arange(count, dtype=np.int64), len(grid_rows)), tuple(recompute))
     rates, bf16_rates, tuned = gpu_rates(job, accelerator)
-    table = beside(lambda: shape_table_of(job, rates, tuned, *distinct, policies, bf16_rates))
+    tables = beside(lambda: (shape_table_of(job, rates, tuned, *distinct, policies, bf16_rates),
+                             structure_table_of(job, structures)))  # fmt: skip
     codes = {
         GRID_SHAPE: _smallest_ints(grid_shape, len(grid_rows)),
         GRID_STRUCTURE: _smallest_ints(grid_structure, len(structures)),
         GRID_HELD: _smallest_ints(grid_held, len(held_rows)),
         GRID_STATES: _smallest_ints(grid_states, len(state_rows)),
     }
-    ahead = ShapesAhead(table, len(grid_rows), count, structures, len(held_rows), len(state_rows))
+    ahead = ShapesAhead(tables, len(grid_rows), count, structures, len(held_rows), len(state_rows))
     return ahead, codes
 
 
@@ -171,8 +176,10 @@ def row_tables(
     dp_form = bool(rates.op_overhead_s)
     if shapes_ahead is not None:
         c.index(**_codes_from_grid(c, shapes_ahead, dp_form))
-        structs = structure_table_of(job, shapes_ahead.structures, every_rank)
-        return shapes_ahead.table(), structs
+        shapes, structs = shapes_ahead.tables()
+        if every_rank:
+            structs = structure_table_of(job, shapes_ahead.structures, every_rank)
+        return shapes, structs
     shape_rows, shape_inv = distinct_rows(*c.columns(*SHAPE_FIELDS))
     distinct = [column[shape_rows] for column in c.columns(*SHAPE_FIELDS)]
     structures, struct_inv = unique_rows(*c.columns(*STRUCTURE_FIELDS))

@@ -46,6 +46,7 @@ class ExpandedRows(TableIndexed):
     structure: Labels | None = None
     held: Labels | None = None
     states: Labels | None = None
+    buffers: Labels | None = None
     data_parallel_form: np.ndarray | None = None
 
     def __len__(self) -> int:

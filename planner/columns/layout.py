@@ -32,7 +32,7 @@ INT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_micr
 #: String layout fields, travelling as codes.
 LABEL_FIELDS = ("schedule", "recompute", "pipeline_layer_split")
 #: Each row's indices into the evaluation's tables (:meth:`LayoutColumns.index`).
-TABLE_INDICES = ("shape", "structure", "held", "states", "data_parallel_form")
+TABLE_INDICES = ("shape", "structure", "held", "states", "buffers", "data_parallel_form")
 
 
 class TableIndexed:
@@ -86,6 +86,8 @@ class LayoutColumns(TableIndexed):
     structure: Labels | None = None  # what each pipeline rank holds
     held: Labels | None = None  # distinct (structure, shape, micro-batches[, DP wrapper])
     states: Labels | None = None  # distinct (structure, ZeRO stage, ZeRO group)
+    #: distinct communication-buffer fields (planner.evaluate.memory.BUFFER_FIELDS)
+    buffers: Labels | None = None
     data_parallel_form: np.ndarray | None = None  # the DP wrapper (planner.evaluate.time)
 
     @classmethod

@@ -19,6 +19,7 @@ from planner.columns.layout import LayoutColumns
 from planner.columns.tables import shape_table_of, structure_table_of
 from planner.cost.compute import GpuRates
 from planner.evaluate.blocks import beside
+from planner.evaluate.memory import BUFFER_FIELDS
 from planner.evaluate.time import FSDP, data_parallel_form
 from planner.spec.job import Job
 from planner.spec.layout import resolved_etp, sequence_parallel_column, zero_group_size
@@ -60,13 +61,15 @@ class ShapesAhead(NamedTuple):
     #: (:data:`GRID_HELD`) and distinct (structure, ZeRO group) (:data:`GRID_STATES`).
     grid_held: int
     grid_states: int
+    #: How many distinct communication-buffer fields but the ZeRO stage (:data:`GRID_BUFFERS`).
+    grid_buffers: int
 
 
 #: The grid columns that hold each grid row's codes into a :class:`ShapesAhead`: shape
 #: (before the recompute policy), structure, and the (structure, shape, micro-batches) and
 #: (structure, ZeRO group) combinations (before the policy and the ZeRO stage).
-GRID_SHAPE, GRID_STRUCTURE, GRID_HELD, GRID_STATES = (
-    "grid_shape", "grid_structure", "grid_held", "grid_states",
+GRID_SHAPE, GRID_STRUCTURE, GRID_HELD, GRID_STATES, GRID_BUFFERS = (
+    "grid_shape", "grid_structure", "grid_held", "grid_states", "grid_buffers",
 )  # fmt: skip
 #: The fields a row's shape and its pipeline structure read.
 SHAPE_FIELDS = ("tp", "cp", "ep", "etp", "sequence_parallel", "micro_batch_size", "recompute")
@@ -84,7 +87,7 @@ def shapes_beside(
     expand to under each policy of ``recompute``, worked out beside the caller
     (:func:`planner.evaluate.blocks.beside`: while it indexes the rows and works out their
     structure table), the grid rows' distinct structures, and each grid row's codes
-    (:data:`GRID_SHAPE` … :data:`GRID_STATES`, the narrowest integers that hold them). The
+    (:data:`GRID_SHAPE` … :data:`GRID_BUFFERS`, the narrowest integers that hold them). The
     same entries as :func:`row_tables` works out from the rows: every grid row expands to
     each ZeRO stage and policy, so the rows' shapes are these grid shapes under every
     policy, their structures these structures, and their combinations these under every
@@ -101,6 +104,17 @@ def shapes_beside(
     held_rows, grid_held = distinct_rows(grid_structure, grid_shape, grid["num_microbatches"])
     dp, cp = (np.asarray(grid[key], dtype=np.int64) for key in ("dp", "cp"))
     state_rows, grid_states = distinct_rows(grid_structure, zero_group_size(dp, cp))
+    # The buffers' fields but the ZeRO stage, as the rows' columns hold them.
+    buffer_rows, grid_buffers = distinct_rows(
+        tp,
+        grid["cp"],
+        grid["pp"],
+        grid["ep"],
+        etp,
+        sp,
+        grid["micro_batch_size"],
+        grid["cp_algorithm"],
+    )
     # The tables started last: a thread in Python beside this numpy would hold it up. Both
     # are Python, on one thread: the caller's numpy (the rows' indices, which rows can be
     # placed) runs beside them, not a third Python.
@@ -115,8 +129,10 @@ def shapes_beside(
         GRID_STRUCTURE: _smallest_ints(grid_structure, len(structures)),
         GRID_HELD: _smallest_ints(grid_held, len(held_rows)),
         GRID_STATES: _smallest_ints(grid_states, len(state_rows)),
+        GRID_BUFFERS: _smallest_ints(grid_buffers, len(buffer_rows)),
     }
-    ahead = ShapesAhead(tables, len(grid_rows), count, structures, len(held_rows), len(state_rows))
+    ahead = ShapesAhead(tables, len(grid_rows), count, structures, len(held_rows), len(state_rows),
+                        len(buffer_rows))  # fmt: skip
     return ahead, codes
 
 
@@ -142,11 +158,13 @@ def _codes_from_grid(c: ExpandedRows, ahead: ShapesAhead, dp_form: bool) -> dict
         held += c.data_parallel_form
         held_count *= FSDP + 1
     states = c.column(GRID_STATES).astype(np.int64) * ZERO_STAGES + c.zero_stage
+    buffers = c.column(GRID_BUFFERS).astype(np.int64) * ZERO_STAGES + c.zero_stage
     return {
         "shape": coded(shape, ahead.grid_shapes * ahead.policies),
         "structure": coded(c.column(GRID_STRUCTURE), len(ahead.structures)),
         "held": coded(held, held_count),
         "states": coded(states, ahead.grid_states * ZERO_STAGES),
+        "buffers": coded(buffers, ahead.grid_buffers * ZERO_STAGES),
     }
 
 
@@ -194,6 +212,8 @@ def row_tables(
         for name, fields in (("held", held), ("states", ("zero_stage", "zero_group_size"))):
             chosen, inverse = distinct_rows(c.structure, *c.columns(*fields))
             found[name] = coded(inverse, len(chosen))
+        chosen, inverse = distinct_rows(*c.columns(*BUFFER_FIELDS))
+        found["buffers"] = coded(inverse, len(chosen))
         return found
 
     combined = beside(combinations)

@@ -27,6 +27,9 @@ from planner.spec.job import Job
 #: and the recipe's state terms, if any).
 MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "slot",
                       "mirror_dense_layers", "mirror_moe_layers")  # fmt: skip
+#: The layout fields a row's communication buffers read (:func:`comm_buffer_bytes`).
+BUFFER_FIELDS = ("tp", "cp", "pp", "ep", "etp", "zero_stage", "sequence_parallel",
+                 "micro_batch_size", "cp_algorithm")  # fmt: skip
 #: Outputs of the memory model; every other output is timed.
 MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
@@ -78,24 +81,11 @@ def memory_columns(
         gather(structs, struct_inv[state_rows], ("dense_params", "expert_params", *state_keys)),
         tuned,
     )
-    buffer_fields = ("tp", "cp", "pp", "ep", "etp", "zero_stage", "sequence_parallel",
-                     "micro_batch_size")  # fmt: skip
-    buffer_rows, buffer_inv = distinct_rows(*c.columns(*buffer_fields))  # once per distinct tuple
-    comm_buffer = comm_buffer_columns(
-        job.model, job, *(column[buffer_rows] for column in c.columns(*buffer_fields)), tuned
-    )[buffer_inv]
-    cp_fields = ("micro_batch_size", "tp", "cp", "cp_algorithm")
-    cp_rows, cp_inv = distinct_rows(*c.columns(*cp_fields))
-    comm_buffer = (
-        comm_buffer
-        + cp_buffer_bytes(  # K/V buffers of the CP algorithm
-            job.model,
-            job.seq_len,
-            *(column[cp_rows] for column in c.columns(*cp_fields)),
-            job.precision.activation_bytes,
-            job.ulysses_kv_heads == "replicate",
-        )[cp_inv]
+    # Once per distinct tuple of the fields the buffers read (the rows' index into them).
+    buffer_rows, buffer_inv = distinct_rows(
+        *((c.buffers,) if c.buffers is not None else c.columns(*BUFFER_FIELDS))
     )
+    comm_buffer = comm_buffer_bytes(job, c.take(buffer_rows), tuned)[buffer_inv]
     runtime = float(job.runtime_overhead_bytes)
     # The parts' sum in the order they are reported (so every row adds as it always did),
     # in place.
@@ -138,3 +128,16 @@ def memory_columns(
         out["rank_slot"] = structs["slot"][struct_inv].astype(np.int64)
         out["rank_total_bytes"] = total
     return out
+
+
+def comm_buffer_bytes(job: Job, c: LayoutColumns, tuned) -> np.ndarray:
+    """Each row's communication buffers at their peak (:func:`planner.cost.memory.
+    comm_buffer_columns`) and its CP algorithm's K/V buffers
+    (:func:`planner.cost.context_parallel.cp_buffer_bytes`); reads :data:`BUFFER_FIELDS`."""
+    buffer_columns = c.columns("tp", "cp", "pp", "ep", "etp", "zero_stage", "sequence_parallel",
+                               "micro_batch_size")  # fmt: skip
+    kv_buffers = cp_buffer_bytes(
+        job.model, job.seq_len, c.micro_batch_size, c.tp, c.cp, c.cp_algorithm,
+        job.precision.activation_bytes, job.ulysses_kv_heads == "replicate",
+    )  # fmt: skip
+    return comm_buffer_columns(job.model, job, *buffer_columns, tuned) + kv_buffers

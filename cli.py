@@ -78,6 +78,16 @@ def _malloc_for_the_search() -> None:
                 mallopt(parameter, value)
 
 
+def set_up_process() -> None:
+    """A command's process as the search runs best in it, before any thread allocates:
+    glibc's malloc as :func:`_malloc_for_the_search` sets it, the imports' objects frozen
+    (they live as long as the process: no collection scans them) and the collector's
+    :data:`_GC_THRESHOLDS`. ``benchmarks/search_speed.py`` sets up its own process so."""
+    _malloc_for_the_search()
+    gc.freeze()
+    gc.set_threshold(*_GC_THRESHOLDS)
+
+
 if __name__ == "__main__":
     for _signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signal, _stopped_while_starting)
@@ -129,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from_command_line = argv is None  # a process of its own (tests pass argv in-process)
     if from_command_line:  # before any thread allocates: the program's choice, not the library's
-        _malloc_for_the_search()
-        gc.freeze()  # the imports' objects live as long as the process: no collection scans them
-        gc.set_threshold(*_GC_THRESHOLDS)
+        set_up_process()
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(argv)
     command = typer.main.get_command(app)

@@ -4,8 +4,9 @@ Three queries: the default (Llama 3 405B on 16,384 H100s of the llama3-h100-24k 
 DeepSeek-V3 on 2,048 H800s (its published run: seq 4,096, 15,360 sequences per step) and
 Qwen3-235B-A22B on 1,024 H100s (seq 4,096, 16M tokens per step). For each:
 
-* in-process: the search (:func:`planner.search.search`) once cold (placements and tables
-  built) and ``--repeat`` times warm, wall and CPU seconds and candidates per second, then
+* in-process: the search (:func:`planner.search.search`), in this process set up as the
+  command line sets up its own (``cli.set_up_process``: malloc, collector), once cold
+  (placements and tables built) and ``--repeat`` times warm, wall and CPU seconds and candidates per second, then
   the screen alone ``--repeat`` times (``refine_top=0``: no event simulation of the top
   rows); each as ``llmplan plan`` runs it when it writes no table (``every_output=False``:
   the table keeps what the ranking reads, and ``only_top=5``: only the rows that can reach
@@ -154,8 +155,10 @@ def main() -> None:
     for name in [] if args.no_process else names:
         print(name)
         whole_process(name, args.repeat, not args.compile_each_run)
-    from planner.evaluate.blocks import THREADS_VARIABLE, worker_threads  # after the children
+    from cli import set_up_process  # after the children, which set up their own
+    from planner.evaluate.blocks import THREADS_VARIABLE, worker_threads
 
+    set_up_process()
     print(f"threads: {worker_threads()} ({THREADS_VARIABLE} sets it; the children's too), "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     for name in names:

@@ -16,6 +16,7 @@ carries traffic per step.
 
 from __future__ import annotations
 
+import numpy as np
 from pydantic import BaseModel
 
 from hwspecs.catalog import load_accelerator
@@ -102,20 +103,51 @@ def estimate(
     order=None,
 ) -> Estimate:
     """Predict one step of ``job`` under ``layout`` on ``cluster`` (its first ``gpus`` devices)."""
-    check_layout(layout, job.model, job.seq_len, cp_inner=_cp_inner(layout, cluster, order),
-                 replicate_kv=job.ulysses_kv_heads == "replicate")  # fmt: skip
-    if gpus is not None and gpus != layout.num_gpus:
-        raise PlanError(f"tp·cp·pp·dp = {layout.num_gpus} GPUs, but --gpus is {gpus}")
-    if layout.num_gpus > cluster.num_gpus:
-        raise PlanError(
-            f"layout needs {layout.num_gpus} GPUs, cluster {cluster.id} has {cluster.num_gpus}"
-        )
+    return estimates(job, [layout], cluster, gpus, mfu_dtype, mem_headroom, order)[0]
+
+
+def estimates(
+    job: Job,
+    layouts: list[Layout],
+    cluster: Cluster,
+    gpus: int | None = None,
+    mfu_dtype: str = "bf16",
+    mem_headroom: float = DEFAULT_MEM_HEADROOM,
+    order=None,
+) -> list[Estimate]:
+    """:func:`estimate` of each of ``layouts``, their one-row columns evaluated in one call
+    (a row's outputs are the same alone or beside others; a plan's results are its top
+    rows' estimates)."""
+    for layout in layouts:
+        check_layout(layout, job.model, job.seq_len, cp_inner=_cp_inner(layout, cluster, order),
+                     replicate_kv=job.ulysses_kv_heads == "replicate")  # fmt: skip
+        if gpus is not None and gpus != layout.num_gpus:
+            raise PlanError(f"tp·cp·pp·dp = {layout.num_gpus} GPUs, but --gpus is {gpus}")
+        if layout.num_gpus > cluster.num_gpus:
+            raise PlanError(
+                f"layout needs {layout.num_gpus} GPUs, cluster {cluster.id} has {cluster.num_gpus}"
+            )
+    if not layouts:
+        return []
     accelerator = load_accelerator(cluster.accelerator)
-    m = layout.resolved_num_microbatches(job.global_batch_size)
-    row = evaluate_columns(
-        job, cluster, accelerator, layout_columns(layout, m), order=order, mfu_dtype=mfu_dtype
-    )
-    value = {key: column[0] for key, column in row.items()}
+    counts = [layout.resolved_num_microbatches(job.global_batch_size) for layout in layouts]
+    rows = [layout_columns(layout, m) for layout, m in zip(layouts, counts, strict=True)]
+    columns = {key: np.concatenate([row[key] for row in rows]) for key in rows[0]}
+    evaluated = evaluate_columns(
+        job, cluster, accelerator, columns, order=order, mfu_dtype=mfu_dtype
+    )  # fmt: skip
+    return [
+        _estimate(job, layout, cluster, accelerator, m,
+                  {key: column[i] for key, column in evaluated.items()}, mfu_dtype, mem_headroom)
+        for i, (layout, m) in enumerate(zip(layouts, counts, strict=True))
+    ]  # fmt: skip
+
+
+def _estimate(
+    job: Job, layout: Layout, cluster: Cluster, accelerator, m: int, value: dict,
+    mfu_dtype: str, mem_headroom: float,
+) -> Estimate:  # fmt: skip
+    """One layout's :class:`Estimate` from its row of the columns model (``value``)."""
     if not value["valid"]:
         raise PlanError("this layout cannot be placed on the cluster (see `llmplan topology`)")
     memory = memory_report(job, layout, accelerator, mem_headroom)

@@ -87,7 +87,7 @@ def plan(
     from hwspecs.catalog import load_accelerator, load_cluster
     from planner.comm.mesh import resolve_order
     from planner.cost.profile import profile_label
-    from planner.estimate import estimate as estimate_layout
+    from planner.estimate import estimates
     from planner.search import OBJECTIVES, layout_of_row, search
 
     objective = objective.replace("-", "_")
@@ -115,9 +115,10 @@ def plan(
         only_top=None if every_output or with_table else top,
     )  # fmt: skip
     results = []
-    for place, row in enumerate(found.top_rows(top), start=1):
-        layout = layout_of_row(row, job.model.is_moe)
-        detail = estimate_layout(job, layout, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
+    rows = found.top_rows(top)
+    layouts = [layout_of_row(row, job.model.is_moe) for row in rows]
+    details = estimates(job, layouts, spec, gpus, mfu_dtype, mem_headroom, order=mesh)
+    for place, (row, layout, detail) in enumerate(zip(rows, layouts, details, strict=True), 1):
         if training is not None:
             detail = _with_time_to_train(detail, job, training)
         entry = detail.model_dump(mode="json")

@@ -184,4 +184,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # what is alive lives until the process ends: its last collection skips it
+    sys.exit(code)

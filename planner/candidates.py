@@ -1,8 +1,10 @@
 """The layouts the search screens, as numpy columns: the search space (the values each knob
 may take), the screening grid over the degrees, schedules, micro-batch sizes and sequence
-parallelism (no Python loop per candidate), the rule table's rejection masks on it
-(:mod:`planner.spec.rules`, the same table :func:`planner.spec.rules.check_layout` reads),
-and the survivors expanded over every ZeRO stage and recompute policy.
+parallelism (factored over those four axes; no Python loop per candidate), the rule table
+on it (:mod:`planner.spec.rules`, the same table :func:`planner.spec.rules.check_layout`
+reads: each rule once per distinct combination of the columns it reads,
+:func:`first_rejections`), and the survivors expanded over every ZeRO stage and recompute
+policy.
 
 The degrees are the cartesian product of tp, cp, pp with dp filling the GPU count; ep for MoE
 models, and with tp > 1 the routed experts' TP degree etp ∈ {tp, 1} (Megatron-Core's MoE

@@ -123,3 +123,39 @@ def test_interleaving_shrinks_the_llama3_bubble_as_narayanan_predicts():
 def test_estimate_rejects_more_gpus_than_the_cluster():
     with pytest.raises(PlanError, match="cluster dgx-h100 has 1024"):
         estimate(JOB, Layout(tp=8, pp=8, dp=32), DGX)
+
+
+MOE_JOB = Job(model=load_model("mixtral-8x7b"), seq_len=4096, global_batch_tokens=4096 * 256)
+moe_layouts = st.builds(
+    lambda tp, pp, ep, cp, schedule, zero, recompute: Layout(
+        tp=tp, pp=pp, cp=cp, dp=64 // (tp * pp * cp), ep=ep, schedule=schedule,
+        vpp={"zbv": 2, "interleaved-1f1b": 2}.get(schedule, 1), zero_stage=zero,
+        recompute=recompute, cp_algorithm="ring" if cp > 1 else "all-gather",
+    ),
+    tp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([2, 4]),
+    ep=st.sampled_from([1, 2, 4]),
+    cp=st.sampled_from([1, 2]),
+    schedule=st.sampled_from(["1f1b", "interleaved-1f1b", "zbv", "dualpipev"]),
+    zero=st.integers(0, 3),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+)  # fmt: skip
+
+
+@settings(max_examples=15, deadline=None)
+@given(dense=st.lists(layouts, min_size=1, max_size=4), moe=st.lists(moe_layouts, max_size=4))
+def test_estimates_together_are_each_alone(dense, moe):
+    """A plan estimates its top rows from one evaluation of their one-row columns: each is
+    the estimate of its layout alone, field for field."""
+    from planner.estimate import estimates
+
+    for job, group in ((JOB, dense), (MOE_JOB, moe)):
+        valid = []
+        for layout in group:
+            try:
+                valid.append((layout, estimate(job, layout, DGX)))
+            except PlanError:  # a layout the rules reject: estimated alone or not at all
+                continue
+        together = estimates(job, [layout for layout, _ in valid], DGX)
+        for (_, alone), found in zip(valid, together, strict=True):
+            assert found.model_dump() == alone.model_dump()

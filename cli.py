@@ -180,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         interrupt.restore()
         warnings.showwarning = shown
+        if from_command_line:  # what is alive lives until the process ends: its last
+            gc.freeze()  # collection skips it (`llmplan` and `python cli.py` alike)
     return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":
-    code = main()
-    gc.freeze()  # what is alive lives until the process ends: its last collection skips it
-    sys.exit(code)
+    sys.exit(main())

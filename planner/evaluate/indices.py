@@ -1,8 +1,8 @@
 """Each row's indices into the evaluation's tables, and the tables: per distinct layer
 shape (:func:`planner.columns.tables.shape_table_of`) and pipeline structure
 (:func:`planner.columns.tables.structure_table_of`), worked out once per distinct value,
-and the distinct (structure, shape, micro-batches) and (structure, ZeRO) combinations the
-memory and time models dedupe on. A search starts them from its grid rows, whose codes its
+and the distinct (structure, shape, micro-batches), (structure, ZeRO) and communication-
+buffer combinations the memory and time models dedupe on. A search starts them from its grid rows, whose codes its
 factored rows then read (:func:`shapes_beside`)."""
 
 from __future__ import annotations
@@ -181,7 +181,9 @@ def row_tables(
     (``shape``, ``structure``) and into the distinct (structure, shape, micro-batches)
     combinations — what activations and the pipeline's compute depend on — and (structure,
     ZeRO stage, ZeRO group) ones — what model states and the optimizer step depend on
-    (``held``, ``states``), all as :class:`planner.columns.codes.Labels` of indices.
+    (``held``, ``states``) — and into the distinct tuples of the communication buffers'
+    fields (``buffers``, :data:`planner.evaluate.memory.BUFFER_FIELDS`), all as
+    :class:`planner.columns.codes.Labels` of indices.
 
     Each row's indices are numpy over the rows; the tables' entries are worked out per
     distinct shape and structure in Python, while the combinations' indices are found

@@ -228,7 +228,8 @@ def test_tables_worked_out_ahead_from_the_grid_are_the_rows_own(job):
     """The search starts its tables from the grid rows (planner.evaluate.indices.
     shapes_beside) and keeps its rows factored over them (ExpandedRows): every row reads the
     entries the tables worked out from the written-out rows give it, and shares each table
-    index (shape, structure, held, states) with exactly the rows it shares it with there."""
+    index (shape, structure, held, states, buffers) with exactly the rows it shares it with
+    there."""
     from planner.columns.codes import distinct_rows
     from planner.columns.expanded import ExpandedRows
     from planner.columns.layout import LayoutColumns
@@ -253,7 +254,7 @@ def test_tables_worked_out_ahead_from_the_grid_are_the_rows_own(job):
         np.testing.assert_array_equal(
             grid_structs[key][factored.structure.codes], values[own.structure.codes], err_msg=key
         )
-    for name in ("shape", "structure", "held", "states"):
+    for name in ("shape", "structure", "held", "states", "buffers"):
         ours, theirs = getattr(factored, name).codes, getattr(own, name).codes
         assert len(distinct_rows(ours)[0]) == len(distinct_rows(theirs)[0])
         assert len(distinct_rows(ours, theirs)[0]) == len(distinct_rows(ours)[0]), name

@@ -236,7 +236,7 @@ def search(
                 return np.take(memory_out[key], at_p)
             return cols.column(key, kept_p)  # a layout column (every other: timed or memory)
 
-        feasible_rows = None, at, kept  # every feasible row (the rules read layout columns)
+        every_feasible = kept  # every feasible row (the preference rules read layout columns)
         reached = None  # the ranked rows among them (None: all)
         if timed_rows is not None:  # only the rows within reach were timed, and are ranked
             timed_at = np.searchsorted(timed_rows, at)
@@ -248,10 +248,8 @@ def search(
         def every_row() -> tuple:
             """:func:`planner.rank.over_every_row` of every feasible row, at the ranked; the
             rows sharing its columns found from the grid's (:meth:`ExpandedRows.distinct_codes`)."""
-            least_pp, least_cp, tp_max = over_every_row(
-                lambda key: kept_rows(key, feasible_rows),
-                lambda keys: cols.distinct_codes(keys, feasible_rows[2]),
-            )
+            rows = cols.take(every_feasible)  # each grid row read once, still factored
+            least_pp, least_cp, tp_max = over_every_row(rows.column, rows.distinct_codes)
             if reached is None:
                 return least_pp, least_cp, tp_max
             return least_pp[reached], least_cp[reached], tp_max

@@ -83,10 +83,12 @@ def examined_ranks(content: np.ndarray) -> np.ndarray:
     directions are linear in the position with opposite signs. So the first and the last
     rank of each distinct content hold its peak; ``tests/consistency`` pins the choice
     against every rank."""
-    _, first = np.unique(content.T, axis=0, return_index=True)
-    _, last = np.unique(content.T[::-1], axis=0, return_index=True)
-    ranks = set(first.tolist()) | set((content.shape[1] - 1 - last).tolist())
-    return np.array(sorted(ranks), dtype=np.int64)
+    first: dict[tuple, int] = {}
+    last: dict[tuple, int] = {}
+    for rank, held in enumerate(zip(*content.tolist())):  # a few ranks: dicts, not unique()
+        first.setdefault(held, rank)
+        last[held] = rank
+    return np.array(sorted({*first.values(), *last.values()}), dtype=np.int64)
 
 
 def _padded(values: np.ndarray, width: int) -> np.ndarray:

@@ -202,6 +202,16 @@ def _mesh_groups(dims: Sequence[tuple[int, bool]]) -> np.ndarray:
     return grid.transpose(others + members).reshape(-1, width)
 
 
+def _run_lengths(first: np.ndarray, total: int) -> np.ndarray:
+    """The lengths of the runs that start at ``first`` (ascending, ``first[0] == 0``) among
+    ``total`` items: ``np.diff(first, append=total)``, without its concatenation (the
+    placements of a search make hundreds of these small calls)."""
+    lengths = np.empty_like(first)
+    lengths[:-1] = first[1:] - first[:-1]
+    lengths[-1:] = total - first[-1:]
+    return lengths
+
+
 def _tier_level(
     view, index, below, below_change, touched_below, touched, member_weight=1, group_weight=1
 ) -> Level | None:
@@ -223,14 +233,14 @@ def _tier_level(
     starts[:, 0] = True
     starts[:, 1:] = below_change
     first = np.flatnonzero(starts)
-    counts = np.diff(first, append=below.size) * member_weight
+    counts = _run_lengths(first, below.size) * member_weight
     key_rows, key_below = first // size, below.ravel()[first]
     # runs of equal (row, instance of this tier) among those: instances below joined
     key_inst = key_below // (tier.group_size // below_size)
     new = np.empty(len(first), dtype=bool)
     new[0] = True
     new[1:] = (key_rows[1:] != key_rows[:-1]) | (key_inst[1:] != key_inst[:-1])
-    participants = int(np.diff(np.flatnonzero(new), append=len(first)).max())
+    participants = int(_run_lengths(np.flatnonzero(new), len(first)).max())
     crossing_keys = (touched_below > 1)[key_rows]
     members_below = int(counts[active[key_rows]].min())
     crossing_ranks = np.bincount(
@@ -338,11 +348,15 @@ def pair_level(view: ClusterView, sources: np.ndarray, targets: np.ndarray) -> L
     """
     sources, targets = np.asarray(sources), np.asarray(targets)
     candidates: list[Level] = []
+    # Each end's instance of the level below, then of this tier (a rank is its own below tier 0).
+    source_below, target_below = sources, targets
     for index, tier in enumerate(view.tiers):
         link = view.links[tier.link]
         below_size = view.tiers[index - 1].group_size if index else 1
-        beyond = sources // below_size != targets // below_size
-        crosses = beyond & (sources // tier.group_size == targets // tier.group_size)
+        source_in, target_in = sources // tier.group_size, targets // tier.group_size
+        beyond = source_below != target_below
+        crosses = beyond & (source_in == target_in)
+        below, source_below, target_below = source_below, source_in, target_in
         if not crosses.any():
             continue
         common = {
@@ -377,7 +391,7 @@ def pair_level(view: ClusterView, sources: np.ndarray, targets: np.ndarray) -> L
                 )
             )
             continue
-        crossing = int(np.bincount(sources[beyond] // below_size).max())
+        crossing = int(np.bincount(below[beyond]).max())
         share = 1.0
         if tier.oversubscription > 1:
             share = min(1.0, below_size / (tier.oversubscription * crossing))

@@ -336,15 +336,24 @@ def _extras_on_least_busy_ranks(layers, extra, ends, pp: int, vpp: int, schedule
     centre = np.abs(np.arange(stages) - (stages - 1) / 2)
     taken = np.zeros(layers.shape, dtype=bool)
     taken[:, [0, -1]] = True
-    rows = np.arange(len(layers))
+    work = rank_work(layers, ends, pp, vpp, schedule)  # [candidate, rank], kept up to date
+    bidirectional = schedule in BIDIRECTIONAL_SCHEDULES
     for step in range(int(extra.max(initial=0))):
+        rows = np.flatnonzero(extra > step)
         # The work of the rank that holds each stage; the central stage first among equals.
-        stage_work = rank_work(layers, ends, pp, vpp, schedule)[:, rank_of_stage] + centre * 1e-6
-        stage_work[taken] = np.inf
+        stage_work = work[rows][:, rank_of_stage] + centre * 1e-6
+        stage_work[taken[rows]] = np.inf
         pick = np.argmin(stage_work, axis=1)
-        needs = extra > step
-        layers[rows[needs], pick[needs]] += 1
-        taken[rows[needs], pick[needs]] = True
+        layers[rows, pick] += 1
+        taken[rows, pick] = True
+        # One more layer on its rank (DualPipe, the mean of two directions: half on the rank,
+        # half on its mirror).
+        rank = rank_of_stage[pick]
+        if bidirectional:
+            work[rows, rank] += 0.5
+            work[rows, pp - 1 - rank] += 0.5
+        else:
+            work[rows, rank] += 1.0
     return layers
 
 

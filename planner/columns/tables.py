@@ -85,7 +85,7 @@ def examined_ranks(content: np.ndarray) -> np.ndarray:
     against every rank."""
     first: dict[tuple, int] = {}
     last: dict[tuple, int] = {}
-    for rank, held in enumerate(zip(*content.tolist())):  # a few ranks: dicts, not unique()
+    for rank, held in enumerate(map(tuple, content.T.tolist())):  # few ranks: not unique()
         first.setdefault(held, rank)
         last[held] = rank
     return np.array(sorted({*first.values(), *last.values()}), dtype=np.int64)

@@ -1,0 +1,72 @@
+"""The command's process as ``llmplan`` runs it: the group built for the invoked command
+only (:func:`cli._command_for`) is the whole app's command, and the process ended without
+the interpreter's teardown (:func:`cli._end_process`) still delivers its output, files,
+exit code and exit handlers."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+
+import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _described(command) -> list:
+    """What a user meets of a click command: its options, their defaults and help, its
+    help, and its subcommands' alike."""
+    params = [(p.name, p.opts, p.secondary_opts, repr(p.default), getattr(p, "help", None),
+               p.required, p.nargs, p.multiple) for p in command.params]  # fmt: skip
+    subcommands = getattr(command, "commands", {})
+    return [command.name, command.help, params,
+            {name: _described(sub) for name, sub in subcommands.items()}]  # fmt: skip
+
+
+def test_the_invoked_command_alone_is_the_command_of_the_whole_app():
+    whole = typer.main.get_command(cli.app)
+    assert len(whole.commands) >= 14
+    for name, command in whole.commands.items():
+        alone = cli._command_for([name, "--help"])
+        assert list(alone.commands) == [name]
+        assert _described(alone.commands[name]) == _described(command)
+        assert _described(alone)[2] == _described(whole)[2]  # the app's own options
+
+
+def test_help_a_mistyped_name_and_leading_options_get_the_whole_app():
+    whole = set(typer.main.get_command(cli.app).commands)
+    for argv in ([], ["--help"], ["--version"], ["plna"], ["--json", "plan"]):
+        assert set(cli._command_for(argv).commands) == whole, argv
+
+
+def _llmplan(*argv, **kwargs):
+    return subprocess.run([sys.executable, "cli.py", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, **kwargs)  # fmt: skip
+
+
+def test_a_process_ended_early_delivers_its_output_files_and_code(tmp_path):
+    csv = tmp_path / "rows.csv"
+    done = _llmplan("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+                    "--json", "--csv", str(csv))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["results"]  # the whole document, through a pipe
+    assert csv.read_text().startswith("tp,") and csv.read_text().endswith("\n")
+    bad = _llmplan("plan", "--gpus", "seven", "--json")
+    assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field"] == "--gpus"
+
+
+def test_a_process_ended_early_runs_its_exit_handlers():
+    program = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('exit handler ran', file=sys.stderr))\n"
+        "import cli\n"
+        "sys.argv = ['llmplan', 'catalog', 'list']\n"
+        "sys.exit(cli.main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "llama3-405b" in done.stdout
+    assert done.stderr.strip().endswith("exit handler ran")

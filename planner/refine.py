@@ -22,7 +22,7 @@ from hwspecs.schema import Accelerator
 from planner.cost.compute import GpuRates
 from planner.cost.stage_times import rank_times, shape_times
 from planner.pipeline.schedules.registry import generate_schedule, get_schedule
-from planner.pipeline.simulate import simulated_step_time
+from planner.pipeline.simulate import schedule_extent, simulated_step_time
 from planner.spec.job import Job
 from planner.spec.layout import Layout, dense_and_moe_layers_per_virtual_stage
 from planner.structure.stages import RankStructure, rank_structure
@@ -120,8 +120,9 @@ def simulated_pipeline_time(
     scaled to the row's busiest-rank F, B (+ recompute), W per micro-batch. ``memo``: step
     times by (schedule, pp, micro-batches, vpp, durations), so rows that run the same
     pipeline with the same durations (the top rows often differ only in what the pipeline
-    does not see) are simulated once, and the action lists by (schedule, pp, micro-batches,
-    vpp), generated once for the rows that run the same pipeline with other durations."""
+    does not see) are simulated once, and the action lists with their extent by (schedule,
+    pp, micro-batches, vpp), generated and scanned once for the rows that run the same
+    pipeline with other durations."""
     if layout.pp == 1:
         return float(row["pipeline_time_s"])
     f, b, w = scaled_stage_durations(job, layout, accelerator, busiest_rank_s(row))
@@ -135,12 +136,13 @@ def simulated_pipeline_time(
     if memo is not None and key in memo:
         return memo[key]
     pipeline = ("actions", *key[:4])
-    actions = memo.get(pipeline) if memo is not None else None
-    if actions is None:
+    generated = memo.get(pipeline) if memo is not None else None
+    if generated is None:
         actions = generate_schedule(layout.schedule, layout.pp, num_microbatches, layout.vpp)
+        generated = actions, schedule_extent(actions)
         if memo is not None:
-            memo[pipeline] = actions
-    step_time = simulated_step_time(actions, f, b, w)
+            memo[pipeline] = generated
+    step_time = simulated_step_time(generated[0], f, b, w, extent=generated[1])
     if memo is not None:
         memo[key] = step_time
     return step_time

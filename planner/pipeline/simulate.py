@@ -205,16 +205,22 @@ def simulate(
 
 
 def simulated_step_time(
-    schedule: Schedule, f: PerStage = 1.0, b: PerStage = 1.0, w: PerStage = 1.0
+    schedule: Schedule,
+    f: PerStage = 1.0,
+    b: PerStage = 1.0,
+    w: PerStage = 1.0,
+    extent: tuple[int, int] | None = None,
 ) -> float:
     """:func:`simulate`'s ``step_time`` (no hops, no F&B overlap) without building its
     timeline or measuring it: the last end of the same event loop (:func:`last_end`).
+    ``extent``: the schedule's :func:`schedule_extent`, where the caller keeps it (a scan of
+    every action).
 
     The first start is 0: a rank that opens with a stage-0 forward outside an F&B pair
     starts it at 0, all times are ≥ 0, and a schedule with no such rank deadlocks (every
     action would wait for an earlier one), which raises.
     """
-    num_stages, num_microbatches = schedule_extent(schedule)
+    num_stages, num_microbatches = extent or schedule_extent(schedule)
     durations = (_per_stage(name, x, num_stages) for name, x in (("f", f), ("b", b), ("w", w)))
     return last_end(schedule, num_stages, num_microbatches, *durations)
 

@@ -10,11 +10,11 @@ from itertools import groupby
 
 from planner.cost.memory import usable_memory_bytes
 from planner.spec.layout import (
-    busiest_rank_work,
     end_stage_work,
     layers_per_virtual_stage,
     model_layers_per_virtual_stage,
 )
+from planner.spec.work_balance import busiest_rank_work
 
 
 def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -> list[str]:
@@ -59,7 +59,7 @@ def explain_plan(found, results: list[dict], accelerator, mem_headroom: float) -
 
 def layer_split_lines(model, result: dict) -> list[str]:
     """The winner's layers per virtual stage, and what its split gains on the busiest rank
-    over ``auto``'s where they differ (:func:`planner.spec.layout.work_balanced_layers`)."""
+    over ``auto``'s where they differ (:func:`planner.spec.work_balance.work_balanced_layers`)."""
     lay = result["layout"]
     pp, vpp, schedule = lay["pp"], lay["vpp"], lay["schedule"]
     if pp * vpp == 1:

@@ -10,14 +10,13 @@ validator. Axes are ``tp`` (tensor), ``cp`` (context), ``pp`` (pipeline), ``dp``
 from __future__ import annotations
 
 from enum import StrEnum
-from functools import lru_cache
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hwspecs.errors import PlanError
-from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES, V_SHAPE_SCHEDULES
+from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
 
 RecomputeName = Literal["none", "selective", "full"]
 LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced", "work-balanced"]
@@ -213,6 +212,8 @@ def layers_per_virtual_stage(
     which places the stages on ranks.
     """
     if split == "work-balanced":
+        from planner.spec.work_balance import work_balanced_layers  # it reads this module
+
         return work_balanced_layers(num_layers, pp, vpp, ends, schedule)
     stages = pp * vpp
     if split == "auto":
@@ -268,112 +269,6 @@ def end_stage_work(model) -> tuple[float, float]:
     mtp_layer = model.layer_params(moe_layer=model.is_moe, active=True)
     mtp = model.mtp_module_params() - model.layer_params(moe_layer=model.is_moe) + mtp_layer
     return 0.0, (head + model.num_mtp_modules * (mtp + head)) / mean_layer
-
-
-def work_balanced_layers(
-    num_layers: int, pp: int, vpp: int, ends: tuple[float, float], schedule: str
-) -> np.ndarray:
-    """The split whose busiest pipeline rank does the least work, counting each stage's
-    layers plus ``ends`` (the first and the last stage's extra work, in layers).
-
-    Candidates give the first and the last virtual stage ``a`` and ``b`` layers (each 0 to
-    ⌊L/S⌋ + ⌈e₀ + e₁⌉ + 1) and spread the rest over the middle stages as ``balanced`` does
-    (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``), and, where a rank holds
-    several stages, also with each extra layer on the least busy rank. A rank's work is the sum
-    of its stages' (``schedule``'s placement: interleaved, V-shape), DualPipe's the mean of
-    its two directions'. Ties keep the ``auto`` split, then the candidate nearest it: a
-    model whose ends are light keeps ``auto``'s split. Legal wherever ``auto`` is.
-    """
-    return _work_balanced(num_layers, pp, vpp, tuple(float(e) for e in ends), schedule).copy()
-
-
-@lru_cache(maxsize=4096)
-def _work_balanced(num_layers: int, pp: int, vpp: int, ends: tuple, schedule: str) -> np.ndarray:
-    """:func:`work_balanced_layers`, once per distinct argument (every candidate at once)."""
-    stages = pp * vpp
-    auto = layers_per_virtual_stage(num_layers, pp, vpp, "auto")  # raises where auto does
-    if stages == 1:
-        return auto
-    most = min(num_layers, num_layers // stages + int(np.ceil(sum(ends))) + 1)
-    first, last = (a.ravel() for a in np.meshgrid(np.arange(most + 1), np.arange(most + 1)))
-    middle = num_layers - first - last
-    inner = stages - 2
-    keep = middle >= inner if inner else middle == 0
-    first, last, middle = first[keep], last[keep], middle[keep]
-    layers = np.zeros((len(first), stages), dtype=np.int64)
-    layers[:, 0], layers[:, -1] = first, last
-    spread = None
-    if inner:  # as ``balanced``: the L mod S extra layers on the middle stages
-        extra = middle % inner
-        begin = (inner - extra) // 2
-        slot = np.arange(inner)
-        spread = layers.copy()
-        spread[:, 1:-1] = (middle // inner)[:, None]
-        layers[:, 1:-1] = (middle // inner)[:, None] + (
-            (slot >= begin[:, None]) & (slot < (begin + extra)[:, None])
-        )
-    paired = vpp > 1 or schedule in BIDIRECTIONAL_SCHEDULES
-    if spread is not None and paired:  # and with each extra layer on the least busy rank
-        spread = _extras_on_least_busy_ranks(spread, extra, ends, pp, vpp, schedule)
-        layers = np.vstack([layers, spread])
-    layers = np.vstack([auto, layers])
-    busiest = np.round(busiest_rank_work(layers, ends, pp, vpp, schedule), 9)
-    distance = np.abs(layers - auto).sum(axis=1)
-    best = layers[np.lexsort((distance, busiest))[0]]
-    best.flags.writeable = False
-    return best
-
-
-def _extras_on_least_busy_ranks(layers, extra, ends, pp: int, vpp: int, schedule: str):
-    """``layers`` ([candidate, stage]) with ``extra`` more layers each, one at a time on the
-    middle stage (at most one each) whose rank does the least work so far, the central
-    stage first among equals: where a rank holds several stages (interleaved, V-shape,
-    DualPipe's two directions), ``balanced``'s run of extra layers in the middle can stack
-    two on one rank."""
-    layers = layers.copy()
-    stages = layers.shape[1]
-    rank_of_stage = virtual_stage_ranks(schedule, pp, vpp)
-    centre = np.abs(np.arange(stages) - (stages - 1) / 2)
-    taken = np.zeros(layers.shape, dtype=bool)
-    taken[:, [0, -1]] = True
-    work = rank_work(layers, ends, pp, vpp, schedule)  # [candidate, rank], kept up to date
-    bidirectional = schedule in BIDIRECTIONAL_SCHEDULES
-    for step in range(int(extra.max(initial=0))):
-        rows = np.flatnonzero(extra > step)
-        # The work of the rank that holds each stage; the central stage first among equals.
-        stage_work = work[rows][:, rank_of_stage] + centre * 1e-6
-        stage_work[taken[rows]] = np.inf
-        pick = np.argmin(stage_work, axis=1)
-        layers[rows, pick] += 1
-        taken[rows, pick] = True
-        # One more layer on its rank (DualPipe, the mean of two directions: half on the rank,
-        # half on its mirror).
-        rank = rank_of_stage[pick]
-        if bidirectional:
-            work[rows, rank] += 0.5
-            work[rows, pp - 1 - rank] += 0.5
-        else:
-            work[rows, rank] += 1.0
-    return layers
-
-
-def rank_work(layers, ends: tuple[float, float], pp: int, vpp: int, schedule: str):
-    """Each pipeline rank's work per micro-batch, in layers ([..., rank]), of each split in
-    ``layers`` ([..., stage]): its stages' layers plus ``ends`` on the first and the last
-    stage, summed over the rank's stages as ``schedule`` places them (DualPipe: the mean of
-    its two directions)."""
-    work = np.asarray(layers, dtype=float).copy()
-    work[..., 0] += ends[0]
-    work[..., -1] += ends[1]
-    per_rank = work @ (virtual_stage_ranks(schedule, pp, vpp)[:, None] == np.arange(pp))
-    if schedule in BIDIRECTIONAL_SCHEDULES:
-        per_rank = (per_rank + per_rank[..., ::-1]) / 2
-    return per_rank
-
-
-def busiest_rank_work(layers, ends: tuple[float, float], pp: int, vpp: int, schedule: str):
-    """The most work a pipeline rank does per micro-batch (:func:`rank_work`), per split."""
-    return rank_work(layers, ends, pp, vpp, schedule).max(axis=-1)
 
 
 def model_layers_per_virtual_stage(

@@ -12,16 +12,15 @@ from hypothesis import strategies as st
 
 from hwspecs.errors import PlanError
 from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
-from planner.spec.layout import (
-    end_stage_work,
-    layers_per_virtual_stage,
-    virtual_stage_ranks,
-    work_balanced_layers,
-)
+from planner.spec.layout import end_stage_work, layers_per_virtual_stage, virtual_stage_ranks
 from planner.spec.model import load_model
+from planner.spec.work_balance import work_balanced_layers
 
 #: (schedule, vpp): one chunk, interleaved, V-shape, bidirectional.
 PLACEMENTS = [("1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2), ("dualpipe", 1)]
+#: (schedule, vpp) where a layer adds to its own rank's work only (not DualPipe's).
+OWN_RANK_PLACEMENTS = [("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3),
+                       ("interleaved-1f1b", 8), ("zbv", 2), ("dualpipev", 2)]  # fmt: skip
 
 
 def busiest_rank(layers, ends, schedule, pp, vpp) -> float:
@@ -151,3 +150,38 @@ def test_paired_stages_get_one_extra_layer_per_rank(pp, per_stage, schedule, vpp
     assert busiest_rank(split, (0, 0), schedule, pp, vpp) == pytest.approx(expected)
     auto = layers_per_virtual_stage(layers, pp, vpp, "auto")
     assert busiest_rank(auto, (0, 0), schedule, pp, vpp) > expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([2, 3, 4, 6, 8, 16]),
+    st.sampled_from(OWN_RANK_PLACEMENTS),
+    st.sampled_from([0.0, 0.5, 1.0]) | st.floats(0, 2),
+    st.sampled_from([0.0, 1.0, 2.0, 3.0]) | st.floats(0, 8),
+    st.data(),
+)
+def test_extras_placed_at_once_are_the_loops_placements(pp, placement, first, last, data):
+    """The sorted-keys placement of the extra layers equals the loop's, one step per layer,
+    on every schedule where a layer adds to its own rank only; integer ends make the ties
+    (equal work on two ranks) the loop breaks by the lower stage index."""
+    from planner.spec import work_balance
+
+    schedule, vpp = placement
+    stages = pp * vpp
+    if stages < 3:
+        return
+    candidates = data.draw(st.integers(1, 12))
+    layers = np.zeros((candidates, stages), dtype=np.int64)
+    layers[:, 0] = data.draw(st.lists(st.integers(0, 9), min_size=candidates, max_size=candidates))
+    layers[:, -1] = data.draw(st.lists(st.integers(0, 9), min_size=candidates, max_size=candidates))
+    layers[:, 1:-1] = np.array(
+        data.draw(st.lists(st.integers(0, 5), min_size=candidates, max_size=candidates))
+    )[:, None]
+    extra = np.array(
+        data.draw(st.lists(st.integers(0, stages - 3), min_size=candidates, max_size=candidates))
+    )
+    args = (layers, extra, (first, last), pp, vpp, schedule)
+    np.testing.assert_array_equal(
+        work_balance._extras_on_least_busy_ranks_at_once(*args),
+        work_balance._extras_on_least_busy_ranks(*args),
+    )

@@ -65,7 +65,8 @@ from pydantic import BaseModel
 from hwspecs.errors import PlanError
 from hwspecs.schema import Cluster
 from planner.comm.levels import SCALE_OUT_KINDS, Level, cluster_view, link_key
-from planner.comm.network import group_levels, pair_level
+from planner.comm.network import group_levels
+from planner.comm.point_to_point import pair_level
 
 OPS: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p")
 ALGORITHMS: tuple[str, ...] = (

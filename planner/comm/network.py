@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -50,14 +51,15 @@ def _distinct_per_row(values: np.ndarray) -> np.ndarray:
     return 1 + (np.diff(ordered, axis=1) != 0).sum(axis=1)
 
 
-def _link_rate(view: ClusterView, link: LinkTier) -> float:
+def link_rate(view: ClusterView, link: LinkTier) -> float:
     """Per-rank line rate of a link: per GPU for scale-up, NIC port × NICs per GPU otherwise."""
     if link.kind in SCALE_OUT_KINDS:
         return link.bytes_per_s_per_direction * view.accelerator.nics_per_gpu
     return link.bytes_per_s_per_direction
 
 
-def _per_link_rate(link: LinkTier) -> float:
+def per_link_rate(link: LinkTier) -> float:
+    """One link's rate per direction: the catalog's, else the per-GPU rate over its links."""
     if link.bytes_per_s_per_direction_per_link:
         return link.bytes_per_s_per_direction_per_link
     return link.bytes_per_s_per_direction / (link.links_per_gpu or 1)
@@ -140,8 +142,8 @@ def mesh_levels(
 
 def _mesh_tier_level(view, index, dims, strides, below_size, known=None) -> Level | None:
     """Tier ``index``'s level for the mesh ``dims`` (prime factors, innermost first); ``known``:
-    levels already found, by what they read (the tier, the factors between the two strides,
-    the cell and the three weights)."""
+    levels found, by what they read (the tier, the factors between the two strides, the cell
+    and the three weights), and counts (:func:`_tier_counts`), by all that but two weights."""
     size = view.tiers[index].group_size
     inner_size, outer_size = math.gcd(below_size, size), math.lcm(below_size, size)
     lo = max(k for k, stride in enumerate(strides) if inner_size % stride == 0)
@@ -155,24 +157,27 @@ def _mesh_tier_level(view, index, dims, strides, below_size, known=None) -> Leve
     key = (index, tuple(dims[lo:hi]), cell, member_weight, group_weight, repeats)
     if known is not None and key in known:
         return known[key]
-    level = _block_level(view, index, dims[lo:hi], cell, below_size, repeats, member_weight,
-                         group_weight)  # fmt: skip
+    counts_key = ("counts", *key[:3], repeats)
+    counts = known.get(counts_key, False) if known is not None else False
+    if counts is False:
+        counts = _block_counts(view, index, dims[lo:hi], cell, below_size, repeats)
+        if known is not None:
+            known[counts_key] = counts
+    level = _weighted_level(view, index, counts, member_weight, group_weight)
     if known is not None:
         known[key] = level
     return level
 
 
-def _block_level(view, index, block, cell, below_size, repeats, member_weight, group_weight):
-    """Tier ``index``'s level from the mesh between its two strides (:func:`_mesh_tier_level`)."""
+def _block_counts(view, index, block, cell, below_size, repeats) -> TierCounts | None:
+    """Tier ``index``'s counts for the mesh between its two strides (:func:`_mesh_tier_level`)."""
     size = view.tiers[index].group_size
     groups = _mesh_groups(block)
     below, inst = groups // (below_size // cell), groups // (size // cell)
     below_change, change = below[:, 1:] != below[:, :-1], inst[:, 1:] != inst[:, :-1]
     touched_below = repeats * (1 + below_change.sum(axis=1))
     touched = repeats * (1 + change.sum(axis=1))
-    return _tier_level(
-        view, index, below, below_change, touched_below, touched, member_weight, group_weight
-    )
+    return _tier_counts(view, index, below, below_change, touched_below, touched)
 
 
 def _prime_factors(n: int) -> list[int]:
@@ -203,29 +208,39 @@ def _mesh_groups(dims: Sequence[tuple[int, bool]]) -> np.ndarray:
 
 
 def _run_lengths(first: np.ndarray, total: int) -> np.ndarray:
-    """The lengths of the runs that start at ``first`` (ascending, ``first[0] == 0``) among
-    ``total`` items: ``np.diff(first, append=total)``, without its concatenation (the
-    placements of a search make hundreds of these small calls)."""
+    """Lengths of the runs starting at ``first`` (ascending, from 0) among ``total`` items:
+    ``np.diff(first, append=total)`` without its concatenation (hundreds of small calls)."""
     lengths = np.empty_like(first)
     lengths[:-1] = first[1:] - first[:-1]
     lengths[-1:] = total - first[-1:]
     return lengths
 
 
-def _tier_level(
-    view, index, below, below_change, touched_below, touched, member_weight=1, group_weight=1
-) -> Level | None:
-    """Tier ``index``'s level, or None when no group joins instances of the level below.
+class TierCounts(NamedTuple):
+    """A tier's counts of its groups, each member one rank (:func:`_weighted_level`)."""
+
+    participants: int
+    members_below: int
+    steps: int
+    crossing_ranks: int
+    concurrent_groups: int
+
+
+def _tier_level(view, index, below, below_change, touched_below, touched) -> Level | None:
+    """Tier ``index``'s level (:func:`_tier_counts`), each member one rank."""
+    counts = _tier_counts(view, index, below, below_change, touched_below, touched)
+    return _weighted_level(view, index, counts)
+
+
+def _tier_counts(view, index, below, below_change, touched_below, touched) -> TierCounts | None:
+    """Tier ``index``'s counts, or None when no group joins instances of the level below.
 
     ``below``: each group's (sorted) instances of the level below; ``touched_below`` and
-    ``touched``: how many instances below and of this tier each group touches. Each row
-    stands for ``group_weight`` groups, each of its members for ``member_weight`` ranks.
+    ``touched``: how many instances below and of this tier each group touches.
     """
     active = touched_below > touched
     if not active.any():
         return None
-    tier = view.tiers[index]
-    link = view.links[tier.link]
     below_size = view.tiers[index - 1].group_size if index else 1
     num_groups, size = below.shape
     # runs of equal (row, instance below): the members of a group in one instance below
@@ -233,36 +248,49 @@ def _tier_level(
     starts[:, 0] = True
     starts[:, 1:] = below_change
     first = np.flatnonzero(starts)
-    counts = _run_lengths(first, below.size) * member_weight
+    counts = _run_lengths(first, below.size)
     key_rows, key_below = first // size, below.ravel()[first]
     # runs of equal (row, instance of this tier) among those: instances below joined
-    key_inst = key_below // (tier.group_size // below_size)
+    key_inst = key_below // (view.tiers[index].group_size // below_size)
     new = np.empty(len(first), dtype=bool)
     new[0] = True
     new[1:] = (key_rows[1:] != key_rows[:-1]) | (key_inst[1:] != key_inst[:-1])
-    participants = int(_run_lengths(np.flatnonzero(new), len(first)).max())
     crossing_keys = (touched_below > 1)[key_rows]
-    members_below = int(counts[active[key_rows]].min())
-    crossing_ranks = np.bincount(
-        key_below[crossing_keys], weights=counts[crossing_keys] * group_weight
+    crossing_ranks = np.bincount(key_below[crossing_keys], weights=counts[crossing_keys])
+    return TierCounts(
+        participants=int(_run_lengths(np.flatnonzero(new), len(first)).max()),
+        members_below=int(counts[active[key_rows]].min()),
+        steps=int((touched_below - touched)[active].max()),
+        crossing_ranks=int(crossing_ranks.max()),
+        concurrent_groups=int(np.bincount(key_below[crossing_keys]).max()),
     )
-    concurrent = np.bincount(key_below[crossing_keys]) * group_weight
-    worst_crossing = int(crossing_ranks.max())
+
+
+def _weighted_level(
+    view, index, counts: TierCounts | None, member_weight: int = 1, group_weight: int = 1
+) -> Level | None:
+    """Tier ``index``'s level from its counts, each member standing for ``member_weight``
+    ranks and each group for ``group_weight`` groups (whole numbers: exact products)."""
+    if counts is None:
+        return None
+    tier = view.tiers[index]
+    link = view.links[tier.link]
+    below_size = view.tiers[index - 1].group_size if index else 1
+    worst_crossing = counts.crossing_ranks * member_weight * group_weight
     share = 1.0
     if tier.oversubscription > 1:
         share = min(1.0, below_size / (tier.oversubscription * worst_crossing))
-    rate = _link_rate(view, link)
+    rate = link_rate(view, link)
     if is_full_mesh(tier, link):
-        rate = min(rate, _per_link_rate(link) * (participants - 1))
-    steps = int((touched_below - touched)[active].max())
+        rate = min(rate, per_link_rate(link) * (counts.participants - 1))
     return Level(
         tier=tier.name,
         tier_index=index,
         link=link.id,
         kind=link.kind,
-        participants=participants,
-        members_below=members_below,
-        steps=steps,
+        participants=counts.participants,
+        members_below=counts.members_below * member_weight,
+        steps=counts.steps,
         bytes_per_s_per_rank=rate * share,
         latency_s=link.latency_s,
         busbw_efficiency=dict(link.busbw_efficiency),
@@ -271,7 +299,7 @@ def _tier_level(
         oversubscription=tier.oversubscription,
         share=share,
         crossing_ranks=worst_crossing,
-        concurrent_groups=int(concurrent.max()),
+        concurrent_groups=counts.concurrent_groups * group_weight,
         collective_fits=tuple(link.collective_fits),
     )
 
@@ -312,7 +340,7 @@ def _torus_levels(view: ClusterView, local: np.ndarray, tier, link) -> list[Leve
                 participants=size,
                 members_below=1,
                 steps=size - 1,
-                bytes_per_s_per_rank=_per_link_rate(link),
+                bytes_per_s_per_rank=per_link_rate(link),
                 bidirectional=False,
                 **common,
             )
@@ -330,7 +358,7 @@ def _torus_levels(view: ClusterView, local: np.ndarray, tier, link) -> list[Leve
                 participants=count,
                 members_below=below,
                 steps=size // below - size // (below * count),
-                bytes_per_s_per_rank=_per_link_rate(link) / stride,
+                bytes_per_s_per_rank=per_link_rate(link) / stride,
                 bidirectional=bool(whole and view.cluster.torus_wraparound),
                 stride=stride,
                 **common,
@@ -338,87 +366,3 @@ def _torus_levels(view: ClusterView, local: np.ndarray, tier, link) -> list[Leve
         )
         below *= count
     return levels
-
-
-def pair_level(view: ClusterView, sources: np.ndarray, targets: np.ndarray) -> Level | None:
-    """The slowest level crossed by point-to-point sends ``sources[i] → targets[i]``, all at once.
-
-    On a switched tier each sender uses its own link (shared above oversubscribed tiers);
-    on a torus, sends shifted by ``h`` hops along an axis load every link with ``h`` flows.
-    """
-    sources, targets = np.asarray(sources), np.asarray(targets)
-    candidates: list[Level] = []
-    # Each end's instance of the level below, then of this tier (a rank is its own below tier 0).
-    source_below, target_below = sources, targets
-    for index, tier in enumerate(view.tiers):
-        link = view.links[tier.link]
-        below_size = view.tiers[index - 1].group_size if index else 1
-        source_in, target_in = sources // tier.group_size, targets // tier.group_size
-        beyond = source_below != target_below
-        crosses = beyond & (source_in == target_in)
-        below, source_below, target_below = source_below, source_in, target_in
-        if not crosses.any():
-            continue
-        common = {
-            "tier": tier.name,
-            "tier_index": index,
-            "link": link.id,
-            "kind": link.kind,
-            "participants": 2,
-            "members_below": 1,
-            "steps": 1,
-            "busbw_efficiency": dict(link.busbw_efficiency),
-            "in_network_reduction": False,
-            "bidirectional": False,
-            "oversubscription": tier.oversubscription,
-            "collective_fits": tuple(link.collective_fits),
-        }
-        if view.is_torus_tier(index):
-            hops = _torus_hops(
-                view.torus_shape,
-                sources[crosses] % tier.group_size,
-                targets[crosses] % tier.group_size,
-                view.cluster.torus_wraparound,
-            )
-            candidates.append(
-                Level(
-                    **common,
-                    bytes_per_s_per_rank=_per_link_rate(link) / int(hops.max(axis=1).max()),
-                    latency_s=link.latency_s * int(hops.sum(axis=1).max()),
-                    share=1.0,
-                    crossing_ranks=0,
-                    concurrent_groups=1,
-                )
-            )
-            continue
-        crossing = int(np.bincount(below[beyond]).max())
-        share = 1.0
-        if tier.oversubscription > 1:
-            share = min(1.0, below_size / (tier.oversubscription * crossing))
-        rate = _per_link_rate(link) if is_full_mesh(tier, link) else _link_rate(view, link)
-        candidates.append(
-            Level(
-                **common,
-                bytes_per_s_per_rank=rate * share,
-                latency_s=link.latency_s,
-                share=share,
-                crossing_ranks=crossing,
-                concurrent_groups=crossing,
-            )
-        )
-    if not candidates:
-        return None
-    return min(
-        candidates,
-        key=lambda level: (level.bytes_per_s_per_rank, -level.latency_s, -level.tier_index),
-    )
-
-
-def _torus_hops(shape, sources, targets, wraparound: bool) -> np.ndarray:
-    """Hops along each torus axis between chips (shortest way round when wrapped)."""
-    hops = []
-    for extent in shape:
-        delta = np.abs(sources % extent - targets % extent)
-        hops.append(np.minimum(delta, extent - delta) if wraparound else delta)
-        sources, targets = sources // extent, targets // extent
-    return np.stack(hops, axis=1)

@@ -38,7 +38,8 @@ from planner.comm.mesh import (
     mesh_factors,
     resolve_order,
 )
-from planner.comm.network import mesh_levels, pair_level
+from planner.comm.network import mesh_levels
+from planner.comm.point_to_point import pair_level
 from planner.spec.layout import (
     DEFAULT_MESH_ORDER,
     Layout,

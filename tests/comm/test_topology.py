@@ -17,7 +17,8 @@ from planner.comm import network
 from planner.comm.graph import cluster_graph
 from planner.comm.levels import cluster_view
 from planner.comm.mesh import GROUP_AXES, axis_groups, group_size
-from planner.comm.network import group_levels, pair_level
+from planner.comm.network import group_levels
+from planner.comm.point_to_point import pair_level
 from planner.comm.topology import place_groups, topology_report
 from planner.spec.layout import Layout
 
@@ -237,9 +238,9 @@ def _reference_group_levels(view, groups):
             share = 1.0
             if tier.oversubscription > 1:
                 share = min(1.0, below_size / (tier.oversubscription * worst))
-            rate = network._link_rate(view, link)
+            rate = network.link_rate(view, link)
             if network.is_full_mesh(tier, link):
-                rate = min(rate, network._per_link_rate(link) * (int(participants.max()) - 1))
+                rate = min(rate, network.per_link_rate(link) * (int(participants.max()) - 1))
             steps = (_distinct_per_row(below) - _distinct_per_row(inst))[active].max()
             levels.append(
                 network.Level(

@@ -118,7 +118,7 @@ def _extras_on_least_busy_ranks_at_once(layers, extra, ends, pp: int, vpp: int, 
     that holds a stage takes its middle stages in the order the loop takes them (the most
     central first, then the lower index), and its ``j``-th (from 0) goes when the rank's
     work is its work now plus ``j``: the loop's key for it is that work plus its centre·10⁻⁶.
-    A rank's keys rise with ``j`` (by one, give or take centres 10⁻⁶ apart), so the loop takes
+    A rank's keys rise with ``j`` (by one, plus two centres' difference × 10⁻⁶), so the loop takes
     the stages in the order of their keys, ties to the lower stage index: each candidate's
     first ``extra`` stages by that order get a layer. ``tests/spec/test_layer_split.py``
     holds this equal to the loop."""

@@ -143,7 +143,8 @@ def mesh_levels(
 def _mesh_tier_level(view, index, dims, strides, below_size, known=None) -> Level | None:
     """Tier ``index``'s level for the mesh ``dims`` (prime factors, innermost first); ``known``:
     levels found, by what they read (the tier, the factors between the two strides, the cell
-    and the three weights), and counts (:func:`_tier_counts`), by all that but two weights."""
+    and the three weights), and counts (:func:`_tier_counts`), by all that but the member and
+    group weights, which only scale them."""
     size = view.tiers[index].group_size
     inner_size, outer_size = math.gcd(below_size, size), math.lcm(below_size, size)
     lo = max(k for k, stride in enumerate(strides) if inner_size % stride == 0)

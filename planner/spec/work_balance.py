@@ -61,12 +61,7 @@ def _work_balanced(num_layers: int, pp: int, vpp: int, ends: tuple, schedule: st
         )
     paired = vpp > 1 or schedule in BIDIRECTIONAL_SCHEDULES
     if spread is not None and paired:  # and with each extra layer on the least busy rank
-        on_least_busy = (
-            _extras_on_least_busy_ranks
-            if schedule in BIDIRECTIONAL_SCHEDULES
-            else _extras_on_least_busy_ranks_at_once
-        )
-        spread = on_least_busy(spread, extra, ends, pp, vpp, schedule)
+        spread = _extras_on_least_busy_ranks(spread, extra, ends, pp, vpp, schedule)
         layers = np.vstack([layers, spread])
     layers = np.vstack([auto, layers])
     busiest = np.round(busiest_rank_work(layers, ends, pp, vpp, schedule), 9)
@@ -79,60 +74,34 @@ def _work_balanced(num_layers: int, pp: int, vpp: int, ends: tuple, schedule: st
 def _extras_on_least_busy_ranks(layers, extra, ends, pp: int, vpp: int, schedule: str):
     """``layers`` ([candidate, stage]) with ``extra`` more layers each, one at a time on the
     middle stage (at most one each) whose rank does the least work so far, the central
-    stage first among equals: where a rank holds several stages (interleaved, V-shape,
-    DualPipe's two directions), ``balanced``'s run of extra layers in the middle can stack
-    two on one rank."""
+    stage first among equals, then the lower index: where a rank holds several stages
+    (interleaved, V-shape, DualPipe's two directions), ``balanced``'s run of extra layers in
+    the middle can stack two on one rank.
+
+    Placed at once, not one step per layer (up to 125 for PP 16 with 8 chunks): a layer on
+    a stage adds ``step`` to its rank's work and to no other's (DualPipe, the mean of two
+    directions: half to the rank and half to its mirror, whose work is the same, so the two
+    act as one; a rank that is its own mirror holds one stage). So each rank (DualPipe: each
+    pair) takes its middle stages in a fixed order, the most central first, and the
+    ``j``-th (from 0) goes when the work is the work now plus ``j·step``: its key, with its
+    centre·10⁻⁶. A rank's keys rise with ``j``, so one at a time takes the stages in the
+    order of their keys, ties to the lower stage index: each candidate's first ``extra``
+    stages by that order get a layer. ``tests/spec/test_layer_split.py`` holds this equal
+    to placing them one step at a time."""
     layers = layers.copy()
     stages = layers.shape[1]
-    rank_of_stage = virtual_stage_ranks(schedule, pp, vpp)
-    centre = np.abs(np.arange(stages) - (stages - 1) / 2)
-    taken = np.zeros(layers.shape, dtype=bool)
-    taken[:, [0, -1]] = True
-    work = rank_work(layers, ends, pp, vpp, schedule)  # [candidate, rank], kept up to date
-    bidirectional = schedule in BIDIRECTIONAL_SCHEDULES
-    for step in range(int(extra.max(initial=0))):
-        rows = np.flatnonzero(extra > step)
-        # The work of the rank that holds each stage; the central stage first among equals.
-        stage_work = work[rows][:, rank_of_stage] + centre * 1e-6
-        stage_work[taken[rows]] = np.inf
-        pick = np.argmin(stage_work, axis=1)
-        layers[rows, pick] += 1
-        taken[rows, pick] = True
-        # One more layer on its rank (DualPipe, the mean of two directions: half on the rank,
-        # half on its mirror).
-        rank = rank_of_stage[pick]
-        if bidirectional:
-            work[rows, rank] += 0.5
-            work[rows, pp - 1 - rank] += 0.5
-        else:
-            work[rows, rank] += 1.0
-    return layers
-
-
-def _extras_on_least_busy_ranks_at_once(layers, extra, ends, pp: int, vpp: int, schedule: str):
-    """:func:`_extras_on_least_busy_ranks` where a layer adds to its own rank's work only
-    (every schedule but DualPipe's two directions), without its loop of one step per extra
-    layer (up to 125 numpy steps for PP 16 with 8 chunks).
-
-    One layer on a stage adds one to its rank's work and to no other rank's, so the rank
-    that holds a stage takes its middle stages in the order the loop takes them (the most
-    central first, then the lower index), and its ``j``-th (from 0) goes when the rank's
-    work is its work now plus ``j``: the loop's key for it is that work plus its centre·10⁻⁶.
-    A rank's keys rise with ``j`` (by one, plus two centres' difference × 10⁻⁶), so the loop takes
-    the stages in the order of their keys, ties to the lower stage index: each candidate's
-    first ``extra`` stages by that order get a layer. ``tests/spec/test_layer_split.py``
-    holds this equal to the loop."""
-    layers = layers.copy()
-    stages = layers.shape[1]
-    rank_of_stage = virtual_stage_ranks(schedule, pp, vpp)
     centre = np.abs(np.arange(stages) - (stages - 1) / 2)
     middle = np.arange(1, stages - 1)
-    # Each middle stage's place j among its rank's middle stages, in the loop's order.
-    by_rank = middle[np.lexsort((middle, centre[middle], rank_of_stage[middle]))]
-    ranks = rank_of_stage[by_rank]
+    rank = virtual_stage_ranks(schedule, pp, vpp)[middle]
+    unit, step = rank, 1.0
+    if schedule in BIDIRECTIONAL_SCHEDULES:
+        unit, step = np.minimum(rank, pp - 1 - rank), 0.5
+    # Each middle stage's place among its unit's middle stages, in the order they are taken.
+    by_unit = np.lexsort((middle, centre[middle], unit))
+    units = unit[by_unit]
     place = np.empty(len(middle), dtype=np.int64)
-    place[by_rank - 1] = np.arange(len(by_rank)) - np.searchsorted(ranks, ranks)
-    work = rank_work(layers, ends, pp, vpp, schedule)[:, rank_of_stage[middle]] + place
+    place[by_unit] = np.arange(len(middle)) - np.searchsorted(units, units)
+    work = rank_work(layers, ends, pp, vpp, schedule)[:, rank] + place * step
     keys = work + centre[middle] * 1e-6
     order = np.argsort(keys, axis=1, kind="stable")  # ties: the lower stage index first
     chosen = np.arange(len(middle)) < extra[:, None]

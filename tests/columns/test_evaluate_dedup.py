@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hwspecs.catalog import load_accelerator, load_cluster
 from planner.candidates import (
     SearchSpace,
     expand_index,
@@ -24,12 +23,8 @@ from planner.search import RANKING_KEYS, _ranking, _smallest
 from planner.spec.job import Job
 from planner.spec.model import load_model
 from planner.spec.precision import PrecisionSpec
-from tests.columns.screened_grid import screened_grid
+from tests.columns.screened_grid import DGX, H100, JOB, MOE_JOB, screened_grid
 
-DGX = load_cluster("dgx-h100")
-H100 = load_accelerator("h100-sxm")
-JOB = Job(model=load_model("llama3-8b"), seq_len=4096, global_batch_tokens=4096 * 256)
-MOE_JOB = Job(model=load_model("mixtral-8x7b"), seq_len=4096, global_batch_tokens=4096 * 256)
 MUON_JOB = Job(
     model=load_model("llama3-8b"),
     seq_len=4096,

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwspecs.catalog import load_accelerator, load_cluster
 from planner.candidates import (
     SearchSpace,
     expand_index,
@@ -16,13 +15,8 @@ from planner.candidates import (
 from planner.columns.expanded import GRID_LAYOUT_FIELDS, ExpandedRows
 from planner.columns.layout import LayoutColumns
 from planner.evaluate import _placeable
-from planner.spec.job import Job
-from planner.spec.model import load_model
-from tests.columns.screened_grid import screened_grid
+from tests.columns.screened_grid import DGX, H100, MOE_JOB, screened_grid
 
-DGX = load_cluster("dgx-h100")
-H100 = load_accelerator("h100-sxm")
-MOE_JOB = Job(model=load_model("mixtral-8x7b"), seq_len=4096, global_batch_tokens=4096 * 256)
 SPACE = SearchSpace(zero_stage=[1, 3], recompute=["none", "full"], micro_batch_size=[1, 2])
 
 

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hwspecs.catalog import load_accelerator, load_cluster
 from hwspecs.errors import PlanError
 from planner.candidates import (
     SearchSpace,
@@ -24,15 +23,8 @@ from planner.memory_report import memory_report
 from planner.pipeline import closed_form as cf
 from planner.pipeline.schedules import SCHEDULES
 from planner.search import RANKING_COLUMNS, RANKING_KEYS, _ranking
-from planner.spec.job import Job
 from planner.spec.layout import Layout
-from planner.spec.model import load_model
-from tests.columns.screened_grid import screened_grid
-
-DGX = load_cluster("dgx-h100")
-H100 = load_accelerator("h100-sxm")
-JOB = Job(model=load_model("llama3-8b"), seq_len=4096, global_batch_tokens=4096 * 256)
-MOE_JOB = Job(model=load_model("mixtral-8x7b"), seq_len=4096, global_batch_tokens=4096 * 256)
+from tests.columns.screened_grid import DGX, H100, JOB, MOE_JOB, screened_grid
 
 
 def _legal_rows(name: str, rng: np.random.Generator, count: int):

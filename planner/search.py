@@ -248,8 +248,10 @@ def search(
         def every_row() -> tuple:
             """:func:`planner.rank.over_every_row` of every feasible row, at the ranked; the
             rows sharing its columns found from the grid's (:meth:`ExpandedRows.distinct_codes`)."""
-            rows = cols.take(every_feasible)  # each grid row read once, still factored
-            least_pp, least_cp, tp_max = over_every_row(rows.column, rows.distinct_codes)
+            feasible_rows = cols.take(every_feasible)  # each grid row read once, factored
+            least_pp, least_cp, tp_max = over_every_row(
+                feasible_rows.column, feasible_rows.distinct_codes
+            )
             if reached is None:
                 return least_pp, least_cp, tp_max
             return least_pp[reached], least_cp[reached], tp_max

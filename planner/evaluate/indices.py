@@ -2,8 +2,8 @@
 shape (:func:`planner.columns.tables.shape_table_of`) and pipeline structure
 (:func:`planner.columns.tables.structure_table_of`), worked out once per distinct value,
 and the distinct (structure, shape, micro-batches), (structure, ZeRO) and communication-
-buffer combinations the memory and time models dedupe on. A search starts them from its grid rows, whose codes its
-factored rows then read (:func:`shapes_beside`)."""
+buffer combinations the memory and time models dedupe on. A search starts them from its
+grid rows, whose codes its factored rows then read (:func:`shapes_beside`)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.columns.codes import unique_rows
 from planner.cost import activations as act
 from planner.cost import adapters as ft
 from planner.cost.model_states import FIRST_SHARDED_STAGE
@@ -190,7 +189,7 @@ def comm_buffer_columns(model, job, tp, cp, pp, ep, etp, zero, sp, mbs, tuned=No
     replicated = np.where(sp, 1.0 / tp, 1.0)
     total = np.where(pp > 1, 2 * tokens * h * e * replicated, 0.0)
     total = total + np.where(sp, tokens * h * e, 0.0)
-    keys, inverse = unique_rows(tp, ep, etp)
+    keys, inverse = _distinct_degrees(tp, ep, etp)
     if tuned is None:
         layer = np.array(
             [sum(layer_params_per_rank(model, t, x, model.is_moe, et)) for t, x, et in keys]
@@ -208,3 +207,16 @@ def comm_buffer_columns(model, job, tp, cp, pp, ep, etp, zero, sp, mbs, tuned=No
         ).T
     total = total + np.where(zero >= 3, 2 * weights[inverse], 0.0)
     return total + np.where(zero >= 2, grads[inverse], 0.0)
+
+
+def _distinct_degrees(*degrees) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """The distinct tuples of the degree columns (non-negative integers), ascending, and
+    each row's index among them: one integer per row in mixed radix (its order is the
+    tuples'), so a 1-D unique rather than a sort of rows."""
+    columns = [np.asarray(d, dtype=np.int64).reshape(-1) for d in degrees]
+    radix = [int(column.max(initial=0)) + 1 for column in columns]
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    for column, base in zip(columns, radix, strict=True):
+        key = key * base + column
+    unique, inverse = np.unique(key, return_inverse=True)
+    return list(zip(*(d.tolist() for d in np.unravel_index(unique, radix)), strict=True)), inverse

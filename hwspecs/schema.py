@@ -125,6 +125,14 @@ class Accelerator(SourcedSpec):
     fp8_tflops: float | None = Field(None, gt=0)
     fp4_tflops: float | None = Field(None, gt=0)
     hbm_bytes: int = Field(gt=0, description="usable HBM capacity as tools report it")
+    runtime_overhead_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="HBM the runtime holds outside the program's buffers that hbm_bytes still "
+        "counts; unset: the CUDA context and cuBLAS/NCCL workspaces of a GPU, a documented "
+        "default of 1 GiB (planner.cost.memory); 0 where hbm_bytes is already what the runtime "
+        "leaves the program (XLA on TPU reports its capacity net of its own reservation)",
+    )
     hbm_bytes_per_s: float = Field(gt=0, description="peak HBM bandwidth")
     tdp_w: float | None = Field(None, gt=0)
     num_compute_units: int | None = Field(

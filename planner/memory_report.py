@@ -271,8 +271,9 @@ def _explain(model, layout, job, peak, bpp, per_dense_layer, m, copies) -> list[
         ),
         ExplainTerm(
             term="runtime_overhead",
-            formula="CUDA context and library workspaces (documented default)",
-            values=f"{job.runtime_overhead_bytes / gib:.3g} GiB",
+            formula="HBM the runtime holds: the job's figure, else the accelerator's (CUDA "
+            "context and library workspaces on GPUs; none on TPUs, whose capacity is XLA's)",
+            values=f"{peak.runtime_overhead / gib:.3g} GiB",
             bytes=peak.runtime_overhead,
         ),
     ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwspecs.schema import Accelerator
 from planner.cost import activations as act
 from planner.cost import adapters as ft
 from planner.cost.model_states import FIRST_SHARDED_STAGE
@@ -46,6 +47,25 @@ MEMORY_PARTS = (
 #: slack; PyTorch's caching allocator reserves more than it allocates). A documented default
 #: a user sets with ``--mem-headroom``; the same in every command.
 DEFAULT_MEM_HEADROOM = 0.05
+
+
+#: HBM a GPU's runtime holds outside the program's buffers: the CUDA context and the
+#: cuBLAS/NCCL workspaces. A documented default (PyTorch reports neither in its allocator's
+#: figures); an accelerator's catalog entry or a job may set its own.
+DEFAULT_RUNTIME_OVERHEAD_BYTES = 1 << 30
+
+
+def runtime_overhead_bytes(job: Job, accelerator: Accelerator | None) -> float:
+    """HBM the runtime holds outside the program's buffers: the job's own figure, else the
+    accelerator's (none on TPUs, whose catalog capacity is what XLA leaves the program),
+    else :data:`DEFAULT_RUNTIME_OVERHEAD_BYTES`."""
+    for figure in (
+        job.runtime_overhead_bytes,
+        getattr(accelerator, "runtime_overhead_bytes", None),
+    ):
+        if figure is not None:
+            return float(figure)
+    return float(DEFAULT_RUNTIME_OVERHEAD_BYTES)
 
 
 def usable_memory_bytes(capacity_bytes: float, mem_headroom: float = DEFAULT_MEM_HEADROOM) -> float:

@@ -100,7 +100,7 @@ def evaluate_columns(
     c = LayoutColumns.of(columns)
     rates, bf16_rates, tuned = gpu_rates(job, accelerator)
     shapes, structs = row_tables(job, c, rates, bf16_rates, tuned)
-    memory = memory_columns(job, c, shapes, structs, tuned)
+    memory = memory_columns(job, c, shapes, structs, tuned, accelerator=accelerator)
     timed = time_columns(
         job, cluster, accelerator, c, shapes, structs, order, mfu_dtype, rates, tuned
     )
@@ -126,7 +126,7 @@ def memory_every_rank(
     c = LayoutColumns.of(columns)
     rates, bf16_rates, tuned = gpu_rates(job, accelerator)
     shapes, structs = row_tables(job, c, rates, bf16_rates, tuned, every_rank=True)
-    memory = memory_columns(job, c, shapes, structs, tuned, per_rank=True)
+    memory = memory_columns(job, c, shapes, structs, tuned, per_rank=True, accelerator=accelerator)
     at = c.structure.codes
     held = {key: structs[key][at] for key in ("held_layers", "dense_params", "expert_params")}
     return memory, held
@@ -193,7 +193,7 @@ def screen_columns(
     shapes, structs = row_tables(job, c, rates, bf16_rates, tuned, shapes_ahead=shapes_ahead)
     memory, rows = _memory_in_blocks(
         job, c, shapes, structs, tuned, valid, memory_limit_bytes, memory_parts_of_timed_rows,
-        progress, compact, kept,
+        progress, compact, kept, accelerator,
     )  # fmt: skip
     c = c.take(rows)  # the timed rows only
     within, bound_s = None, np.inf
@@ -285,7 +285,7 @@ def _placeable(job: Job, cluster: Cluster, c: LayoutColumns | ExpandedRows) -> n
 
 def _memory_in_blocks(
     job, c, shapes, structs, tuned, valid, limit_bytes, parts_of_timed_rows, progress=None,
-    compact=False, outputs=None,
+    compact=False, outputs=None, accelerator=None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
     """:func:`planner.evaluate.memory.memory_columns` of the rows of ``c``,
     :data:`TIMED_BLOCK_ROWS` at a time (its [row, examined rank] sums stay small), and the
@@ -297,7 +297,9 @@ def _memory_in_blocks(
     timed_rows = []
 
     def screened(rows: slice) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        block = memory_columns(job, c.block(rows), shapes, structs, tuned, outputs=outputs)
+        block = memory_columns(
+            job, c.block(rows), shapes, structs, tuned, outputs=outputs, accelerator=accelerator
+        )
         at = np.flatnonzero(valid[rows] & (block["memory_per_gpu_bytes"] <= limit_bytes))
         kept = {}
         for key, value in block.items():

@@ -18,6 +18,7 @@ from planner.cost.memory import (
     checkpoint_bytes_columns,
     comm_buffer_columns,
     model_state_columns,
+    runtime_overhead_bytes,
 )
 from planner.evaluate.rows import gather
 from planner.pipeline import closed_form
@@ -42,6 +43,7 @@ def memory_columns(
     tuned,
     per_rank: bool = False,
     outputs: frozenset[str] | None = None,
+    accelerator=None,
 ) -> dict[str, np.ndarray]:
     """Memory per examined rank from the rows' shapes and structures; the peak is memory
     per GPU. Model states (ZeRO-sharded), activations of the micro-batches in flight,
@@ -53,7 +55,8 @@ def memory_columns(
     model states on its structure, ZeRO stage and group: each is worked out on one row per
     distinct combination and broadcast; per row only the sum and its peak are taken.
     ``outputs``: the outputs wanted (None: every one); ``memory_per_gpu_bytes`` is always
-    there, and the others are left out, not computed (each is one gather per row)."""
+    there, and the others are left out, not computed (each is one gather per row).
+    ``accelerator``: whose runtime overhead is added (:func:`runtime_overhead_bytes`)."""
 
     def wanted(key: str) -> bool:
         return outputs is None or key in outputs
@@ -86,7 +89,7 @@ def memory_columns(
         *((c.buffers,) if c.buffers is not None else c.columns(*BUFFER_FIELDS))
     )
     comm_buffer = comm_buffer_bytes(job, c.take(buffer_rows), tuned)[buffer_inv]
-    runtime = float(job.runtime_overhead_bytes)
+    runtime = runtime_overhead_bytes(job, accelerator)
     # The parts' sum in the order they are reported (so every row adds as it always did),
     # in place.
     total = np.take(sum(states.values()), state_inv, axis=0)

@@ -69,10 +69,12 @@ class Job(BaseModel):
         description="fitted terms of the accelerator (and stack) the step loses beyond the "
         "ideal model (planner.cost.profile); None: the ideal model",
     )
-    runtime_overhead_bytes: int = Field(
-        1 << 30,
+    runtime_overhead_bytes: int | None = Field(
+        None,
         ge=0,
-        description="CUDA context, cuBLAS/NCCL workspaces: documented default of 1 GiB",
+        description="HBM the runtime holds outside the program's buffers; None: the "
+        "accelerator's (hwspecs Accelerator.runtime_overhead_bytes: CUDA context and "
+        "workspaces on GPUs, none on TPUs)",
     )
 
     @model_validator(mode="after")

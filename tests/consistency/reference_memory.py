@@ -28,8 +28,9 @@ from planner.spec.rules import check_layout
 from planner.structure.params import layer_params_per_rank, params_per_virtual_stage, rank_sums
 
 
-def reference_ranks(job, layout) -> list[dict]:
-    """Every pipeline rank's bytes by part, layers, parameters and in-flight units."""
+def reference_ranks(job, layout, accelerator) -> list[dict]:
+    """Every pipeline rank's bytes by part, layers, parameters and in-flight units on
+    ``accelerator`` (its runtime overhead unless the job sets one)."""
     model = job.model
     check_layout(layout, model, job.seq_len)
     m = layout.resolved_num_microbatches(job.global_batch_size)
@@ -131,6 +132,9 @@ def reference_ranks(job, layout) -> list[dict]:
         zero_shard_factors(layout.zero_stage, layout.zero_group_size),
         zero_shard_factors(layout.zero_stage, expert_group),
     )
+    # The job's figure, else the accelerator's, else a GPU's CUDA context and workspaces.
+    figures = (job.runtime_overhead_bytes, accelerator.runtime_overhead_bytes, 1 << 30)
+    runtime = float(next(b for b in figures if b is not None))
     stages, recipe_parts = [], []
     for rank in range(layout.pp):
         parts = {
@@ -143,7 +147,7 @@ def reference_ranks(job, layout) -> list[dict]:
             "activations": float(activations[rank]),
             "logits_buffers": float(logits[rank]),
             "comm_buffers": comm,
-            "runtime_overhead": float(job.runtime_overhead_bytes),
+            "runtime_overhead": runtime,
         }
         if tuned:
             states = ft.rank_state_bytes(

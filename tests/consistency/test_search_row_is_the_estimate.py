@@ -280,7 +280,7 @@ def test_the_memory_report_is_the_scalar_memory_model_on_every_rank(case, recipe
     if recipe is not None:
         job = job.model_copy(update={"finetune": api.build_finetune(recipe=recipe)})
     try:
-        expected = reference_ranks(job, layout)
+        expected = reference_ranks(job, layout, ACCELERATOR)
     except PlanError:
         assume(False)
     report = memory_report(job, layout, ACCELERATOR)

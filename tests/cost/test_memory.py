@@ -153,3 +153,34 @@ def test_fused_cross_entropy_keeps_no_fp32_probabilities():
     assert fused.per_stage[-1].logits_buffers == pytest.approx(probabilities)  # 2 + 2 of 8 B
     for before, after in zip(unfused.per_stage[:-1], fused.per_stage[:-1], strict=True):
         assert before.memory_per_gpu_bytes == after.memory_per_gpu_bytes
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "job_figure", "expected"),
+    [
+        ("h100-sxm", None, GIB),  # a GPU: the CUDA context and workspaces, 1 GiB by default
+        ("tpu-v5e", None, 0),  # XLA's reported capacity is already net of its reservation
+        ("tpu-v5p", None, 0),
+        ("tpu-v5e", 3 * GIB, 3 * GIB),  # the job's own figure wins
+        ("h100-sxm", 0, 0),
+    ],
+)
+def test_runtime_overhead_is_the_jobs_else_the_accelerators(accelerator, job_figure, expected):
+    """A TPU holds no CUDA context; every other part of memory is the same on any chip."""
+    job = Job(model=load_model("llama3-8b"), seq_len=4096, global_batch_tokens=4096 * 64,
+              runtime_overhead_bytes=job_figure)  # fmt: skip
+    layout = Layout(tp=1, pp=1, dp=8, zero_stage=3, recompute="full")
+    report = memory_report(job, layout, load_accelerator(accelerator))
+    reference = memory_report(job.model_copy(update={"runtime_overhead_bytes": 0}), layout)
+    assert report.breakdown_bytes["runtime_overhead"] == expected
+    assert report.memory_per_gpu_bytes == pytest.approx(reference.memory_per_gpu_bytes + expected)
+
+
+def test_every_tpu_in_the_catalog_states_its_runtime_overhead():
+    from hwspecs.catalog import catalog_names
+
+    for name in catalog_names("accelerator"):
+        spec = load_accelerator(name)
+        if spec.kind == "tpu":
+            assert spec.runtime_overhead_bytes == 0
+            assert "XLA" in spec.source_of("runtime_overhead_bytes")

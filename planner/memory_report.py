@@ -271,8 +271,8 @@ def _explain(model, layout, job, peak, bpp, per_dense_layer, m, copies) -> list[
         ),
         ExplainTerm(
             term="runtime_overhead",
-            formula="HBM the runtime holds: the job's figure, else the accelerator's (CUDA "
-            "context and library workspaces on GPUs; none on TPUs, whose capacity is XLA's)",
+            formula="the runtime's own HBM: CUDA context and workspaces on a GPU, none on "
+            "a TPU (the job's figure where it sets one)",
             values=f"{peak.runtime_overhead / gib:.3g} GiB",
             bytes=peak.runtime_overhead,
         ),

@@ -32,8 +32,8 @@ ProfileFlag = Annotated[
 ROW_FIELDS = ("id", "accelerator", "precision", "stack", "num_gpus", "measured_from",
               "measured_tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu", "error",
               "measured_step_time_s", "predicted_step_time_s", "measured_mfu", "predicted_mfu",
-              "predicted_mfu_causal", "published_mfu", "predicted_memory_gib", "cp_algorithm",
-              "reason")  # fmt: skip
+              "predicted_mfu_causal", "published_mfu", "predicted_memory_gib",
+              "memory_capacity_gib", "cp_algorithm", "reason")  # fmt: skip
 
 
 def _write_csv(result, path: Path) -> None:
@@ -123,6 +123,15 @@ def runs_check(
         table.add_column("rows", justify="right")
         for reason, count in result.uncovered.items():
             table.add_row(reason, str(count))
+        console.print(table)
+    short = [r for r in result.rows if not r.covered and r.memory_capacity_gib is not None]
+    if short:
+        table = Table(title="no layout fits: the least memory a layout needs")
+        for name in ("id", "GPUs", "needs GiB", "HBM GiB"):
+            table.add_column(name, justify="left" if name == "id" else "right")
+        for r in short:
+            table.add_row(r.id, str(r.num_gpus), f"{r.predicted_memory_gib:.1f}",
+                          f"{r.memory_capacity_gib:.2f}")  # fmt: skip
         console.print(table)
     if rows:
         table = Table(title="rows")

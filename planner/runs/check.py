@@ -74,7 +74,10 @@ class RowPrediction(BaseModel):
     predicted_mfu: float | None = None
     published_mfu: float | None = None
     predicted_mfu_causal: float | None = None
+    #: The predicted layout's memory per GPU; on a row no layout fits, the least any placeable
+    #: layout needs, beside the accelerator's capacity (``memory_capacity_gib``).
     predicted_memory_gib: float | None = None
+    memory_capacity_gib: float | None = None
     measured_memory_gib: float | None = None
     features: dict[str, float] | None = None
 
@@ -170,7 +173,13 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
     accelerator = load_accelerator(cluster.accelerator)
     found = search(job, cluster, accelerator, row.hardware.num_gpus, space, mem_headroom=0.0)
     if found.feasible == 0:
-        return _uncovered(row, base, _no_layout_reason(found.rejected))
+        reason = _no_layout_reason(found.rejected)
+        if found.smallest_memory is not None:  # how far the least memory-hungry layout is off
+            base |= {
+                "predicted_memory_gib": found.smallest_memory["memory_per_gpu_bytes"] / GIB,
+                "memory_capacity_gib": accelerator.hbm_bytes / GIB,
+            }
+        return _uncovered(row, base, reason)
     best = found.top_rows(1)[0]
     tokens = float(best["tokens_per_s_per_gpu"])
     flops_per_token = float(best["model_tflops_per_gpu"]) * 1e12 / tokens

@@ -274,6 +274,10 @@ def test_uncovered_rows_say_why():
     row = next(r for r in load_runs("train") if r.id == "maxtext-v5e-32b-x2")
     prediction = predict_row(row)
     assert not prediction.covered and prediction.reason == "no layout fits in memory"
+    # By how much: the least memory a placeable layout needs, beside the capacity (XLA's
+    # 15.75 GiB on TPU v5e, no runtime overhead on top).
+    assert prediction.memory_capacity_gib == 15.75
+    assert prediction.predicted_memory_gib > prediction.memory_capacity_gib
     row = next(r for r in load_runs("train") if "fp4" in r.training.precision.lower())
     assert predict_row(row).reason == "FP4 training is not modelled"
 
@@ -568,3 +572,21 @@ def test_a_row_labelled_with_mtp_trains_its_modules():
     without = [r for r in rows if "w/o MTP" in (r.notes or "")]
     assert without and all(mtp_modules(r) == 0 for r in without)
     assert sum(mtp_modules(r) for r in rows) == len(labelled)
+
+
+def test_runs_check_says_how_far_a_run_that_does_not_fit_is_off(tmp_path, capsys, monkeypatch):
+    """The rows no layout fits are listed with the least memory a layout needs and the HBM
+    there is, in the table (80 columns) and the CSV."""
+    monkeypatch.setenv("COLUMNS", "80")
+    path = tmp_path / "v5e.csv"
+    assert cli.main(["runs", "check", "--accelerator", "tpu-v5e", "--csv", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "no layout fits: the least memory a layout needs" in out
+    line = next(text for text in out.splitlines() if "maxtext-v5e-32b-x2" in text)
+    assert "15.75" in line and max(len(text) for text in out.splitlines()) <= 80
+    import csv
+
+    rows = {row["id"]: row for row in csv.DictReader(path.open())}
+    short = rows["maxtext-v5e-32b-x2"]
+    assert float(short["predicted_memory_gib"]) > float(short["memory_capacity_gib"]) == 15.75
+    assert rows["maxtext-v5e-16b-x1"]["memory_capacity_gib"] == ""  # covered: no shortfall

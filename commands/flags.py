@@ -289,6 +289,7 @@ class MasterDtype(str, Enum):
 class Recompute(str, Enum):
     none = "none"
     selective = "selective"
+    dots = "dots"
     full = "full"
 
 
@@ -619,7 +620,9 @@ PINS = FlagGroup(
         _flag("schedule", ListOf(ScheduleName()), "pin, e.g. 1f1b,interleaved-1f1b",
               show_allowed=True),
         _flag("zero_stage", ListOf(IntIn(0, 3)), "pin, e.g. 1 (0, 1, 2 or 3)"),
-        _flag("recompute", ListOf(Choice(Recompute)), "pin: none, selective, full"),
+        _flag("recompute", ListOf(Choice(Recompute)),
+              "pin: none, selective, dots, full (default: none, selective, full; dots keeps "
+              "only the projections' outputs, JAX's checkpoint_dots)"),
         _flag("cp_algorithm", ListOf(Choice(CpAlgorithm)),
               "pin: all-gather, ring, ulysses, hierarchical (default: every one where cp > 1)"),
         _flag("cp_inner", ListOf(DEGREE),

@@ -133,6 +133,11 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
         args.append(
             "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
         )
+    elif lay["recompute"] == "dots":
+        notes.append(
+            "recompute dots (only the projections' outputs kept) has no Megatron-LM setting: "
+            "selective recomputation keeps more, full recomputation less"
+        )
     if lay["zero_stage"] >= 1:
         args.append("--use-distributed-optimizer")
     if lay["cp"] > 1:  # Megatron-Core's names of the CP algorithms (--cp-comm-type)

@@ -258,7 +258,7 @@ def axis_times_vectorized(
     Integer columns: ``tp, cp, pp, dp, ep, etp`` (None: tp, the routed experts' TP degree),
     ``vpp, micro_batch_size, num_microbatches`` (None:
     global batch / (dp · micro_batch_size), as Layout resolves it), ``zero_stage``; boolean
-    ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "full"),
+    ``sequence_parallel``; string columns ``recompute`` ("none" / "selective" / "dots" / "full"),
     ``schedule`` (a registry name; zbv and dualpipev run 2 chunks), ``pipeline_layer_split``
     (``recompute`` and ``schedule`` may come as :class:`planner.columns.codes.Labels` of the rows),
     ``cp_algorithm`` (:data:`planner.spec.layout.CP_ALGORITHMS`; None: all-gather),

@@ -141,14 +141,54 @@ def mlp_tensors(model: ModelSpec, shape: ActivationShape, moe_layer: bool) -> di
     return tensors
 
 
+#: What a layer keeps under ``dots`` besides its input: the projections' outputs its backward
+#: reads (queries, keys, values; MLA's latents; the router's logits) and the routed tokens and
+#: expert outputs, which come through the all-to-all and are not recomputed.
+DOTS_KEPT = ("attention.norm_input", "attention.query", "attention.key_value",
+             "moe.router_logits", "moe.expert_input", "moe.expert_output")  # fmt: skip
+
+
+def dots_tensors(model: ModelSpec, shape: ActivationShape, moe_layer: bool) -> dict[str, float]:
+    """The tensors a layer keeps when only matmul outputs are saved: JAX's
+    ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims`` (MaxText's
+    ``remat_policy=minimal``: its ``decoders.py`` saves ``query_proj``, ``key_proj``,
+    ``value_proj``, ``out_proj``, ``mlpwi*`` and ``mlpwo``), of which the backward reads the
+    layer input, the queries, keys and values (the attention core's backward), the output
+    projection's output (the MLP's norm input is rebuilt from it and the layer input) and
+    the MLP's first projections (gate and up under SwiGLU, one under GELU/ReLU). The
+    norms, the activation, the attention core (a batched product or a fused kernel, not a
+    projection) and its softmax statistics are recomputed. The memory measures are a
+    Megatron recipe's and do not apply."""
+    tokens, e, h, rep = (
+        shape.local_tokens,
+        shape.element_bytes,
+        model.hidden_size,
+        shape.replicated_share,
+    )
+    raw = {**attention_tensors(model, shape), **mlp_tensors(model, shape, moe_layer)}
+    kept = {name: raw[name] for name in DOTS_KEPT if name in raw}
+    if model.attention_kind == "mla":  # the down-projections' outputs, not their normed copies
+        latent = (model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim
+        kept["attention.latents"] = tokens * latent * e
+    kept["attention.out_proj_output"] = tokens * h * e * rep
+    first = 2 if model.mlp_kind == "swiglu" else 1  # of the 3 (SwiGLU) or 2 (GELU) stored
+    for name in ("mlp.intermediate", "moe.expert_intermediate", "moe.shared_intermediate"):
+        if name in raw:
+            kept[name] = raw[name] * first / (first + 1)
+    return kept
+
+
 def layer_activation_tensors(
     model: ModelSpec, shape: ActivationShape, moe_layer: bool = False
 ) -> dict[str, float]:
     """Bytes of every tensor one layer keeps for backward on one rank, one micro-batch.
 
     ``selective`` drops the attention score tensors (recomputed); ``full`` keeps only the
-    layer input (``2sbh``, split under SP), the checkpoint of Korthikanti et al. §4.2.
+    layer input (``2sbh``, split under SP), the checkpoint of Korthikanti et al. §4.2;
+    ``dots`` keeps the projections' outputs (:func:`dots_tensors`).
     """
+    if shape.recompute == "dots":
+        return dots_tensors(model, shape, moe_layer)
     if shape.recompute == "full":
         return {
             "layer_input_checkpoint": shape.local_tokens

@@ -161,18 +161,19 @@ def recompute_flops_per_token(
 ) -> float:
     """Extra forward FLOPs per token that recomputation runs (counted in HFU only).
 
-    ``selective`` recomputes the attention core (Korthikanti et al. 2022, §4.2);
+    ``selective`` recomputes the attention core (Korthikanti et al. 2022, §4.2), and so does
+    ``dots`` (its other recomputed work is element-wise, no matmul FLOPs);
     ``full`` recomputes every layer's forward (not the LM head).
     """
     if recompute == "none":
         return 0.0
     ops = model_ops_per_sequence(model, seq_len, causal)
-    if recompute == "selective":
+    if recompute in ("selective", "dots"):
         core = [op for op in ops if op.name in ("attention.scores", "attention.context")]
         return sum(op.forward for op in core) / seq_len
     if recompute == "full":
         return sum(op.forward for op in ops if op.name != "lm_head") / seq_len
-    raise ValueError(f"recompute must be none, selective or full, got '{recompute}'")
+    raise ValueError(f"recompute must be none, selective, dots or full, got '{recompute}'")
 
 
 def six_n_flops_per_token(model: ModelSpec, seq_len: int) -> float:

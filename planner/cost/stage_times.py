@@ -45,25 +45,34 @@ class LayerTimes(BaseModel):
     #: Forward work the job's memory measures rerun in the backward (planner.spec.measures).
     measures_recompute_s: float = 0.0
 
+    #: The element-wise operations' forward (norms, residuals, rotary, the MLP activation).
+    elementwise_forward_s: float = 0.0
+
     @classmethod
     def of(cls, ops: list[OpTime], measures_recompute_s: float = 0.0) -> LayerTimes:
         core = [op for op in ops if op.name == "attention.core"]
+        elementwise = [op for op in ops if op.name.startswith("elementwise.")]
         return cls(
             measures_recompute_s=measures_recompute_s,
             forward_s=sum(op.forward_s for op in ops),
             input_grad_s=sum(op.input_grad_s for op in ops),
             weight_grad_s=sum(op.weight_grad_s for op in ops),
             attention_forward_s=sum(op.forward_s for op in core),
+            elementwise_forward_s=sum(op.forward_s for op in elementwise),
             ops=ops,
         )
 
     def recompute_s(self, recompute: str) -> float:
         """Forward work rerun before this layer's backward under ``recompute`` (plus what
-        the memory measures rerun, which full recomputation already covers)."""
+        the memory measures rerun, which full recomputation already covers): ``selective``
+        the attention core; ``dots`` the attention core and the element-wise operations
+        (:func:`planner.cost.activations.dots_tensors`: its memory measures do not apply)."""
         if recompute == "full":
             return self.forward_s
         if recompute == "selective":
             return self.attention_forward_s + self.measures_recompute_s
+        if recompute == "dots":
+            return self.attention_forward_s + self.elementwise_forward_s
         return self.measures_recompute_s
 
 

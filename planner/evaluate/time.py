@@ -26,7 +26,7 @@ from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES, SCHEDUL
 from planner.spec.job import Job
 from planner.structure import op_counts
 
-RECOMPUTE_CODES = ("none", "selective", "full")
+RECOMPUTE_CODES = ("none", "selective", "full", "dots")
 #: Structure-table entries the pipeline's compute and the optimizer step read.
 PACE_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head", "param_tensors")
 #: A row's data-parallel wrapper in torch's implementation (:func:`data_parallel_form`).

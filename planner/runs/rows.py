@@ -253,7 +253,9 @@ def _recompute_pins(text: str | None) -> dict:
         return {}
     if lower.startswith("none"):
         return {"recompute": ["none"]}
-    if "selective" in lower or "minimal" in lower:
+    if "minimal" in lower:  # MaxText's: only the projections' outputs saved
+        return {"recompute": ["dots"]}
+    if "selective" in lower:
         return {"recompute": ["selective"]}
     if "full" in lower or "checkpoint" in lower or "remat" in lower:
         return {"recompute": ["full"]}

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from hwspecs.errors import PlanError
 from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
 
-RecomputeName = Literal["none", "selective", "full"]
+RecomputeName = Literal["none", "selective", "dots", "full"]
 LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced", "work-balanced"]
 #: Context-parallel algorithms (planner.comm.context_parallel): Llama 3's K/V all-gather,
 #: ring attention, DeepSpeed-Ulysses all-to-all, Ulysses inside the scale-up domain with a

@@ -158,3 +158,13 @@ def test_megatron_settings_carry_the_tp_overlap_the_plan_assumed(capsys):
     code, out, err = run(capsys, "plan", *pins, "--no-tp-comm-overlap", "--emit", "megatron")
     assert code == 0, err
     assert "--tp-comm-overlap" not in megatron_args(out)
+
+
+def test_megatron_says_it_has_no_dots_recomputation(capsys):
+    pins = ("--tp", "8", "--cp", "1", "--pp", "16", "--micro-batch-size", "1",
+            "--schedule", "1f1b", "--recompute", "dots")  # fmt: skip
+    code, out, err = run(capsys, "plan", *pins, "--emit", "megatron")
+    assert code == 0, err
+    assert "--recompute-granularity" not in megatron_args(out)
+    text = " ".join(err.split())  # notes go to stderr, wrapped at the console's width
+    assert "note (megatron): recompute dots" in text and "has no Megatron-LM setting" in text

@@ -68,7 +68,7 @@ def jobs_and_layouts(draw):
         tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
         micro_batch_size=mbs, num_microbatches=m,
         zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
-        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        recompute=draw(st.sampled_from(["none", "selective", "dots", "full"])),
         sequence_parallel=draw(st.booleans()), cp_algorithm=cp_algorithm,
         pipeline_layer_split=draw(st.sampled_from(["auto", "work-balanced"])),
     )  # fmt: skip

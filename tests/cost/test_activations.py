@@ -109,3 +109,45 @@ def test_backward_working_beside_logits_counts_only_the_larger_on_the_head_rank(
 
     out = backward_working_beside_logits(10.0, np.array([4.0, 4.0, 30.0]), np.array([0, 1, 1]))
     assert out.tolist() == [10.0, 6.0, 0.0]
+
+
+def test_dots_keeps_the_projections_outputs_the_backward_reads():
+    """``dots`` (JAX's checkpoint_dots_with_no_batch_dims, MaxText's remat_policy=minimal) on
+    Llama 3 405B's layer (s b h units, 16-bit): the layer input 2, Q 2, K/V 2·(1024/16384)·2,
+    the output projection's output 2, SwiGLU's gate and up 2·(53248/16384)·2 = 19.25 sbh;
+    norms, the activation, the attention core and its statistics are recomputed."""
+    model = load_model("llama3-405b")
+    s, h = 8192, 16384
+    shapes = {p: ActivationShape(seq_len=s, micro_batch_size=1, recompute=p)
+              for p in ("dots", "full", "selective")}  # fmt: skip
+    tensors = layer_activation_tensors(model, shapes["dots"])
+    assert sum(tensors.values()) / (s * h) == pytest.approx(2 + 2 + 0.25 + 2 + 13)
+    assert "attention.softmax_lse" not in tensors and "attention.qkv_input" not in tensors
+    # Between full recomputation (the input alone) and selective (everything but scores).
+    full = activation_bytes_per_layer(model, shapes["full"])
+    assert full < sum(tensors.values()) < activation_bytes_per_layer(model, shapes["selective"])
+
+
+@given(t=st.sampled_from([1, 2, 4, 8]), b=st.integers(1, 4))
+def test_dots_shrinks_with_sequence_parallelism_like_every_other_tensor(t, b):
+    model = load_model("llama3-8b")
+    whole = ActivationShape(seq_len=4096, micro_batch_size=b, recompute="dots")
+    split = whole.model_copy(update={"tp": t, "sequence_parallel": True})
+    assert activation_bytes_per_layer(model, split) * t == pytest.approx(
+        activation_bytes_per_layer(model, whole)
+    )
+
+
+def test_dots_reruns_the_attention_core_and_the_element_wise_operations():
+    """What ``dots`` does not keep is rerun before the backward: the attention core and the
+    norms, residuals, rotary and the MLP activation; no projection."""
+    from hwspecs.catalog import load_accelerator
+    from planner.cost.compute import GpuRates
+    from planner.cost.stage_times import shape_times
+
+    rates = GpuRates.of(load_accelerator("h100-sxm"), "bf16")
+    dense = shape_times(load_model("llama3-8b"), 4096, 1, 1, 1, 1, False, True, rates, 2.0).dense
+    ops = {op.name: op.forward_s for op in dense.ops}
+    rerun = ops["attention.core"] + sum(v for k, v in ops.items() if k.startswith("elementwise."))
+    assert dense.recompute_s("dots") == pytest.approx(rerun)
+    assert dense.recompute_s("selective") < dense.recompute_s("dots") < dense.recompute_s("full")

@@ -590,3 +590,16 @@ def test_runs_check_says_how_far_a_run_that_does_not_fit_is_off(tmp_path, capsys
     short = rows["maxtext-v5e-32b-x2"]
     assert float(short["predicted_memory_gib"]) > float(short["memory_capacity_gib"]) == 15.75
     assert rows["maxtext-v5e-16b-x1"]["memory_capacity_gib"] == ""  # covered: no shortfall
+
+
+def test_maxtexts_minimal_remat_is_the_dots_policy():
+    """MaxText's ``remat_policy=minimal`` saves the projections' outputs only
+    (``checkpoint_dots_with_no_batch_dims`` at the rows' commit), not Megatron's selective
+    recomputation, which keeps every other tensor too."""
+    from planner.runs.rows import model_spec, search_space
+
+    row = next(r for r in load_runs("train") if r.id == "maxtext-v5p-32b-64chips-x1")
+    assert search_space(row, model_spec(row)).recompute == ["dots"]
+    prediction = predict_row(row)
+    assert prediction.covered and prediction.layout["recompute"] == "dots"
+    assert prediction.predicted_memory_gib <= 95.0

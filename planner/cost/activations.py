@@ -141,9 +141,11 @@ def mlp_tensors(model: ModelSpec, shape: ActivationShape, moe_layer: bool) -> di
     return tensors
 
 
-#: What a layer keeps under ``dots`` besides its input: the projections' outputs its backward
-#: reads (queries, keys, values; MLA's latents; the router's logits) and the routed tokens and
-#: expert outputs, which come through the all-to-all and are not recomputed.
+#: What a layer keeps under ``dots`` as the other policies store it: its input, the
+#: projections' outputs its backward reads (queries, keys, values; the router's logits) and
+#: the routed tokens and expert outputs, which come through the all-to-all and are not
+#: recomputed. :func:`dots_tensors` adds MLA's latents, the output projection's output and
+#: the MLP's first projections, which it sizes itself.
 DOTS_KEPT = ("attention.norm_input", "attention.query", "attention.key_value",
              "moe.router_logits", "moe.expert_input", "moe.expert_output")  # fmt: skip
 

@@ -28,9 +28,12 @@ from planner.spec.job import Job
 #: and the recipe's state terms, if any).
 MEMORY_STRUCT_KEYS = ("dense_layers", "moe_layers", "emb", "head", "slot",
                       "mirror_dense_layers", "mirror_moe_layers")  # fmt: skip
-#: The layout fields a row's communication buffers read (:func:`comm_buffer_bytes`).
-BUFFER_FIELDS = ("tp", "cp", "pp", "ep", "etp", "zero_stage", "sequence_parallel",
-                 "micro_batch_size", "cp_algorithm")  # fmt: skip
+#: The fields :func:`planner.cost.memory.comm_buffer_columns` reads, in its argument order.
+COMM_BUFFER_FIELDS = ("tp", "cp", "pp", "ep", "etp", "zero_stage", "sequence_parallel",
+                      "micro_batch_size")  # fmt: skip
+#: The layout fields a row's communication buffers read (:func:`comm_buffer_bytes`): those
+#: and the CP algorithm's (its K/V buffers).
+BUFFER_FIELDS = (*COMM_BUFFER_FIELDS, "cp_algorithm")
 #: Outputs of the memory model; every other output is timed.
 MEMORY_OUTPUTS = ("memory_per_gpu_bytes", "peak_rank")
 
@@ -137,8 +140,7 @@ def comm_buffer_bytes(job: Job, c: LayoutColumns, tuned) -> np.ndarray:
     """Each row's communication buffers at their peak (:func:`planner.cost.memory.
     comm_buffer_columns`) and its CP algorithm's K/V buffers
     (:func:`planner.cost.context_parallel.cp_buffer_bytes`); reads :data:`BUFFER_FIELDS`."""
-    buffer_columns = c.columns("tp", "cp", "pp", "ep", "etp", "zero_stage", "sequence_parallel",
-                               "micro_batch_size")  # fmt: skip
+    buffer_columns = c.columns(*COMM_BUFFER_FIELDS)
     kv_buffers = cp_buffer_bytes(
         job.model, job.seq_len, c.micro_batch_size, c.tp, c.cp, c.cp_algorithm,
         job.precision.activation_bytes, job.ulysses_kv_heads == "replicate",

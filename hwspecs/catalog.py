@@ -225,7 +225,9 @@ RUN_CATALOGS = ("train",)
 def _run_rows_from_csv(path: Path) -> list[dict]:
     """Flat CSV rows (dotted headers such as ``training.tp``) as nested dicts: empty cells
     are null, ``derived_fields`` / ``inferred_fields`` split on ``;``, everything else a
-    string the schema converts (``"8"`` to 8 for an integer field)."""
+    string the schema converts (``"8"`` to 8 for an integer field). ``supplements`` (the
+    catalog's records of launch-script settings, nested objects) has no flat form and is
+    not read."""
     import csv
 
     rows = []
@@ -233,6 +235,8 @@ def _run_rows_from_csv(path: Path) -> list[dict]:
         for flat in csv.DictReader(handle):
             row: dict = {}
             for key, text in flat.items():
+                if key == "supplements":
+                    continue
                 *outer, last = key.split(".")
                 into = row
                 for part in outer:

@@ -143,6 +143,16 @@ class RunMeasured(RunSpecModel):
     other: dict | None = None
 
 
+class RunSupplement(RunSpecModel):
+    """A setting the row's table left out and the same release's launch script states: the
+    field it fills (dotted, e.g. ``training.vpp``), its value and the file that sets it."""
+
+    field: str
+    value: int | float | str | bool
+    source_ref: SourceRef
+    quote: str = Field(description="the launch script's own lines that set it")
+
+
 class RunRow(RunSpecModel):
     """One measured training run."""
 
@@ -160,6 +170,9 @@ class RunRow(RunSpecModel):
     measured: RunMeasured
     derived_fields: list[str] = Field(default_factory=list)
     inferred_fields: list[str] = Field(default_factory=list)
+    #: Settings filled from the source's launch script where its table printed none
+    #: (the project's catalog only; ``scripts/build_runs_catalog.py``).
+    supplements: list[RunSupplement] = Field(default_factory=list)
     notes: str | None = None
 
     @property

@@ -243,7 +243,10 @@ def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool, kernel=
     from planner.cost.compute import FLASH_BACKWARD_FLOPS_RATIO, attention_dtype
 
     if not flash_attention:
-        return "attention (unfused): two batched GEMMs at the matmul rate, backward 2× forward"
+        return (
+            "attention (unfused): batched GEMMs over every score at the matmul rate (backward "
+            "2× forward), softmax as memory traffic over the scores"
+        )
     dtype = attention_dtype(gemm_dtype)
     forward, backward = accelerator.achievable_attention_flops_per_s(dtype, kernel)
     measured = dtype == "bf16" and kernel in accelerator.attention_kernels

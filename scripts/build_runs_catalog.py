@@ -4,7 +4,9 @@ Reads ``shared/reference/runs/train.json`` (published runs with their sources) a
 ``hwspecs/data/runs/train.json`` in the schema of :mod:`hwspecs.runs`: the facts and their
 ``source_ref`` as transcribed, the reference's reading notes replaced by a short note of
 our own saying which values were derived or assumed, MLA ranks moved from the free-text
-architecture note into ``model.mla``. The test targets (``targets.json``) are not copied:
+architecture note into ``model.mla``, and the settings ``supplements.json`` names filled in
+(each a field the row's table left empty that the same release's launch script sets, kept
+on the row with its file and lines: ``RunRow.supplements``). The test targets (``targets.json``) are not copied:
 the project ships no target row, and the build refuses a train row that is a target.
 
 Run from the repository root::
@@ -18,9 +20,10 @@ import argparse
 import json
 from pathlib import Path
 
-from hwspecs.runs import RunRow, mla_ranks, node_limit
+from hwspecs.runs import RunRow, RunSupplement, mla_ranks, node_limit
 
 OUT_DIR = Path(__file__).resolve().parents[1] / "hwspecs" / "data" / "runs"
+SUPPLEMENTS = OUT_DIR / "supplements.json"
 
 
 def our_note(row: dict) -> str:
@@ -34,15 +37,38 @@ def our_note(row: dict) -> str:
         )
     if row["inferred_fields"]:
         parts.append("Assumed, not printed: " + ", ".join(row["inferred_fields"]) + ".")
+    for supplement in row.get("supplements", []):
+        ref = supplement["source_ref"]
+        parts.append(
+            f"Not in the table, set by {ref['path']} at the same commit: {supplement['field']}."
+        )
     if row["group"]:
         parts.append(f"Configuration group {row['group']}.")
     return " ".join(part for part in parts if part)
 
 
-def converted(row: dict, cluster: str | None) -> dict:
-    """One reference row in the catalog's schema (validated)."""
+def supplemented(row: dict, supplements: list[dict]) -> dict:
+    """The row with the launch-script settings that name it filled in. A supplement fills
+    only a field the row leaves empty, from a file at the row's own source commit."""
     out = json.loads(json.dumps(row))
-    out["notes"] = our_note(row)
+    for entry in supplements:
+        if row["id"] not in entry["ids"]:
+            continue
+        if entry["source_ref"]["commit"] != row["source_ref"].get("commit"):
+            raise SystemExit(f"{row['id']}: supplement {entry['field']} is from another commit")
+        section, key = entry["field"].split(".")
+        if out[section].get(key) is not None:
+            raise SystemExit(f"{row['id']}: {entry['field']} is published; not overwritten")
+        out[section][key] = entry["value"]
+        record = {name: entry[name] for name in ("field", "value", "source_ref", "quote")}
+        out.setdefault("supplements", []).append(RunSupplement.model_validate(record).model_dump())
+    return out
+
+
+def converted(row: dict, cluster: str | None, supplements: list[dict] = ()) -> dict:
+    """One reference row in the catalog's schema (validated)."""
+    out = supplemented(row, list(supplements))
+    out["notes"] = our_note(out)
     out["model"]["mla"] = mla_ranks(row["model"].get("arch_notes"))
     if out["model"].get("moe"):
         out["model"]["moe"]["max_nodes_per_token"] = node_limit(out["model"]["moe"].get("notes"))
@@ -61,7 +87,11 @@ def main() -> None:
     overlap = targets & {row["id"] for row in rows}
     if overlap:
         raise SystemExit(f"train rows that are test targets: {sorted(overlap)}")
-    out = [converted(row, None) for row in rows]
+    supplements = json.loads(SUPPLEMENTS.read_text())
+    unknown = {i for entry in supplements for i in entry["ids"]} - {row["id"] for row in rows}
+    if unknown:
+        raise SystemExit(f"supplements name rows not in the reference: {sorted(unknown)}")
+    out = [converted(row, None, supplements) for row in rows]
     (OUT_DIR / "train.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"train: {len(out)} rows")
 

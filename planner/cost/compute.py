@@ -17,7 +17,7 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from hwspecs.schema import Accelerator
-from planner.cost.flops import attention_core_ops
+from planner.cost.flops import CAUSAL_FRACTION, attention_core_ops
 from planner.spec.model import ModelSpec
 from planner.structure.linears import expert_fold, kv_heads_per_rank
 
@@ -267,10 +267,16 @@ def layer_op_times(
     core = attention_core_ops(model, seq_len, micro_batch_size / cp, causal=True)
     core_flops = sum(op.forward for op in core) / tp
     core_bytes = tokens * (qkv_width + q_local) * e
-    if not flash_attention:
+    if flash_attention:
+        ops.append(attention_core_time(core_flops, core_bytes, rates))
+    else:
+        # The unfused kernels compute every score, the causal mask's half too.
         scores = model.num_attention_heads / tp * tokens * seq_len
-        core_bytes += scores * e * (3 if model.dropout > 0 else 2)
-    ops.append(attention_core_time(core_flops, core_bytes, flash_attention, rates))
+        ops.append(
+            unfused_attention_time(
+                core_flops / CAUSAL_FRACTION, core_bytes, scores, model.dropout > 0, rates, e
+            )
+        )
     ops.extend(_mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e, etp))
     # Routed rows × etp/tp at width f/etp: the same elements whatever etp (expert_fold).
     ffn = _activation_width(model, moe_layer, ep) / tp
@@ -283,34 +289,63 @@ def layer_op_times(
     return ops
 
 
-def attention_core_time(
-    forward_flops: float, forward_bytes: float, flash_attention: bool, rates: GpuRates
-) -> OpTime:
-    """Scores, softmax and the weighted sum of one layer: forward and input gradient.
-
-    Fused (FlashAttention) kernels run at the accelerator's measured attention rates, and
-    their backward does 2.5x the forward FLOPs (the scores are recomputed); without fusion
-    the two batched GEMMs run at the matmul rate of attention's dtype and the backward does
-    2x. Backward
-    traffic is twice the forward's (read Q, K, V, O, dO; write dQ, dK, dV).
-    """
-    if flash_attention:
-        forward_rate = rates.attention_forward_flops_per_s or rates.matmul_flops_per_s
-        backward_rate = rates.attention_backward_flops_per_s or rates.matmul_flops_per_s
-        backward_flops = FLASH_BACKWARD_FLOPS_RATIO * forward_flops
-    else:
-        forward_rate = backward_rate = (
-            rates.attention_matmul_flops_per_s or rates.matmul_flops_per_s
-        )
-        backward_flops = 2.0 * forward_flops
+def attention_core_time(forward_flops: float, forward_bytes: float, rates: GpuRates) -> OpTime:
+    """Scores, softmax and the weighted sum of one layer in a fused kernel (FlashAttention):
+    forward and input gradient at the accelerator's measured attention rates (the matmul
+    rate where it records none). The backward does 2.5x the forward FLOPs (five GEMMs to the
+    forward's two, the scores recomputed; the FLOPs FlashAttention's benchmarks count) and moves twice the forward's traffic
+    (read Q, K, V, O, dO; write dQ, dK, dV)."""
+    forward_rate = rates.attention_forward_flops_per_s or rates.matmul_flops_per_s
+    backward_rate = rates.attention_backward_flops_per_s or rates.matmul_flops_per_s
     memory_s = forward_bytes / rates.hbm_bytes_per_s
     return OpTime(
         name="attention.core",
         forward_s=max(forward_flops / forward_rate, memory_s),
-        input_grad_s=max(backward_flops / backward_rate, 2 * memory_s),
+        input_grad_s=max(FLASH_BACKWARD_FLOPS_RATIO * forward_flops / backward_rate, 2 * memory_s),
         weight_grad_s=0.0,
         forward_flops=forward_flops,
         bound="compute",
+    )
+
+
+#: Passes over the score matrix of attention without a fused kernel, Megatron-LM's
+#: ``CoreAttention`` (``baddbmm`` for Q·Kᵀ, ``FusedScaleMaskSoftmax``, ``attention_dropout``,
+#: ``bmm`` for P·V), besides the one pass of each GEMM (Q·Kᵀ writes S, P·V reads P; in the
+#: backward dO·Vᵀ writes dP, Pᵀ·dO reads P, dS·K and dSᵀ·Q read dS): the softmax reads and
+#: writes forward, reads P and dP and writes dS backward; dropout reads and writes each way,
+#: plus its one-byte mask.
+UNFUSED_SOFTMAX_PASSES = (2, 3)
+UNFUSED_DROPOUT_PASSES = 2
+
+
+def unfused_attention_time(
+    full_flops: float, qkv_bytes: float, score_elements: float, dropout: bool,
+    rates: GpuRates, element_bytes: float,
+) -> OpTime:  # fmt: skip
+    """Attention as separate kernels, each its own roofline, one after another: the two
+    batched GEMMs (Q·Kᵀ, P·V; ``full_flops`` counts every score, the causal mask's half too)
+    at the matmul rate of attention's dtype and four GEMMs in the backward (2x the FLOPs),
+    and the softmax, masking and dropout as memory traffic over the score matrix
+    (:data:`UNFUSED_SOFTMAX_PASSES`, :data:`UNFUSED_DROPOUT_PASSES`; Korthikanti et al.
+    2022 §4.1 count the same tensors: 2as²b softmax output, as²b dropout mask, 2as²b dropout
+    output)."""
+    rate = rates.attention_matmul_flops_per_s or rates.matmul_flops_per_s
+    bandwidth = rates.hbm_bytes_per_s
+    score_bytes = score_elements * element_bytes
+    dropout_bytes = UNFUSED_DROPOUT_PASSES * score_bytes + score_elements if dropout else 0.0
+    softmax_forward, softmax_backward = UNFUSED_SOFTMAX_PASSES
+    # Each GEMM does half the forward FLOPs and one pass over the scores.
+    half = full_flops / 2
+    gemm_s = max(half / rate, (score_bytes + qkv_bytes / 2) / bandwidth)
+    forward = 2 * gemm_s + (softmax_forward * score_bytes + dropout_bytes) / bandwidth
+    backward = 4 * gemm_s + (softmax_backward * score_bytes + dropout_bytes) / bandwidth
+    return OpTime(
+        name="attention.core",
+        forward_s=forward,
+        input_grad_s=backward,
+        weight_grad_s=0.0,
+        forward_flops=full_flops,
+        bound="compute" if half / rate >= score_bytes / bandwidth else "memory",
     )
 
 

@@ -334,6 +334,19 @@ def attention_kernel(row: RunRow) -> str | None:
     return None
 
 
+def ran_flash_attention(row: RunRow) -> bool:
+    """Whether a row's stack ran a fused attention kernel. Megatron-LM gained FlashAttention
+    (``--use-flash-attn``) with NVIDIA/Megatron-LM pull request 267, opened 2022-12 and merged
+    in 2023, and BigScience's Megatron-DeepSpeed never merged its port (pull request 357), so
+    Megatron-LM and Megatron-DeepSpeed runs published in 2022 or earlier ran ``CoreAttention``
+    unfused: batched GEMMs and ``FusedScaleMaskSoftmax`` over the stored scores (the 5as²b of
+    Korthikanti et al. 2022, whose selective recomputation exists to drop them). Every other
+    row ran a fused kernel (:func:`attention_kernel` says which where its software does)."""
+    framework = (row.training.framework or "").lower()
+    megatron_lm = "megatron" in framework and "megatron-core" not in framework
+    return not (megatron_lm and row.year is not None and row.year <= 2022)
+
+
 def cross_entropy_kernel(row: RunRow) -> str:
     """The loss kernel a row's stack ran: llm-foundry's MPT computes its loss with
     FlashAttention's fused ``CrossEntropyLoss`` unless configured otherwise
@@ -345,7 +358,7 @@ def cross_entropy_kernel(row: RunRow) -> str:
 def run_job(row: RunRow, model: ModelSpec) -> Job:
     """The row's job: its model at its sequence length, batch and precision, whether its
     framework overlapped TP communication (:func:`planner.spec.stack.framework_overlaps_tp`)
-    and the attention kernel it ran (:func:`attention_kernel`)."""
+    and the attention kernel it ran (:func:`attention_kernel`, :func:`ran_flash_attention`)."""
     if row.training.task == "lora":
         raise Uncovered("LoRA rank and targets not published")
     t = row.training
@@ -361,6 +374,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             memory_measures=memory_measures("deepseek-v3" if partial else "none"),
             tp_comm_overlap=framework_overlaps_tp(t.framework),
             attention_kernel=attention_kernel(row),
+            flash_attention=ran_flash_attention(row),
             cross_entropy=cross_entropy_kernel(row),
         )
     except ValidationError as error:

@@ -194,7 +194,10 @@ def test_plan_says_how_much_each_algorithm_would_cost_the_winning_layout():
     start = next(i for i, line in enumerate(result.explanation)
                  if line.startswith("context-parallel algorithms on the winning layout"))  # fmt: skip
     lines = result.explanation[start + 1 : start + 1 + len(CP_ALGORITHMS)]
-    chosen = f"  {winner['layout']['cp_algorithm']}: {winner['step_time_s']:.3f} s (chosen)"
-    assert chosen in lines
+    layout = winner["layout"]
+    label = layout["cp_algorithm"]
+    if label == "hierarchical":  # the line names its inner group
+        label += f" (inner {layout['cp_inner']})"
+    assert f"  {label}: {winner['step_time_s']:.3f} s (chosen)" in lines
     others = [line for line in lines if "chosen" not in line and "not allowed" not in line]
     assert all("+" in line or "the same as" in line for line in others)

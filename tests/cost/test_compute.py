@@ -12,6 +12,7 @@ from planner.cost.compute import (
     attention_dtype,
     gemm_time,
     layer_op_times,
+    unfused_attention_time,
 )
 from planner.spec.model import load_model
 
@@ -61,21 +62,52 @@ def test_flash_attention_runs_at_the_measured_kernel_rates():
     # FlashAttention-3 on H100 SXM (Shah et al. 2024): 602 TFLOP/s forward (causal, d 128,
     # 8k), 559 TFLOP/s backward on 2.5x the forward FLOPs.
     flops = 1e15
-    op = attention_core_time(flops, 1e6, flash_attention=True, rates=H100)
+    op = attention_core_time(flops, 1e6, rates=H100)
     assert op.forward_s == pytest.approx(flops / 602e12, rel=1e-3)
     assert op.input_grad_s == pytest.approx(2.5 * flops / 559e12, rel=1e-3)
     assert op.weight_grad_s == 0.0
 
 
-def test_unfused_attention_and_unmeasured_kernels_run_at_the_matmul_rate():
+def test_unmeasured_fused_kernels_run_at_the_matmul_rate():
     flops = 1e15
-    unfused = attention_core_time(flops, 1e6, flash_attention=False, rates=H100)
-    assert unfused.forward_s == pytest.approx(flops / H100.matmul_flops_per_s)
-    assert unfused.input_grad_s == pytest.approx(2 * unfused.forward_s)
     a100 = GpuRates.of(load_accelerator("a100-sxm-80gb"), "bf16")  # no attention measurement
-    fused = attention_core_time(flops, 1e6, flash_attention=True, rates=a100)
+    fused = attention_core_time(flops, 1e6, rates=a100)
     assert fused.forward_s == pytest.approx(flops / a100.matmul_flops_per_s)
     assert fused.input_grad_s == pytest.approx(2.5 * fused.forward_s)
+
+
+def test_unfused_attention_is_its_kernels_one_after_another():
+    """Megatron-LM's CoreAttention: Q·Kᵀ and P·V over every score (twice the causal FLOPs)
+    at the matmul rate, four GEMMs backward, and the softmax as traffic over the scores
+    (forward 2 passes, backward 3), each GEMM one pass; dropout 2 more passes and a mask
+    byte each way. GPT-3 175B's layer on A100, s = 2048, TP 8: 12 heads a rank."""
+    a100 = GpuRates.of(load_accelerator("a100-sxm-80gb"), "bf16")
+    s, heads, d = 2048, 12, 128
+    scores = heads * s * s
+    causal = 2 * 2 * scores * d * 0.5
+    op = unfused_attention_time(2 * causal, 0.0, scores, False, a100, 2.0)
+    gemm = max(causal / a100.matmul_flops_per_s, 2 * scores / a100.hbm_bytes_per_s)
+    assert op.forward_s == pytest.approx(2 * gemm + 2 * 2 * scores / a100.hbm_bytes_per_s)
+    assert op.input_grad_s == pytest.approx(4 * gemm + 3 * 2 * scores / a100.hbm_bytes_per_s)
+    dropped = unfused_attention_time(2 * causal, 0.0, scores, True, a100, 2.0)
+    extra = (2 * 2 + 1) * scores / a100.hbm_bytes_per_s
+    assert dropped.forward_s == pytest.approx(op.forward_s + extra)
+    assert dropped.input_grad_s == pytest.approx(op.input_grad_s + extra)
+    # Slower than the same FLOPs at the matmul rate, whatever the kernel: it does the
+    # masked half and moves the scores.
+    assert op.forward_s > 2 * causal / a100.matmul_flops_per_s
+
+
+def test_a_layer_without_flash_attention_computes_every_score():
+    model = load_model("gpt3-175b")
+    a100 = GpuRates.of(load_accelerator("a100-sxm-80gb"), "bf16")
+
+    def core(flash):
+        ops = layer_op_times(model, 2048, 1, 8, 1, 1, False, flash, False, a100)
+        return next(op for op in ops if op.name == "attention.core")
+
+    assert core(False).forward_flops == pytest.approx(2 * core(True).forward_flops)
+    assert core(False).forward_s > core(True).forward_s
 
 
 def test_fp8_recipes_keep_attention_in_bf16():
@@ -98,8 +130,8 @@ def test_attention_efficiency_must_be_a_fraction_of_a_listed_peak():
 
 def test_unfused_attention_stays_in_bf16_under_fp8_gemms():
     fp8 = GpuRates.of(load_accelerator("h100-sxm"), "fp8")
-    op = attention_core_time(1e15, 1e6, flash_attention=False, rates=fp8)
-    assert op.forward_s == pytest.approx(1e15 / H100.matmul_flops_per_s)
+    op = unfused_attention_time(1e15, 0.0, 1.0, False, fp8, 2.0)
+    assert op.forward_s == pytest.approx(1e15 / H100.matmul_flops_per_s, rel=1e-6)
 
 
 def test_fp8_quantization_moves_each_operand_once_per_pass():

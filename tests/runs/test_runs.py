@@ -20,6 +20,7 @@ from hwspecs.runs import RunRow
 from planner.cost.profile import TERMS, ideal_values, profile_parts, profiled_step_time
 from planner.runs.check import RowPrediction, predict_row
 from planner.runs.fit import fit_profile, fit_values, predicted_tokens
+from planner.runs.rows import model_spec, run_job
 
 #: The shared reference rows beside the checkout or a folder above it (CI lays them beside
 #: it): the test targets are read from there, never shipped.
@@ -603,3 +604,62 @@ def test_maxtexts_minimal_remat_is_the_dots_policy():
     prediction = predict_row(row)
     assert prediction.covered and prediction.layout["recompute"] == "dots"
     assert prediction.predicted_memory_gib <= 95.0
+
+
+def _catalog_build():
+    """``scripts/build_runs_catalog.py`` as a module (scripts/ is no package)."""
+    import importlib.util
+
+    path = DATA_DIR.parents[1] / "scripts" / "build_runs_catalog.py"
+    spec = importlib.util.spec_from_file_location("build_runs_catalog", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_launch_scripts_setting_fills_only_what_the_table_left_empty():
+    """dgxc-benchmarking v25.04's Nemotron-4 340B table prints VP as NA; its launch.sh at
+    the same commit sets VP=12 and passes -vp. The catalog row carries the value with the
+    file it came from, and runs interleaved; a published value is never overwritten, and a
+    file of another commit is refused."""
+    build = _catalog_build()
+    supplements = json.loads(build.SUPPLEMENTS.read_text())
+    rows = {row.id: row for row in load_runs()}
+    filled = [rows[i] for entry in supplements for i in entry["ids"]]
+    assert len(filled) == 6
+    for row in filled:
+        (supplement,) = row.supplements
+        assert supplement.field == "training.vpp" and row.training.vpp == supplement.value == 12
+        assert supplement.source_ref.commit == row.source_ref.commit
+        assert supplement.source_ref.path == "nemotron/launch.sh"
+        assert "launch.sh" in row.notes
+    prediction = predict_row(filled[0])
+    assert prediction.layout["schedule"] == "interleaved-1f1b" and prediction.layout["vpp"] == 12
+    assert all(not row.supplements for row in rows.values() if row not in filled)
+    raw = json.loads(filled[0].model_dump_json())
+    raw["training"]["vpp"], raw["supplements"] = None, []
+    assert build.supplemented(raw, supplements)["training"]["vpp"] == 12
+    raw["training"]["vpp"] = 4
+    with pytest.raises(SystemExit, match="published; not overwritten"):
+        build.supplemented(raw, supplements)
+    raw["training"]["vpp"], raw["source_ref"]["commit"] = None, "0" * 40
+    with pytest.raises(SystemExit, match="another commit"):
+        build.supplemented(raw, supplements)
+
+
+def test_megatron_runs_before_flash_attention_time_it_unfused():
+    """Megatron-LM gained FlashAttention in 2023 (NVIDIA/Megatron-LM#267); BigScience's
+    Megatron-DeepSpeed never merged it: their 2022 rows (Korthikanti et al., MT-NLG, BLOOM)
+    run unfused attention, every later and every other row a fused kernel."""
+    from planner.runs.rows import ran_flash_attention
+
+    rows = load_runs()
+    unfused = {row.id for row in rows if not ran_flash_attention(row)}
+    assert {row.id for row in rows if row.id.startswith("korthikanti22-")} <= unfused
+    assert {"bloom-176b-384xa100", "mtnlg-530b-280nodes"} <= unfused
+    assert len(unfused) == 12
+    later = [row for row in rows if row.id.startswith("nemotron4-340b-report")]
+    assert later and all(ran_flash_attention(row) for row in later)  # Megatron-LM, 2024
+    korthikanti = next(row for row in rows if row.id == "korthikanti22-22b-selective-sp")
+    job = run_job(korthikanti, model_spec(korthikanti))
+    assert job.flash_attention is False

@@ -242,6 +242,7 @@ class Precision(str, Enum):
 class MeasureSet(str, Enum):
     none = "none"
     deepseek_v3 = "deepseek-v3"
+    te_fp8 = "te-fp8"
 
 
 class WeightPass(str, Enum):

@@ -177,13 +177,21 @@ def with_profile(job, accelerator: str, profile: str | None, stack: str | None =
     stack overlaps TP communication (``tp_comm_overlap`` None) takes ``stack``'s default
     (:func:`planner.spec.stack.default_tp_comm_overlap`), and one that names no attention
     kernel the one ``stack`` runs on ``accelerator``
-    (:func:`planner.spec.stack.stack_attention_kernel`)."""
+    (:func:`planner.spec.stack.stack_attention_kernel`); its memory measures gain what the
+    stack's kernels do anyway (:func:`planner.spec.stack.stack_memory_measures`)."""
     from hwspecs.catalog import load_accelerator
     from planner.runs.profiles import STACKS, profile_for
-    from planner.spec.stack import default_tp_comm_overlap, stack_attention_kernel
+    from planner.spec.stack import (
+        default_tp_comm_overlap,
+        stack_attention_kernel,
+        stack_memory_measures,
+    )
 
     if stack is not None and stack not in STACKS:
         raise unknown_name_error("stack", stack, STACKS)
+    measures = stack_memory_measures(stack, job.memory_measures)
+    if measures != job.memory_measures:
+        job = job.model_copy(update={"memory_measures": measures})
     if job.tp_comm_overlap is None:
         job = job.model_copy(update={"tp_comm_overlap": default_tp_comm_overlap(stack)})
     if job.attention_kernel is None and stack is not None:

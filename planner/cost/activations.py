@@ -214,7 +214,8 @@ def layer_activation_tensors(
 def apply_memory_measures(
     model: ModelSpec, shape: ActivationShape, tensors: dict[str, float], moe_layer: bool
 ) -> dict[str, float]:
-    """The layer's stored tensors under DeepSeek-V3's measures (:mod:`planner.spec.measures`).
+    """The layer's stored tensors under DeepSeek-V3's measures (:mod:`planner.spec.measures`),
+    or TransformerEngine's FP8 input caches (:func:`te_fp8_linear_inputs`).
 
     * Recomputed norms and MLA up-projections (arXiv 2412.19437 §3.2.3): the norm outputs
       (``qkv_input``, ``up_input``) go; MLA keeps only its down-projected latents (the
@@ -246,12 +247,34 @@ def apply_memory_measures(
             stored = 3 if model.mlp_kind == "swiglu" else 2
             per_width = out["mlp.intermediate"] / stored
             out["mlp.intermediate"] = per_width * (stored - 1 + FP8_BYTES / e)
+    elif measures.te_fp8_linear_inputs:  # DeepSeek-V3's FP8 caches include these
+        out = te_fp8_linear_inputs(model, out, e)
     if measures.swiglu_input_cached and moe_layer:
         stored = 3 if model.mlp_kind == "swiglu" else 2
         for name in ("moe.expert_intermediate", "moe.shared_intermediate"):
             if name in out:  # keep the activation's inputs (stored − 1 of them) in FP8
                 out[name] *= (stored - 1) / stored * FP8_BYTES / e
         out.pop("moe.expert_output", None)
+    return out
+
+
+def te_fp8_linear_inputs(model: ModelSpec, tensors: dict[str, float], e: float) -> dict:
+    """The layer's tensors with TransformerEngine's FP8 Linear inputs
+    (:attr:`planner.spec.measures.MemoryMeasures.te_fp8_linear_inputs`): the norm outputs
+    feeding the QKV and MLP projections and the routed experts' tokens are kept in FP8
+    instead; the product the activation hands the down projection too (the activation's
+    own inputs stay 16-bit, saved by the activation function); the attention output gains
+    an FP8 copy beside the one the fused attention keeps."""
+    out = dict(tensors)
+    for name in ("attention.qkv_input", "mlp.up_input", "moe.expert_input"):
+        if name in out:
+            out[name] *= FP8_BYTES / e
+    if "attention.out_proj_input" in out:
+        out["attention.out_proj_input"] *= (e + FP8_BYTES) / e
+    stored = 3 if model.mlp_kind == "swiglu" else 2
+    for name in ("mlp.intermediate", "moe.expert_intermediate", "moe.shared_intermediate"):
+        if name in out:  # the activation's inputs (stored − 1) stay; its output in FP8
+            out[name] *= (stored - 1 + FP8_BYTES / e) / stored
     return out
 
 

@@ -15,7 +15,8 @@ input ``X`` and the output gradient ``dY`` of every weight GEMM — the zero-bub
 
 Under recomputation the weight GEMMs' inputs are recomputed in B and then kept for W, so
 both forms count the layer's tensors without recomputation. Under DeepSeek-V3's FP8 recipe
-(``fp8_linear_inputs``) the weight-gradient GEMM reads FP8 operands — the cached input and
+(``fp8_linear_inputs``, TransformerEngine's ``te_fp8_linear_inputs``) the weight-gradient
+GEMM reads FP8 operands — the cached input and
 the output gradient quantized to FP8 (arXiv 2412.19437 §3.3.1, Figure 6) — so ``M_W`` is
 counted at one byte per element. Routed experts see ``k`` copies of each token (balanced
 routing), as everywhere else here.
@@ -89,6 +90,6 @@ def weight_pass_bytes_per_layer(
         whole = shape.model_copy(update={"recompute": "none"})
         return sum(layer_activation_tensors(model, whole, moe_layer).values()) + grads
     held = weight_input_bytes(model, shape, moe_layer) + grads
-    if shape.measures.fp8_linear_inputs:  # Wgrad's FP8 operands (DeepSeek-V3 Figure 6)
+    if shape.measures.fp8_weight_gradient_inputs:  # FP8 operands (DeepSeek-V3 Figure 6; TE)
         held *= FP8_BYTES / shape.element_bytes
     return held

@@ -22,7 +22,11 @@ from planner.spec.job import Job
 from planner.spec.measures import memory_measures
 from planner.spec.model import ModelSpec
 from planner.spec.precision import PrecisionSpec
-from planner.spec.stack import framework_overlaps_tp, stack_attention_kernel
+from planner.spec.stack import (
+    framework_on_transformer_engine,
+    framework_overlaps_tp,
+    stack_attention_kernel,
+)
 
 #: The catalog cluster a run on each accelerator is predicted on, grown to the run's GPU
 #: count with its outermost link where the run is larger (rows rarely print their network).
@@ -355,10 +359,20 @@ def cross_entropy_kernel(row: RunRow) -> str:
     return "fused" if "llm-foundry" in (row.training.framework or "").lower() else "unfused"
 
 
+def run_measures(partial: bool, framework: str | None) -> str:
+    """The memory-measure set a row ran: DeepSeek-V3's where its recompute text names them,
+    else TransformerEngine's FP8 caches where its FP8 layers were TE's, else none."""
+    if partial:
+        return "deepseek-v3"
+    return "te-fp8" if framework_on_transformer_engine(framework) else "none"
+
+
 def run_job(row: RunRow, model: ModelSpec) -> Job:
     """The row's job: its model at its sequence length, batch and precision, whether its
-    framework overlapped TP communication (:func:`planner.spec.stack.framework_overlaps_tp`)
-    and the attention kernel it ran (:func:`attention_kernel`, :func:`ran_flash_attention`)."""
+    framework overlapped TP communication (:func:`planner.spec.stack.framework_overlaps_tp`),
+    TransformerEngine's FP8 input caches where its FP8 layers were TE's
+    (:func:`planner.spec.stack.framework_on_transformer_engine`) and the attention kernel it
+    ran (:func:`attention_kernel`, :func:`ran_flash_attention`)."""
     if row.training.task == "lora":
         raise Uncovered("LoRA rank and targets not published")
     t = row.training
@@ -371,7 +385,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             seq_len=t.seq_len,
             global_batch_tokens=t.global_batch_tokens,
             precision=PrecisionSpec(recipe=precision_recipe(t.precision)),
-            memory_measures=memory_measures("deepseek-v3" if partial else "none"),
+            memory_measures=memory_measures(run_measures(partial, t.framework)),
             tp_comm_overlap=framework_overlaps_tp(t.framework),
             attention_kernel=attention_kernel(row),
             flash_attention=ran_flash_attention(row),

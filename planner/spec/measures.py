@@ -7,6 +7,15 @@ default, so a job opts in (``Job.memory_measures``; the deepseek-v3 catalog entr
 ``deepseek-v3`` as the set it was trained with). What each switch removes or narrows,
 tensor by tensor, is :func:`planner.cost.activations.apply_memory_measures`.
 
+One more switch is not a recipe's choice but what TransformerEngine does under FP8:
+its ``Linear``, ``LayerNormLinear`` and ``GroupedLinear`` keep the quantized, column-wise
+FP8 copy of their input for the weight gradient and drop the 16-bit one
+(NVIDIA/TransformerEngine ``transformer_engine/pytorch/module/linear.py``: "Discard
+row-wise data since it is not needed in backward pass", ``update_usage(rowwise_usage=False,
+columnwise_usage=True)``; TE 1.x saved the FP8 transpose ``inputmat_t``). A Megatron-Core
+stack takes it under FP8 (:func:`planner.spec.stack.stack_memory_measures`), a job can name
+it (``te-fp8``).
+
 Measures that cost no GPU memory in this model need no switch: the EMA of the parameters
 lives in CPU memory (§3.2.3), and the planner keeps no EMA on the GPU to begin with; the
 MTP module shares the embedding and output head with the main model on the same pipeline
@@ -27,7 +36,8 @@ FP8_BYTES = 1.0
 
 
 class MemoryMeasures(BaseModel):
-    """Which of DeepSeek-V3's activation-memory measures a job takes."""
+    """Which activation-memory measures a job takes: DeepSeek-V3's, and TransformerEngine's
+    FP8 input caches."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -43,6 +53,11 @@ class MemoryMeasures(BaseModel):
     (the combine in §3.2.2 accumulates per node, so weights are applied on the expert
     side; Megatron-core's ``activation_func_with_probs`` does it this way), so the experts'
     weighted outputs are not stored either."""
+    te_fp8_linear_inputs: bool = False
+    """TransformerEngine under FP8: every FP8 Linear keeps its input as the column-wise FP8
+    copy its weight gradient reads (one byte an element; MXFP8's E8M0 scales, one per 32,
+    are left out), the attention output besides the 16-bit one the fused attention keeps
+    for its own backward. Only under FP8 GEMMs."""
 
     @property
     def any(self) -> bool:
@@ -50,13 +65,25 @@ class MemoryMeasures(BaseModel):
             self.recompute_norms_and_mla_up_proj
             or self.fp8_linear_inputs
             or self.swiglu_input_cached
+            or self.te_fp8_linear_inputs
         )
+
+    @property
+    def fp8_weight_gradient_inputs(self) -> bool:
+        """Whether the weight gradients read FP8-cached inputs (either FP8 cache)."""
+        return self.fp8_linear_inputs or self.te_fp8_linear_inputs
 
     def for_gemm_dtype(self, gemm_dtype: str) -> MemoryMeasures:
         """The measures that apply under ``gemm_dtype``: FP8 caches need FP8 GEMMs."""
         if gemm_dtype == "fp8":
             return self
-        return self.model_copy(update={"fp8_linear_inputs": False, "swiglu_input_cached": False})
+        return self.model_copy(
+            update={
+                "fp8_linear_inputs": False,
+                "swiglu_input_cached": False,
+                "te_fp8_linear_inputs": False,
+            }
+        )
 
 
 #: Named sets of measures (``--memory-measures``).
@@ -65,6 +92,7 @@ MEASURE_SETS: dict[str, MemoryMeasures] = {
     "deepseek-v3": MemoryMeasures(
         recompute_norms_and_mla_up_proj=True, fp8_linear_inputs=True, swiglu_input_cached=True
     ),
+    "te-fp8": MemoryMeasures(te_fp8_linear_inputs=True),
 }
 
 

@@ -38,6 +38,27 @@ def stack_attention_kernel(stack: str | None, measured) -> str | None:
     return "cudnn" if stack == "megatron" and "cudnn" in measured else None
 
 
+#: Stacks whose FP8 Linear layers are TransformerEngine's (planner.spec.measures).
+STACKS_ON_TRANSFORMER_ENGINE = frozenset({"megatron"})
+
+
+def stack_memory_measures(stack: str | None, measures):
+    """``measures`` with what ``stack``'s kernels do anyway: Megatron-Core's FP8 Linear
+    layers are TransformerEngine's, which keep their inputs in FP8 for the weight gradient
+    (:attr:`planner.spec.measures.MemoryMeasures.te_fp8_linear_inputs`; it applies only
+    under FP8 GEMMs). Other stacks, or none named: ``measures`` as they are (torchao's
+    ``Float8Linear`` keeps the 16-bit input and casts it again in the backward)."""
+    if stack not in STACKS_ON_TRANSFORMER_ENGINE or measures.te_fp8_linear_inputs:
+        return measures
+    return measures.model_copy(update={"te_fp8_linear_inputs": True})
+
+
+def framework_on_transformer_engine(framework: str | None) -> bool:
+    """Whether a published run's FP8 Linear layers were TransformerEngine's: Megatron-Core's
+    (NeMo, Megatron-Bridge) are."""
+    return "megatron-core" in (framework or "").lower()
+
+
 def framework_overlaps_tp(framework: str | None) -> bool:
     """Whether a published run's framework overlapped TP communication: Megatron-Core's
     (NeMo, Megatron-Bridge) performance recipes, which the published tables ran; Megatron-LM

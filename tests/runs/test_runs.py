@@ -663,3 +663,16 @@ def test_megatron_runs_before_flash_attention_time_it_unfused():
     korthikanti = next(row for row in rows if row.id == "korthikanti22-22b-selective-sp")
     job = run_job(korthikanti, model_spec(korthikanti))
     assert job.flash_attention is False
+
+
+def test_megatron_core_fp8_rows_keep_te_fp8_inputs_and_run_their_recipes_without_recompute():
+    """Megatron-Core's FP8 layers are TransformerEngine's, which keep FP8 inputs for the
+    weight gradient. Megatron-Bridge's GB200 recipe for Llama 3.1 405B on 256 GPUs sets no
+    recomputation (``perf_recipes/llama/gb200/llama31.py``: TP4 PP16 VP8, no
+    ``recompute_*``); with TE's caches the published layout fits without it, as it ran."""
+    rows = {row.id: row for row in load_runs()}
+    row = rows["mbridge-26.02-gb200-llama3-1-405b-pretrain-mxfp8-256g-main"]
+    assert run_job(row, model_spec(row)).active_memory_measures.te_fp8_linear_inputs
+    assert predict_row(row).layout["recompute"] == "none"
+    fsdp = next(r for r in rows.values() if "llm-foundry" in (r.training.framework or "").lower())
+    assert not run_job(fsdp, model_spec(fsdp)).memory_measures.any

@@ -109,3 +109,49 @@ def test_fp8_recipe_keeps_attention_router_and_head_at_the_bf16_rate():
         op = next(op for op in mixed.moe.ops if op.name == name)
         assert op == next(op for op in reference.moe.ops if op.name == name)
     assert mixed.head[0] == all_bf16.head[0]  # lm_head
+
+
+TE = MEASURE_SETS["te-fp8"]
+
+
+def test_transformer_engine_keeps_its_fp8_linear_inputs_in_one_byte():
+    """TE's Linear keeps the column-wise FP8 copy of its input for the weight gradient: the
+    norm outputs feeding QKV and the MLP, the routed tokens and the activation's output go
+    to one byte; the activation's own inputs stay BF16; the attention output gains an FP8
+    copy beside the BF16 one the fused attention keeps; what no Linear reads is unchanged."""
+    llama = load_model("llama3-8b")
+    shape = ActivationShape(seq_len=S, micro_batch_size=1)
+    base = layer_activation_tensors(llama, shape, False)
+    te = layer_activation_tensors(llama, shape.model_copy(update={"measures": TE}), False)
+    for halved in ("attention.qkv_input", "mlp.up_input"):
+        assert te[halved] == base[halved] / 2
+    assert te["attention.out_proj_input"] == base["attention.out_proj_input"] * 1.5
+    assert te["mlp.intermediate"] == S * 14336 * (2 * 2 + 1)  # gate, up BF16; product FP8
+    for kept in ("attention.norm_input", "mlp.norm_input", "attention.query"):
+        assert te[kept] == base[kept]
+    routed = tensors(TE)
+    assert routed["moe.expert_input"] == S * 8 * H * 1
+    assert routed["moe.expert_intermediate"] == S * 8 * 2048 * (2 * 2 + 1)
+    assert routed["moe.expert_output"] == tensors(MemoryMeasures())["moe.expert_output"]
+    assert TE.for_gemm_dtype("bf16") == MemoryMeasures() and TE.for_gemm_dtype("fp8") == TE
+
+
+def test_deepseek_v3s_own_fp8_caches_take_precedence_over_te_s():
+    both = ALL.model_copy(update={"te_fp8_linear_inputs": True})
+    assert tensors(both) == tensors(ALL)
+
+
+def test_a_megatron_stack_caches_fp8_inputs_and_others_do_not():
+    from planner.api.inputs import with_profile
+    from planner.spec.stack import stack_memory_measures
+
+    job = api.build_job("llama3-8b", 8192, global_batch_size=8, precision="fp8-mixed")
+    megatron = with_profile(job, "h100-sxm", "none", "megatron")
+    assert megatron.active_memory_measures == TE
+    for stack in (None, "pytorch-fsdp", "jax", "deepspeed"):
+        assert not with_profile(job, "h100-sxm", "none", stack).memory_measures.any
+    assert stack_memory_measures("megatron", ALL) == ALL.model_copy(
+        update={"te_fp8_linear_inputs": True}
+    )
+    bf16 = api.build_job("llama3-8b", 8192, global_batch_size=8)
+    assert not with_profile(bf16, "h100-sxm", "none", "megatron").active_memory_measures.any

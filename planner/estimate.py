@@ -198,9 +198,17 @@ def _estimate(
         mem_headroom=mem_headroom,
         usable_bytes=memory.usable_bytes,
         fits=memory.fits,
-        **profile_intervals(job.efficiency_profile, value),
+        **profile_intervals(job.efficiency_profile, value, _gemm_peak(accelerator, job)),
         checkpoint_bytes_per_rank=float(value["checkpoint_bytes_per_rank"]),
     )
+
+
+def _gemm_peak(accelerator, job: Job) -> float | None:
+    """The dense peak FLOP/s of the job's GEMM dtype (None where the spec lists none)."""
+    try:
+        return accelerator.peak_flops_per_s(job.precision.gemm_dtype)
+    except ValueError:
+        return None
 
 
 def _cp_inner(layout: Layout, cluster: Cluster, order) -> int | None:

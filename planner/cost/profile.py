@@ -238,17 +238,28 @@ def profile_label(profile) -> str:
     return name
 
 
-def profile_intervals(profile, value: dict) -> dict:
+def profile_intervals(profile, value: dict, peak_flops_per_s: float | None = None) -> dict:
     """The profile's name and the intervals of one evaluated row (empty without a profile):
     step time × the fit's held-out 10th and 90th percentiles of measured / predicted step
-    time, tokens/s and MFU by the inverse."""
+    time, tokens/s and MFU by the inverse. ``peak_flops_per_s``: the dense peak of the
+    job's GEMM dtype; no step runs faster than its hardware FLOPs at that peak (the row's
+    ``hardware_tflops_per_gpu`` over the step, counted causal — the share ``mfu_causal /
+    mfu`` of it, which scales the recomputed FLOPs down too and so keeps it a lower bound),
+    so the fast end stops there: a band whose 10th percentile ratio is low would otherwise
+    promise an MFU no chip reaches."""
     if profile is None:
         return {}
     low, high = profile.fit.step_time_ratio_p10, profile.fit.step_time_ratio_p90
     step, tokens, mfu = (float(value[k]) for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu"))
+    fastest = step * low
+    if peak_flops_per_s:
+        causal = float(value["mfu_causal"]) / mfu if mfu > 0 else 1.0
+        hardware_flops = float(value["hardware_tflops_per_gpu"]) * 1e12 * step * causal
+        floor = hardware_flops / peak_flops_per_s
+        fastest = min(max(fastest, floor), step)
     return {
         "profile": profile_label(profile),
-        "step_time_interval_s": (step * low, step * high),
-        "tokens_per_s_per_gpu_interval": (tokens / high, tokens / low),
-        "mfu_interval": (mfu / high, mfu / low),
+        "step_time_interval_s": (fastest, step * high),
+        "tokens_per_s_per_gpu_interval": (tokens / high, tokens * step / fastest),
+        "mfu_interval": (mfu / high, mfu * step / fastest),
     }

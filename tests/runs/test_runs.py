@@ -318,6 +318,29 @@ def test_estimate_carries_the_profile_interval(capsys):
     assert "profile_compute" in result["time_breakdown_s"]
 
 
+def test_the_fast_end_of_the_interval_stops_at_the_dense_peak():
+    """No step runs faster than its causal hardware FLOPs at the GEMM dtype's dense peak:
+    A100 80GB's held-out 10th percentile (about 0.58 of the step) would otherwise put a
+    small Llama's fast end above that."""
+    from hwspecs.catalog import load_accelerator
+    from planner.api import build_job, build_layout, estimate
+
+    job = build_job("llama3-8b", 4096, global_batch_size=256)
+    layout = build_layout(tp=1, pp=1, dp=64, micro_batch_size=4, zero_stage=1)
+    result = estimate(job, layout, "dgx-a100", profile="shipped")
+    peak = load_accelerator("a100-sxm-80gb").peak_flops_per_s("bf16")
+    causal = result.mfu_causal / result.mfu
+    floor = result.hardware_tflops_per_gpu * 1e12 * result.step_time_s * causal / peak
+    low, high = result.step_time_interval_s
+    ratio = load_profile("a100-sxm-80gb").fit.step_time_ratio_p10
+    assert floor > ratio * result.step_time_s  # the cap binds here
+    assert low == pytest.approx(floor) and high > result.step_time_s
+    assert result.mfu_interval[1] == pytest.approx(result.mfu * result.step_time_s / floor)
+    assert result.tokens_per_s_per_gpu_interval[1] == pytest.approx(
+        result.tokens_per_s_per_gpu * result.step_time_s / floor
+    )
+
+
 def test_h800_borrows_h100_profile_and_says_so():
     from planner.runs.profiles import profile_for
 

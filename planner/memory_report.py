@@ -17,6 +17,7 @@ from planner.pipeline.closed_form import parameter_copies
 from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES
 from planner.spec.job import Job
 from planner.spec.layout import Layout
+from planner.spec.measures import measures_label
 from planner.spec.precision import (
     optimizer_states_per_param,
     sharded_bytes_per_param,
@@ -251,7 +252,8 @@ def _explain(model, layout, job, peak, bpp, per_dense_layer, m, copies) -> list[
             formula="layers on rank × bytes per layer × micro-batches in flight, those waiting only "
             "for W at M_W/M_B (+ embedding/head tensors)",
             values=f"{peak.num_layers} × {per_dense_layer / gib:.4g} GiB × {peak.inflight_microbatches:g} "
-            f"(schedule {layout.schedule}, rank {rank}, m {m}, recompute {layout.recompute})",
+            f"(schedule {layout.schedule}, rank {rank}, m {m}, recompute {layout.recompute}, "
+            f"memory measures {measures_label(job.active_memory_measures)})",
             bytes=peak.activations,
         ),
         ExplainTerm(

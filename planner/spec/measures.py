@@ -96,6 +96,15 @@ MEASURE_SETS: dict[str, MemoryMeasures] = {
 }
 
 
+def measures_label(measures: MemoryMeasures) -> str:
+    """The named set ``measures`` is (``deepseek-v3``, ``te-fp8``), else the switches it
+    turns on, ``+``-joined (``none`` for none)."""
+    named = [name for name, value in MEASURE_SETS.items() if value == measures]
+    if named:
+        return named[0]
+    return "+".join(name for name, on in measures.model_dump().items() if on)
+
+
 def memory_measures(name: str) -> MemoryMeasures:
     """A named set of measures; one-line error naming the choices otherwise."""
     if name not in MEASURE_SETS:

@@ -155,3 +155,14 @@ def test_a_megatron_stack_caches_fp8_inputs_and_others_do_not():
     )
     bf16 = api.build_job("llama3-8b", 8192, global_batch_size=8)
     assert not with_profile(bf16, "h100-sxm", "none", "megatron").active_memory_measures.any
+
+
+def test_memory_explain_names_the_measures_in_use(capsys):
+    import cli
+
+    args = ["memory", "--model", "llama3-70b", "--precision", "fp8-mixed", "--tp", "8",
+            "--pp", "4", "--dp", "4", "--explain", "--memory-measures"]  # fmt: skip
+    for name in ("te-fp8", "none"):
+        assert cli.main([*args, name]) == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert f"memory measures {name}" in text

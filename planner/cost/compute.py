@@ -293,8 +293,8 @@ def attention_core_time(forward_flops: float, forward_bytes: float, rates: GpuRa
     """Scores, softmax and the weighted sum of one layer in a fused kernel (FlashAttention):
     forward and input gradient at the accelerator's measured attention rates (the matmul
     rate where it records none). The backward does 2.5x the forward FLOPs (five GEMMs to the
-    forward's two, the scores recomputed; the FLOPs FlashAttention's benchmarks count) and moves twice the forward's traffic
-    (read Q, K, V, O, dO; write dQ, dK, dV)."""
+    forward's two, the scores recomputed; the FLOPs FlashAttention's benchmarks count) and
+    moves twice the forward's traffic (read Q, K, V, O, dO; write dQ, dK, dV)."""
     forward_rate = rates.attention_forward_flops_per_s or rates.matmul_flops_per_s
     backward_rate = rates.attention_backward_flops_per_s or rates.matmul_flops_per_s
     memory_s = forward_bytes / rates.hbm_bytes_per_s

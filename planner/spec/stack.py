@@ -53,10 +53,15 @@ def stack_memory_measures(stack: str | None, measures):
     return measures.model_copy(update={"te_fp8_linear_inputs": True})
 
 
+def _megatron_core(framework: str | None) -> bool:
+    """Whether a published run's framework is Megatron-Core (NeMo, Megatron-Bridge)."""
+    return "megatron-core" in (framework or "").lower()
+
+
 def framework_on_transformer_engine(framework: str | None) -> bool:
     """Whether a published run's FP8 Linear layers were TransformerEngine's: Megatron-Core's
-    (NeMo, Megatron-Bridge) are."""
-    return "megatron-core" in (framework or "").lower()
+    are (its ``TELinear`` layers)."""
+    return _megatron_core(framework)
 
 
 def framework_overlaps_tp(framework: str | None) -> bool:
@@ -64,4 +69,4 @@ def framework_overlaps_tp(framework: str | None) -> bool:
     (NeMo, Megatron-Bridge) performance recipes, which the published tables ran; Megatron-LM
     and Megatron-DeepSpeed runs, older than TransformerEngine's comm overlap or without it,
     and every other stack did not."""
-    return "megatron-core" in (framework or "").lower()
+    return _megatron_core(framework)

@@ -4,7 +4,8 @@ memory measures rerun in the backward (DeepSeek-V3, arXiv 2412.19437 §3.2.3, §
 
 from __future__ import annotations
 
-from planner.cost.compute import MTP_PREFIX, GpuRates, OpTime
+from planner.cost.compute import GpuRates, OpTime
+from planner.cost.head_times import MTP_PREFIX
 from planner.spec.model import ModelSpec
 from planner.structure.linears import expert_fold, layer_linears, token_rows
 

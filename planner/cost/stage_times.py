@@ -19,11 +19,9 @@ from planner.cost.compute import (
     OpTime,
     dispatch_time,
     elementwise_time,
-    head_op_times,
     layer_op_times,
-    mtp_named,
-    mtp_op_times,
 )
+from planner.cost.head_times import head_op_times, mtp_named, mtp_op_times
 from planner.cost.recipe_ops import fp8_quantization_time, keep_in_bf16, measures_recompute_s
 from planner.spec.finetune import FinetuneSpec
 from planner.spec.model import ModelSpec

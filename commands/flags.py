@@ -20,12 +20,19 @@ import inspect
 import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import typer
 
 from hwspecs.errors import PlanError, bound_text, closest_match_hint, one_of
-from planner.api import COUNT_EXAMPLES, parse_count
+from planner.api import (
+    COUNT_EXAMPLES,
+    MEGATRON_MODULES,
+    UNMODELLED_MODULES,
+    WHOLE_POLICIES,
+    checked_recompute,
+    parse_count,
+)
 
 # ----- parsers: each knows what it allows, for help and for errors ----------------------
 
@@ -287,11 +294,23 @@ class MasterDtype(str, Enum):
     none = "none"
 
 
-class Recompute(str, Enum):
-    none = "none"
-    selective = "selective"
-    dots = "dots"
-    full = "full"
+class RecomputePolicy(Parser):
+    """A recomputation policy: none, selective, dots, full, or Megatron-Core's selective
+    modules joined by ``+`` (``layernorm+moe_act``; :mod:`planner.spec.recompute`)."""
+
+    choices: ClassVar[list[str]] = [*WHOLE_POLICIES, *MEGATRON_MODULES]
+    allowed = (
+        f"one of {', '.join(WHOLE_POLICIES)}, or Megatron-Core modules joined by '+' "
+        f"({', '.join(MEGATRON_MODULES)})"
+    )
+
+    def parse(self, text: str) -> str:
+        if any(part.strip() in UNMODELLED_MODULES for part in text.split("+")):
+            return checked_recompute(text)  # its own reason
+        try:
+            return checked_recompute(text)
+        except PlanError:
+            self.fail(text)
 
 
 class CpAlgorithm(str, Enum):  # planner.spec.layout.CP_ALGORITHMS
@@ -596,8 +615,9 @@ LAYOUT = FlagGroup(
               "global batch, else pp)"),
         _flag("schedule", ScheduleName(), "pipeline schedule", "1f1b", show_allowed=True),
         _flag("zero_stage", IntIn(0, 3), "ZeRO stage", 1, show_allowed=True),
-        _flag("recompute", Choice(Recompute),
-              "activation recomputation (default: full for qlora, as QLoRA, else none)",
+        _flag("recompute", RecomputePolicy(),
+              "activation recomputation (default: full for qlora, as QLoRA, else none); "
+              "Megatron-Core modules joined by '+', e.g. layernorm+moe_act",
               show_allowed=True),
         _switch("sequence_parallel", "--sequence-parallel/--no-sequence-parallel",
                 "shard norms and dropout over TP (default on)", True),
@@ -621,9 +641,10 @@ PINS = FlagGroup(
         _flag("schedule", ListOf(ScheduleName()), "pin, e.g. 1f1b,interleaved-1f1b",
               show_allowed=True),
         _flag("zero_stage", ListOf(IntIn(0, 3)), "pin, e.g. 1 (0, 1, 2 or 3)"),
-        _flag("recompute", ListOf(Choice(Recompute)),
-              "pin: none, selective, dots, full (default: none, selective, full; dots keeps "
-              "only the projections' outputs, JAX's checkpoint_dots)"),
+        _flag("recompute", ListOf(RecomputePolicy()),
+              "pin, e.g. none,layernorm+moe_act,full (default: none, selective, full; dots "
+              "keeps only the projections' outputs, JAX's checkpoint_dots)",
+              show_allowed=True),
         _flag("cp_algorithm", ListOf(Choice(CpAlgorithm)),
               "pin: all-gather, ring, ulysses, hierarchical (default: every one where cp > 1)"),
         _flag("cp_inner", ListOf(DEGREE),

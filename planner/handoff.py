@@ -20,6 +20,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from hwspecs.errors import PlanError
+from planner.spec.recompute import MEGATRON_MODULES, recompute_modules
 
 #: llmplan schedule → the trainer's name for it; a schedule not listed is one it cannot run.
 TRAINER_SCHEDULES: dict[str, dict[str, str]] = {
@@ -129,6 +130,9 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
             notes.append("TP communication overlap was assumed: --tp-comm-overlap needs SP")
     if lay["recompute"] == "selective":
         args.append("--recompute-granularity selective")
+    elif recompute_modules(lay["recompute"]):  # Megatron-Core's selective modules
+        modules = [name for name in MEGATRON_MODULES if name in recompute_modules(lay["recompute"])]
+        args.append(f"--recompute-granularity selective --recompute-modules {' '.join(modules)}")
     elif lay["recompute"] == "full":
         args.append(
             "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"

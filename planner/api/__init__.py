@@ -83,6 +83,10 @@ _EXPORTS = {
     "COUNT_EXAMPLES": "planner.spec.units",
     "parse_count": "planner.spec.units",
     "parse_bytes": "planner.spec.units",
+    "MEGATRON_MODULES": "planner.spec.recompute",
+    "UNMODELLED_MODULES": "planner.spec.recompute",
+    "WHOLE_POLICIES": "planner.spec.recompute",
+    "checked_recompute": "planner.spec.recompute",
 }
 
 

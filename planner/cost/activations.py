@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.spec.measures import E5M6_BYTES, FP8_BYTES, MemoryMeasures
 from planner.spec.model import ModelSpec
+from planner.spec.recompute import recompute_modules
 from planner.structure.linears import kv_heads_per_rank
 
 #: Bytes of a dropout mask element (PyTorch stores masks as uint8/bool).
@@ -201,14 +202,67 @@ def layer_activation_tensors(
     tensors = {**attention_tensors(model, shape), **mlp_tensors(model, shape, moe_layer)}
     if shape.measures.any:
         tensors = apply_memory_measures(model, shape, tensors, moe_layer)
-    if shape.recompute == "selective":
+    modules = recompute_modules(shape.recompute)
+    if "core_attn" in modules:
         for name in (
             "attention.softmax_output",
             "attention.dropout_mask",
             "attention.dropout_output",
         ):
             tensors.pop(name, None)
+    if modules - {"core_attn"}:
+        tensors = megatron_module_tensors(model, shape, tensors, moe_layer, modules)
     return tensors
+
+
+def megatron_module_tensors(
+    model: ModelSpec, shape: ActivationShape, tensors: dict[str, float], moe_layer: bool,
+    modules: frozenset[str],
+) -> dict[str, float]:  # fmt: skip
+    """The layer's stored tensors less what Megatron-Core's selective ``modules`` rerun
+    (:mod:`planner.spec.recompute`; ``megatron/core/transformer/transformer_layer.py`` and
+    ``moe/experts.py``). ``layernorm``, ``mla_up_proj`` and ``moe_act`` checkpoint without
+    their output (``CheckpointWithoutOutput``: the output's storage is freed once the next
+    module has read it, FP8 copies included since Megatron-Core 0.14); ``mlp`` and
+    ``shared_experts`` checkpoint their module, whose input the layer keeps anyway:
+
+    * ``layernorm``: the norm outputs feeding the QKV (or MLA down) projections and the MLP;
+    * ``mla_up_proj``: MLA's up-projected queries, keys and values (its latents stay);
+    * ``moe_act``: the routed experts' activation output (what the down projection saves);
+    * ``mlp`` (dense layers): the MLP's intermediates and its input, which TransformerEngine's
+      fused ``LayerNormLinear`` saves inside the checkpointed module (the residual stream,
+      ``mlp.norm_input``, is the checkpoint's input);
+    * ``shared_experts`` (MoE layers): the shared experts' intermediates."""
+    out = dict(tensors)
+    if "layernorm" in modules:
+        out.pop("attention.qkv_input", None)
+        out.pop("mlp.up_input", None)
+    if "mla_up_proj" in modules and model.attention_kind == "mla":
+        out.pop("attention.query", None)
+        out.pop("attention.key_value", None)
+    if "moe_act" in modules and moe_layer and "moe.expert_intermediate" in out:
+        out["moe.expert_intermediate"] *= 1 - _activation_output_share(model, shape)
+    if "mlp" in modules and not moe_layer:
+        out.pop("mlp.intermediate", None)
+        out.pop("mlp.up_input", None)
+    if "shared_experts" in modules and moe_layer:
+        out.pop("moe.shared_intermediate", None)
+    return out
+
+
+def _activation_output_share(model: ModelSpec, shape: ActivationShape) -> float:
+    """The share of the routed experts' stored intermediates that is the activation's
+    output: one of the 3 (SwiGLU: gate, up, product) or 2 (GELU) widths at 16 bits, its
+    one-byte copy under TransformerEngine's FP8 caches, none where DeepSeek-V3's cached
+    SwiGLU inputs already leave it out (:func:`apply_memory_measures`)."""
+    stored = 3 if model.mlp_kind == "swiglu" else 2
+    measures = shape.measures
+    if measures.swiglu_input_cached:
+        return 0.0
+    if measures.te_fp8_linear_inputs:
+        output = FP8_BYTES / shape.element_bytes
+        return output / (stored - 1 + output)
+    return 1.0 / stored
 
 
 def apply_memory_measures(

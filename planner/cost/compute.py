@@ -217,6 +217,13 @@ def elementwise_time(name: str, forward_bytes: float, rates: GpuRates) -> OpTime
     )
 
 
+#: Passes over ``[tokens, h]`` of a layer's two norms (each reads its input and writes its
+#: output) and of its two residual additions (each reads two and writes one), the traffic of
+#: ``elementwise.norms_residuals``.
+NORM_PASSES = 2 * 2
+RESIDUAL_PASSES = 2 * 3
+
+
 def layer_op_times(
     model: ModelSpec,
     seq_len: int,
@@ -281,7 +288,7 @@ def layer_op_times(
     # Routed rows × etp/tp at width f/etp: the same elements whatever etp (expert_fold).
     ffn = _activation_width(model, moe_layer, ep) / tp
     activation_bytes = tokens * ffn * e * (3 if model.mlp_kind == "swiglu" else 2)
-    norm_and_residual = sp_tokens * h * e * (2 * 2 + 2 * 3)
+    norm_and_residual = sp_tokens * h * e * (NORM_PASSES + RESIDUAL_PASSES)
     rotary = 2 * tokens * (q_local + kv_local) * e if model.position_embedding == "rope" else 0.0
     ops.append(elementwise_time("elementwise.norms_residuals", norm_and_residual, rates))
     ops.append(elementwise_time("elementwise.rotary", rotary, rates))

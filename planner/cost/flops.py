@@ -19,6 +19,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from planner.spec.model import ModelSpec
+from planner.spec.recompute import recompute_modules
 
 #: Fraction of the s × s attention matrix a causal mask leaves to compute.
 CAUSAL_FRACTION = 0.5
@@ -163,17 +164,28 @@ def recompute_flops_per_token(
 
     ``selective`` recomputes the attention core (Korthikanti et al. 2022, §4.2), and so does
     ``dots`` (its other recomputed work is element-wise, no matmul FLOPs);
-    ``full`` recomputes every layer's forward (not the LM head).
+    ``full`` recomputes every layer's forward (not the LM head); Megatron-Core's selective
+    modules (:mod:`planner.spec.recompute`) the GEMMs they rerun: ``core_attn`` the attention
+    core, ``mla_up_proj`` MLA's up-projections, ``mlp`` the dense layers' MLPs,
+    ``shared_experts`` theirs (the norms and activations are element-wise).
     """
     if recompute == "none":
         return 0.0
     ops = model_ops_per_sequence(model, seq_len, causal)
-    if recompute in ("selective", "dots"):
-        core = [op for op in ops if op.name in ("attention.scores", "attention.context")]
-        return sum(op.forward for op in core) / seq_len
     if recompute == "full":
         return sum(op.forward for op in ops if op.name != "lm_head") / seq_len
-    raise ValueError(f"recompute must be none, selective, dots or full, got '{recompute}'")
+    modules = {"core_attn"} if recompute == "dots" else recompute_modules(recompute)
+    names = {name for module in modules for name in MODULE_GEMMS.get(module, ())}
+    return sum(op.forward for op in ops if op.name in names) / seq_len
+
+
+#: The FLOP-bearing operations each Megatron-Core selective module reruns.
+MODULE_GEMMS = {
+    "core_attn": ("attention.scores", "attention.context"),
+    "mla_up_proj": ("attention.q_up_proj", "attention.q_proj", "attention.kv_up_proj"),
+    "mlp": ("mlp",),
+    "shared_experts": ("moe.shared_experts",),
+}
 
 
 def six_n_flops_per_token(model: ModelSpec, seq_len: int) -> float:

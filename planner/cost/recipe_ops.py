@@ -1,10 +1,11 @@
 """What a training recipe adds to a layer's operations: the online FP8 quantization of every
 FP8 GEMM's operands, the operations an FP8 recipe keeps in BF16, and the forward work the
-memory measures rerun in the backward (DeepSeek-V3, arXiv 2412.19437 §3.2.3, §3.3.2)."""
+memory measures rerun in the backward (DeepSeek-V3, arXiv 2412.19437 §3.2.3, §3.3.2), and
+the forward work each of Megatron-Core's selective recompute modules reruns."""
 
 from __future__ import annotations
 
-from planner.cost.compute import GpuRates, OpTime
+from planner.cost.compute import NORM_PASSES, RESIDUAL_PASSES, GpuRates, OpTime
 from planner.cost.head_times import MTP_PREFIX
 from planner.spec.model import ModelSpec
 from planner.structure.linears import expert_fold, layer_linears, token_rows
@@ -51,6 +52,54 @@ def measures_recompute_s(
     if measures.swiglu_input_cached and moe_layer:
         seconds += by_name["elementwise.mlp_activation"].forward_s
     return seconds
+
+
+#: The operations whose forward MLA's up-projection module reruns (with the rotary).
+MLA_UP_PROJ_OPS = ("attention.q_up_proj", "attention.q_proj", "attention.kv_up_proj")
+
+
+def module_rerun_s(model: ModelSpec, ops: list[OpTime], moe_layer: bool, ep: int) -> dict:
+    """Seconds of forward work each Megatron-Core selective recompute module
+    (:mod:`planner.spec.recompute`) reruns in one layer's backward, from the layer's
+    operations (:func:`planner.cost.compute.layer_op_times`): ``core_attn`` the attention
+    core; ``layernorm`` the two norms' share of the norm and residual traffic; ``mla_up_proj``
+    the query and key/value up-projections and the rotary; ``moe_act`` the routed experts'
+    share of the activation; ``mlp`` (dense layers) the MLP's GEMMs and activation;
+    ``shared_experts`` their GEMM and their share of the activation."""
+    forward = {op.name: op.forward_s for op in ops}
+    activation = forward.get("elementwise.mlp_activation", 0.0)
+    norms = NORM_PASSES / (NORM_PASSES + RESIDUAL_PASSES)
+    rerun = {
+        "core_attn": forward.get("attention.core", 0.0),
+        "layernorm": norms * forward.get("elementwise.norms_residuals", 0.0),
+    }
+    if model.attention_kind == "mla":
+        up = sum(forward.get(name, 0.0) for name in MLA_UP_PROJ_OPS)
+        rerun["mla_up_proj"] = up + forward.get("elementwise.rotary", 0.0)
+    if not moe_layer:
+        rerun["mlp"] = forward.get("mlp", 0.0) + activation
+        return rerun
+    routed = model.num_experts_per_token * model.routed_load_factor(ep)
+    routed_share = routed / (routed + model.num_shared_experts)
+    rerun["moe_act"] = activation * routed_share
+    if model.num_shared_experts:
+        shared = forward.get("moe.shared_experts", 0.0)
+        rerun["shared_experts"] = shared + activation * (1 - routed_share)
+    return rerun
+
+
+def measured_modules(measures) -> frozenset[str]:
+    """The modules whose rerun the job's memory measures already pay
+    (:func:`measures_recompute_s`): DeepSeek-V3's norms and MLA up-projections, and its MoE
+    SwiGLU output."""
+    if measures is None:
+        return frozenset()
+    names = set()
+    if measures.recompute_norms_and_mla_up_proj:
+        names |= {"layernorm", "mla_up_proj"}
+    if measures.swiglu_input_cached:
+        names.add("moe_act")
+    return frozenset(names)
 
 
 #: Bytes moved per element to quantize a 16-bit operand to FP8 with per-tile scales: read

@@ -4,7 +4,8 @@ A rank's time is the sum over the layers it holds (its virtual stages) of each l
 operation times (:mod:`planner.cost.compute`), plus the embedding on the rank holding the first
 stage and the LM head and loss on the rank holding the last. Recomputation runs before the
 backward: the attention core's forward under ``selective`` (Korthikanti et al. 2022 §4.2),
-every layer's forward under ``full``. The schedules take ``f, b, w`` per rank per
+what each module reruns under Megatron-Core's selective modules, every layer's forward
+under ``full``. The schedules take ``f, b, w`` per rank per
 micro-batch through the rank's whole share (one direction's share for DualPipe).
 """
 
@@ -22,9 +23,16 @@ from planner.cost.compute import (
     layer_op_times,
 )
 from planner.cost.head_times import head_op_times, mtp_named, mtp_op_times
-from planner.cost.recipe_ops import fp8_quantization_time, keep_in_bf16, measures_recompute_s
+from planner.cost.recipe_ops import (
+    fp8_quantization_time,
+    keep_in_bf16,
+    measured_modules,
+    measures_recompute_s,
+    module_rerun_s,
+)
 from planner.spec.finetune import FinetuneSpec
 from planner.spec.model import ModelSpec
+from planner.spec.recompute import recompute_modules
 from planner.structure import op_counts
 from planner.structure.linears import layer_linears
 from planner.structure.stages import RankStructure
@@ -45,13 +53,22 @@ class LayerTimes(BaseModel):
 
     #: The element-wise operations' forward (norms, residuals, rotary, the MLP activation).
     elementwise_forward_s: float = 0.0
+    #: Forward work each Megatron-Core selective module reruns (recipe_ops.module_rerun_s).
+    module_rerun_s: dict[str, float] = {}
+    #: Modules whose rerun measures_recompute_s already counts (recipe_ops.measured_modules).
+    measured_modules: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, ops: list[OpTime], measures_recompute_s: float = 0.0) -> LayerTimes:
+    def of(
+        cls, ops: list[OpTime], measures_recompute_s: float = 0.0,
+        module_rerun_s: dict | None = None, measured: frozenset[str] = frozenset(),
+    ) -> LayerTimes:  # fmt: skip
         core = [op for op in ops if op.name == "attention.core"]
         elementwise = [op for op in ops if op.name.startswith("elementwise.")]
         return cls(
             measures_recompute_s=measures_recompute_s,
+            module_rerun_s=module_rerun_s or {},
+            measured_modules=measured,
             forward_s=sum(op.forward_s for op in ops),
             input_grad_s=sum(op.input_grad_s for op in ops),
             weight_grad_s=sum(op.weight_grad_s for op in ops),
@@ -64,14 +81,16 @@ class LayerTimes(BaseModel):
         """Forward work rerun before this layer's backward under ``recompute`` (plus what
         the memory measures rerun, which full recomputation already covers): ``selective``
         the attention core; ``dots`` the attention core and the element-wise operations
-        (:func:`planner.cost.activations.dots_tensors`: its memory measures do not apply)."""
+        (:func:`planner.cost.activations.dots_tensors`: its memory measures do not apply); a
+        set of Megatron-Core modules what each reruns, once where a measure reruns it too."""
         if recompute == "full":
             return self.forward_s
-        if recompute == "selective":
-            return self.attention_forward_s + self.measures_recompute_s
         if recompute == "dots":
             return self.attention_forward_s + self.elementwise_forward_s
-        return self.measures_recompute_s
+        if recompute == "selective":
+            return self.attention_forward_s + self.measures_recompute_s
+        modules = recompute_modules(recompute) - self.measured_modules
+        return self.measures_recompute_s + sum(self.module_rerun_s.get(m, 0.0) for m in modules)
 
 
 class ShapeTimes(BaseModel):
@@ -186,7 +205,8 @@ def shape_times(
                 model, finetune, seq_len, micro_batch_size, tp, cp, ep, moe_layer, rates,
                 element_bytes, etp,
             )  # fmt: skip
-        return LayerTimes.of(ops, rerun)
+        own = module_rerun_s(model, modules[moe_layer], moe_layer, ep)
+        return LayerTimes.of(ops, rerun, own, measured_modules(measures))
 
     dense = layer(False)
     moe = layer(True) if model.is_moe else None

@@ -26,7 +26,6 @@ from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES, SCHEDUL
 from planner.spec.job import Job
 from planner.structure import op_counts
 
-RECOMPUTE_CODES = ("none", "selective", "full", "dots")
 #: Structure-table entries the pipeline's compute and the optimizer step read.
 PACE_STRUCT_KEYS = ("paced_dense_layers", "paced_moe_layers", "emb", "head", "param_tensors")
 #: A row's data-parallel wrapper in torch's implementation (:func:`data_parallel_form`).
@@ -152,9 +151,9 @@ def time_columns(
     flops_token_causal = _model_flops_per_token(job, tuned, causal=True)
     peak = accelerator.peak_flops_per_s(mfu_dtype)
     recompute_flops = np.array(
-        [recompute_flops_per_token(model, job.seq_len, r) for r in RECOMPUTE_CODES]
+        [recompute_flops_per_token(model, job.seq_len, r) for r in recompute.values]
     )
-    extra = recompute_flops[_codes(recompute)]
+    extra = recompute_flops[recompute.codes]
     out = {
         "step_time_s": step,
         "pipeline_time_s": pipeline,
@@ -322,12 +321,6 @@ def _link_contention(comm: dict, step_s: np.ndarray) -> np.ndarray:
 def _busiest_link(link_busy_s: dict, n: int) -> np.ndarray:
     """Seconds per step the rank's busiest link carries traffic (all axes)."""
     return np.max([*link_busy_s.values(), np.zeros(n)], axis=0)
-
-
-def _codes(recompute: Labels) -> np.ndarray:
-    """Index of each row's recompute policy in :data:`RECOMPUTE_CODES`."""
-    lookup = np.array([RECOMPUTE_CODES.index(name) for name in recompute.values], dtype=np.int64)
-    return lookup[recompute.codes]
 
 
 def _model_flops_per_token(job: Job, tuned, causal: bool) -> float:

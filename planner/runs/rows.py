@@ -22,6 +22,7 @@ from planner.spec.job import Job
 from planner.spec.measures import memory_measures
 from planner.spec.model import ModelSpec
 from planner.spec.precision import PrecisionSpec
+from planner.spec.recompute import module_policies
 from planner.spec.stack import (
     framework_on_transformer_engine,
     framework_overlaps_tp,
@@ -287,6 +288,8 @@ def search_space(row: RunRow, model: ModelSpec) -> SearchSpace:
     pins |= _schedule_pins(t.pp_schedule, t.pp, t.vpp)
     pins |= _zero_pins(t.zero_stage, t.fsdp)
     pins |= _recompute_pins(t.recompute)
+    if "recompute" not in pins and ran_recompute_modules(row):
+        pins["recompute"] = ["none", *module_policies(model), "full"]
     if t.cp > 1:
         pins["cp_algorithm"] = [cp_algorithm(row)]
     # The run ran: its TP may cross a node and its CP be as large as it was. No row names its
@@ -296,6 +299,18 @@ def search_space(row: RunRow, model: ModelSpec) -> SearchSpace:
         **pins, allow_cross_node_tp=True, max_cp=max(64, t.cp), max_interleave=max(8, t.vpp or 1),
         pipeline_layer_split="auto",
     )  # fmt: skip
+
+
+def ran_recompute_modules(row: RunRow) -> bool:
+    """Whether a row's software offered Megatron-Core's selective recompute modules, which
+    an unpublished recompute setting is then searched over (:func:`search_space`):
+    Megatron-Bridge's runs, whose performance recipes set ``recompute_modules`` per model and
+    system (``src/megatron/bridge/perf_recipes``, NVIDIA-NeMo/Megatron-Bridge @067f987: the
+    DeepSeek-V3 recipes ``mla_up_proj``, GPT-OSS ``layernorm`` and ``moe_act``); the modules
+    came with Megatron-Core 0.13 (2025-07; ``megatron/core/transformer/moe/README.md``),
+    before Megatron-Bridge's first performance table (25.09). Older NeMo and Megatron-LM
+    rows had only whole-layer policies."""
+    return "megatron-bridge" in (row.training.framework or "").lower()
 
 
 def replica_micro_batch(row: RunRow, dp: int) -> int:

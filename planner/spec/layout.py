@@ -10,15 +10,17 @@ validator. Axes are ``tp`` (tensor), ``cp`` (context), ``pp`` (pipeline), ``dp``
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from hwspecs.errors import PlanError
 from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
+from planner.spec.recompute import checked_recompute
 
-RecomputeName = Literal["none", "selective", "dots", "full"]
+#: A recomputation policy (planner.spec.recompute): a whole-layer one or Megatron-Core modules.
+RecomputeName = Annotated[str, AfterValidator(checked_recompute)]
 LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced", "work-balanced"]
 #: Context-parallel algorithms (planner.comm.context_parallel): Llama 3's K/V all-gather,
 #: ring attention, DeepSpeed-Ulysses all-to-all, Ulysses inside the scale-up domain with a

@@ -57,7 +57,7 @@ SURVEY = [
     (["plan", "--mem-headroom", "1.5"], "--mem-headroom", "a number in [0, 1)"),
     (["estimate", "--tp", "3"], "--tp", "tp 3 does not divide num_attention_heads 128"),
     (["memory", "--pp", "127"], "--pp", "pp·vpp"),
-    (["memory", "--recompute", "bogus"], "--recompute", "none, selective, dots or full"),
+    (["memory", "--recompute", "bogus"], "--recompute", "or Megatron-Core modules"),
     (["memory", "--accelerator", "{tmp}/bad.toml"], "--accelerator", "malformed TOML"),
     (["schedule", "--pp", "0"], "--pp", "--pp takes a whole number ≥ 1; got '0'"),
     (["memory", "--lora-rank", "8"], "--lora-rank", "needs an adapter recipe"),

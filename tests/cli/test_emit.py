@@ -168,3 +168,16 @@ def test_megatron_says_it_has_no_dots_recomputation(capsys):
     assert "--recompute-granularity" not in megatron_args(out)
     text = " ".join(err.split())  # notes go to stderr, wrapped at the console's width
     assert "note (megatron): recompute dots" in text and "has no Megatron-LM setting" in text
+
+
+def test_megatron_names_the_selective_modules_it_reruns(capsys):
+    """Megatron-Core's ``--recompute-modules`` takes the module labels after
+    ``--recompute-granularity selective`` (Megatron-Bridge docs/training/
+    activation-recomputation.md, "Recomputation Modules")."""
+    pins = ("--tp", "8", "--cp", "1", "--pp", "16", "--micro-batch-size", "1",
+            "--schedule", "1f1b", "--recompute", "mlp+layernorm")  # fmt: skip
+    code, out, err = run(capsys, "plan", *pins, "--emit", "megatron")
+    assert code == 0, err
+    assert set(megatron_args(out)) <= MEGATRON_FLAGS
+    text = " ".join(out.replace("\\\n", " ").split())
+    assert "--recompute-granularity selective --recompute-modules layernorm mlp" in text

@@ -14,13 +14,13 @@ import pytest
 from pydantic import ValidationError
 
 import cli
-from hwspecs.catalog import DATA_DIR, load_profile, load_runs, profile_names
+from hwspecs.catalog import DATA_DIR, load_accelerator, load_profile, load_runs, profile_names
 from hwspecs.errors import PlanError
 from hwspecs.runs import RunRow
 from planner.cost.profile import TERMS, ideal_values, profile_parts, profiled_step_time
 from planner.runs.check import RowPrediction, predict_row
 from planner.runs.fit import fit_profile, fit_values, predicted_tokens
-from planner.runs.rows import model_spec, run_job
+from planner.runs.rows import model_spec, ran_recompute_modules, run_job, search_space
 
 #: The shared reference rows beside the checkout or a folder above it (CI lays them beside
 #: it): the test targets are read from there, never shipped.
@@ -699,3 +699,22 @@ def test_megatron_core_fp8_rows_keep_te_fp8_inputs_and_run_their_recipes_without
     assert predict_row(row).layout["recompute"] == "none"
     fsdp = next(r for r in rows.values() if "llm-foundry" in (r.training.framework or "").lower())
     assert not run_job(fsdp, model_spec(fsdp)).memory_measures.any
+
+
+def test_megatron_bridge_rows_search_the_selective_modules_their_recipes_choose_from():
+    """Megatron-Bridge's recipes pick ``recompute_modules`` per model and system
+    (``perf_recipes/deepseek/gb200/deepseek_v3.py``: ``mla_up_proj``); an unpublished
+    recompute setting is searched over every set of the model's modules, so DeepSeek-V3 on
+    GB200, which does not fit without any, no longer falls back to full recomputation. Rows
+    of older NeMo containers keep the whole-layer policies."""
+    rows = {row.id: row for row in load_runs()}
+    row = rows["mbridge-26.08-gb200-deepseekv3-pretrain-mxfp8-256g-main"]
+    assert ran_recompute_modules(row)
+    searched = search_space(row, model_spec(row)).recompute
+    assert len(searched) == 2 + 63 and searched[0] == "none" and searched[-1] == "full"
+    found = predict_row(row)
+    assert found.layout["recompute"] not in ("none", "full", "selective")
+    assert found.predicted_memory_gib <= load_accelerator("gb200").hbm_bytes / 2**30
+    nemo = next(r for r in rows.values() if r.id.startswith("nemo2407-"))
+    assert not ran_recompute_modules(nemo)
+    assert search_space(nemo, model_spec(nemo)).recompute == ["none", "selective", "full"]

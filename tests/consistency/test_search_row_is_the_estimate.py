@@ -27,6 +27,7 @@ from planner.pipeline import closed_form
 from planner.pipeline.schedules import SCHEDULES
 from planner.spec.layout import CP_ALGORITHMS, DEFAULT_MESH_ORDER, Layout
 from planner.spec.model import load_model
+from planner.spec.recompute import module_policies
 from planner.spec.rules import check_layout
 
 MODELS = api.catalog_names("models")
@@ -68,7 +69,7 @@ def jobs_and_layouts(draw):
         tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
         micro_batch_size=mbs, num_microbatches=m,
         zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
-        recompute=draw(st.sampled_from(["none", "selective", "dots", "full"])),
+        recompute=draw(st.sampled_from(["none", "selective", "dots", "full", *module_policies(model)])),
         sequence_parallel=draw(st.booleans()), cp_algorithm=cp_algorithm,
         pipeline_layer_split=draw(st.sampled_from(["auto", "work-balanced"])),
     )  # fmt: skip

@@ -305,11 +305,11 @@ class RecomputePolicy(Parser):
     )
 
     def parse(self, text: str) -> str:
-        if any(part.strip() in UNMODELLED_MODULES for part in text.split("+")):
-            return checked_recompute(text)  # its own reason
         try:
             return checked_recompute(text)
         except PlanError:
+            if any(part.strip() in UNMODELLED_MODULES for part in text.split("+")):
+                raise  # its own reason: why the module is not modelled
             self.fail(text)
 
 

@@ -284,14 +284,11 @@ def apply_memory_measures(
     """
     measures, e = shape.measures, shape.element_bytes
     out = dict(tensors)
-    if measures.recompute_norms_and_mla_up_proj:
-        out.pop("attention.qkv_input", None)
-        out.pop("mlp.up_input", None)
-        if model.attention_kind == "mla":
+    if measures.recompute_norms_and_mla_up_proj:  # Megatron-Core's layernorm and mla_up_proj
+        out = megatron_module_tensors(model, shape, out, moe_layer, measures.recomputed_modules)
+        if model.attention_kind == "mla":  # and the latents' own norms: their inputs only
             latent = (model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim
             out["attention.latents"] = shape.local_tokens * latent * e
-            out.pop("attention.query", None)
-            out.pop("attention.key_value", None)
     if measures.fp8_linear_inputs:
         for name in ("attention.qkv_input", "mlp.up_input", "moe.expert_input"):
             if name in out:

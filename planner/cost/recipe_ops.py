@@ -24,33 +24,20 @@ def keep_in_bf16(ops: list[OpTime], ops_at_bf16: list[OpTime]) -> list[OpTime]:
     return [bf16[op.name] if op.name.removeprefix(MTP_PREFIX) in KEPT_IN_BF16 else op for op in ops]
 
 
-def measures_recompute_s(
-    model: ModelSpec,
-    measures,
-    ops: list[OpTime],
-    tokens: float,
-    moe_layer: bool,
-    rates: GpuRates,
-    element_bytes: float,
-) -> float:
+def measures_recompute_s(measures, module_rerun: dict, ops: list[OpTime], moe_layer: bool) -> float:
     """Forward work DeepSeek-V3's memory measures rerun in one layer's backward, seconds.
 
-    arXiv 2412.19437 §3.2.3: both RMSNorms (read the input, write the output: 2·tokens·h
-    each) and MLA's query and KV up-projections (with the rotary embedding of their
-    output); §3.3.3: the MoE SwiGLU's output from its cached inputs. ``ops``: the layer's
-    operations (:func:`layer_op_times`), ``tokens`` as the norms see them (÷ tp under SP).
+    arXiv 2412.19437 §3.2.3: both RMSNorms and MLA's query and KV up-projections with the
+    rotary embedding of their output, what Megatron-Core's ``layernorm`` and ``mla_up_proj``
+    modules rerun (``module_rerun``: :func:`module_rerun_s`); §3.3.3: the MoE SwiGLU's
+    output from its cached inputs, routed and shared experts' (``ops``: the layer's
+    operations, :func:`planner.cost.compute.layer_op_times`).
     """
-    by_name = {op.name: op for op in ops}
     seconds = 0.0
     if measures.recompute_norms_and_mla_up_proj:
-        norms = 2 * 2 * tokens * model.hidden_size * element_bytes
-        seconds += norms / rates.hbm_bytes_per_s
-        if model.attention_kind == "mla":
-            names = ("attention.q_up_proj", "attention.q_proj", "attention.kv_up_proj")
-            seconds += sum(by_name[name].forward_s for name in names if name in by_name)
-            seconds += by_name["elementwise.rotary"].forward_s
+        seconds += module_rerun["layernorm"] + module_rerun.get("mla_up_proj", 0.0)
     if measures.swiglu_input_cached and moe_layer:
-        seconds += by_name["elementwise.mlp_activation"].forward_s
+        seconds += next(op.forward_s for op in ops if op.name == "elementwise.mlp_activation")
     return seconds
 
 
@@ -86,20 +73,6 @@ def module_rerun_s(model: ModelSpec, ops: list[OpTime], moe_layer: bool, ep: int
         shared = forward.get("moe.shared_experts", 0.0)
         rerun["shared_experts"] = shared + activation * (1 - routed_share)
     return rerun
-
-
-def measured_modules(measures) -> frozenset[str]:
-    """The modules whose rerun the job's memory measures already pay
-    (:func:`measures_recompute_s`): DeepSeek-V3's norms and MLA up-projections, and its MoE
-    SwiGLU output."""
-    if measures is None:
-        return frozenset()
-    names = set()
-    if measures.recompute_norms_and_mla_up_proj:
-        names |= {"layernorm", "mla_up_proj"}
-    if measures.swiglu_input_cached:
-        names.add("moe_act")
-    return frozenset(names)
 
 
 #: Bytes moved per element to quantize a 16-bit operand to FP8 with per-tile scales: read

@@ -26,7 +26,6 @@ from planner.cost.head_times import head_op_times, mtp_named, mtp_op_times
 from planner.cost.recipe_ops import (
     fp8_quantization_time,
     keep_in_bf16,
-    measured_modules,
     measures_recompute_s,
     module_rerun_s,
 )
@@ -55,7 +54,7 @@ class LayerTimes(BaseModel):
     elementwise_forward_s: float = 0.0
     #: Forward work each Megatron-Core selective module reruns (recipe_ops.module_rerun_s).
     module_rerun_s: dict[str, float] = {}
-    #: Modules whose rerun measures_recompute_s already counts (recipe_ops.measured_modules).
+    #: Modules whose rerun measures_recompute_s already counts (MemoryMeasures.recomputed_modules).
     measured_modules: frozenset[str] = frozenset()
 
     @classmethod
@@ -184,12 +183,10 @@ def shape_times(
 
     def layer(moe_layer: bool) -> LayerTimes:
         ops = modules[moe_layer]
+        own = module_rerun_s(model, ops, moe_layer, ep)
         rerun = 0.0
         if measures is not None and measures.any:
-            norm_tokens = seq_len * micro_batch_size / cp / (tp if sequence_parallel else 1)
-            rerun = measures_recompute_s(
-                model, measures, ops, norm_tokens, moe_layer, rates, element_bytes
-            )
+            rerun = measures_recompute_s(measures, own, ops, moe_layer)
         if rates.op_overhead_s:
             layer_ops, sharded, collectives = op_counts.layer_pass_ops(model, moe_layer), None, None
             if cp > 1:  # the parallel forms' own operations (planner.structure.op_counts)
@@ -205,8 +202,8 @@ def shape_times(
                 model, finetune, seq_len, micro_batch_size, tp, cp, ep, moe_layer, rates,
                 element_bytes, etp,
             )  # fmt: skip
-        own = module_rerun_s(model, modules[moe_layer], moe_layer, ep)
-        return LayerTimes.of(ops, rerun, own, measured_modules(measures))
+        measured = measures.recomputed_modules if measures is not None else frozenset()
+        return LayerTimes.of(ops, rerun, own, measured)
 
     dense = layer(False)
     moe = layer(True) if model.is_moe else None

@@ -69,6 +69,14 @@ class MemoryMeasures(BaseModel):
         )
 
     @property
+    def recomputed_modules(self) -> frozenset[str]:
+        """The Megatron-Core selective recompute modules (:mod:`planner.spec.recompute`)
+        whose work these measures rerun: the norms and MLA's up-projections (``layernorm``,
+        ``mla_up_proj``), the MoE SwiGLU's output (``moe_act``)."""
+        names = {"layernorm", "mla_up_proj"} if self.recompute_norms_and_mla_up_proj else set()
+        return frozenset(names | ({"moe_act"} if self.swiglu_input_cached else set()))
+
+    @property
     def fp8_weight_gradient_inputs(self) -> bool:
         """Whether the weight gradients read FP8-cached inputs (either FP8 cache)."""
         return self.fp8_linear_inputs or self.te_fp8_linear_inputs

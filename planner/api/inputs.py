@@ -175,7 +175,7 @@ def with_profile(job, accelerator: str, profile: str | None, stack: str | None =
     nearest generation's, else the ideal model); ``shipped`` the same but an error where
     there is none; else a profile name or TOML path. A job that does not say whether its
     stack overlaps TP communication (``tp_comm_overlap`` None) takes ``stack``'s default
-    (:func:`planner.spec.stack.default_tp_comm_overlap`), and one that names no attention
+    (:func:`planner.spec.stack.default_tp_comm_overlap`; JAX's is on on a TPU), and one that names no attention
     kernel the one ``stack`` runs on ``accelerator``
     (:func:`planner.spec.stack.stack_attention_kernel`); its memory measures gain what the
     stack's kernels do anyway (:func:`planner.spec.stack.stack_memory_measures`)."""
@@ -192,10 +192,12 @@ def with_profile(job, accelerator: str, profile: str | None, stack: str | None =
     measures = stack_memory_measures(stack, job.memory_measures)
     if measures != job.memory_measures:
         job = job.model_copy(update={"memory_measures": measures})
+    chip = load_accelerator(accelerator)
     if job.tp_comm_overlap is None:
-        job = job.model_copy(update={"tp_comm_overlap": default_tp_comm_overlap(stack)})
+        overlap = default_tp_comm_overlap(stack, chip.kind)
+        job = job.model_copy(update={"tp_comm_overlap": overlap})
     if job.attention_kernel is None and stack is not None:
-        measured = load_accelerator(accelerator).attention_kernels
+        measured = chip.attention_kernels
         kernel = stack_attention_kernel(stack, measured)
         if kernel is not None:
             job = job.model_copy(update={"attention_kernel": kernel})

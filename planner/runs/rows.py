@@ -353,6 +353,13 @@ def attention_kernel(row: RunRow) -> str | None:
     return None
 
 
+def _accelerator_kind(row: RunRow) -> str | None:
+    """``gpu`` or ``tpu`` for a row on a catalog accelerator, else None."""
+    if row.hardware.accelerator not in catalog_names("accelerator"):
+        return None
+    return load_accelerator(row.hardware.accelerator).kind
+
+
 def ran_flash_attention(row: RunRow) -> bool:
     """Whether a row's stack ran a fused attention kernel. Megatron-LM gained FlashAttention
     (``--use-flash-attn``) with NVIDIA/Megatron-LM pull request 267, opened 2022-12 and merged
@@ -401,7 +408,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             global_batch_tokens=t.global_batch_tokens,
             precision=PrecisionSpec(recipe=precision_recipe(t.precision)),
             memory_measures=memory_measures(run_measures(partial, t.framework)),
-            tp_comm_overlap=framework_overlaps_tp(t.framework),
+            tp_comm_overlap=framework_overlaps_tp(t.framework, _accelerator_kind(row)),
             attention_kernel=attention_kernel(row),
             flash_attention=ran_flash_attention(row),
             cross_entropy=cross_entropy_kernel(row),

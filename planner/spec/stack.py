@@ -8,8 +8,18 @@ performance configs set ``CommOverlapConfig(tp_comm_overlap=True)``; Megatron-LM
 ``--tp-comm-overlap`` is off unless given (``action='store_true'``,
 ``megatron/training/arguments.py``), as torch's async TP is unless enabled.
 
-A named stack takes its own default (on for Megatron-Core, off for the others); a job that
-names none is planned for a stack configured to overlap TP, as the planner's other
+On TPU, XLA overlaps collectives with compute where libtpu's asynchronous collective fusion
+is on, and MaxText's TPU configurations turn it on (AI-Hypercomputer/maxtext @76bd53b0f
+``MaxText/configs/v5p/*.sh`` and @9bc243c ``MaxText/configs/largest_job/*.sh`` export
+``LIBTPU_INIT_ARGS`` with ``--xla_tpu_enable_async_collective_fusion=true
+--xla_tpu_enable_async_collective_fusion_multiple_steps=true
+--xla_tpu_overlap_compute_collective_tc=true``); XLA's decomposition of a collective into
+steps overlapped with the dependent matmul is Wang et al. 2023 (ASPLOS, "Overlap
+communication with dependent computation via decomposition in large deep learning models").
+So the JAX stack overlaps TP on a TPU; on GPUs its default is off.
+
+A named stack takes its own default (on for Megatron-Core and for JAX on TPU, off for the
+others); a job that names none is planned for a stack configured to overlap TP, as the planner's other
 recommendations (zero-bubble and DualPipe schedules) assume the stack that runs them:
 ``--emit megatron`` writes ``--tp-comm-overlap`` and every output says which was assumed. A
 published run is credited with overlap only where its framework is known to have run it
@@ -22,10 +32,17 @@ from __future__ import annotations
 STACKS_OVERLAPPING_TP = frozenset({"megatron"})
 
 
-def default_tp_comm_overlap(stack: str | None) -> bool:
-    """Whether a job on ``stack`` overlaps TP communication by default (None, no stack
-    named: planned with overlap on)."""
-    return stack is None or stack in STACKS_OVERLAPPING_TP
+#: Stacks that overlap TP communication on a TPU (XLA's asynchronous collective fusion).
+STACKS_OVERLAPPING_TP_ON_TPU = frozenset({"jax"})
+
+
+def default_tp_comm_overlap(stack: str | None, accelerator_kind: str | None = None) -> bool:
+    """Whether a job on ``stack`` overlaps TP communication by default on an accelerator of
+    ``accelerator_kind`` (``gpu``, ``tpu``; None, no stack named: planned with overlap
+    on)."""
+    if stack is None or stack in STACKS_OVERLAPPING_TP:
+        return True
+    return accelerator_kind == "tpu" and stack in STACKS_OVERLAPPING_TP_ON_TPU
 
 
 def stack_attention_kernel(stack: str | None, measured) -> str | None:
@@ -64,9 +81,11 @@ def framework_on_transformer_engine(framework: str | None) -> bool:
     return _megatron_core(framework)
 
 
-def framework_overlaps_tp(framework: str | None) -> bool:
+def framework_overlaps_tp(framework: str | None, accelerator_kind: str | None = None) -> bool:
     """Whether a published run's framework overlapped TP communication: Megatron-Core's
-    (NeMo, Megatron-Bridge) performance recipes, which the published tables ran; Megatron-LM
-    and Megatron-DeepSpeed runs, older than TransformerEngine's comm overlap or without it,
-    and every other stack did not."""
-    return _megatron_core(framework)
+    (NeMo, Megatron-Bridge) performance recipes, which the published tables ran, and
+    MaxText on a TPU, whose configurations turn on libtpu's asynchronous collective fusion;
+    Megatron-LM and Megatron-DeepSpeed runs, older than TransformerEngine's comm overlap or
+    without it, and every other stack did not."""
+    on_tpu_maxtext = accelerator_kind == "tpu" and "maxtext" in (framework or "").lower()
+    return _megatron_core(framework) or on_tpu_maxtext

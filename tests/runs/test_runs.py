@@ -174,12 +174,17 @@ def test_tp_overlap_follows_the_stack_unless_the_job_says():
         assert with_profile(job, "h100-sxm", "none", stack).tp_comm_overlap is True
     for stack in ("pytorch-fsdp", "jax", "deepspeed"):
         assert with_profile(job, "h100-sxm", "none", stack).tp_comm_overlap is False
+    # XLA's asynchronous collective fusion, which MaxText's TPU configurations turn on.
+    assert with_profile(job, "tpu-v5p", "none", "jax").tp_comm_overlap is True
+    assert with_profile(job, "tpu-v5p", "none", "pytorch-fsdp").tp_comm_overlap is False
     said = build_job("llama3-8b", 4096, global_batch_tokens=2**20, tp_comm_overlap=False)
     assert with_profile(said, "h100-sxm", "auto", "megatron").tp_comm_overlap is False
     assert framework_overlaps_tp("NeMo (Megatron-Core)")
     assert framework_overlaps_tp("Megatron-Bridge (Megatron-Core)")
     for framework in ("Megatron-LM", "Megatron-DeepSpeed", "Meta internal (PyTorch)", None):
         assert not framework_overlaps_tp(framework)
+    assert framework_overlaps_tp("MaxText (JAX/XLA)", "tpu")
+    assert not framework_overlaps_tp("MaxText (JAX/XLA)", "gpu")
 
 
 def test_megatron_runs_cudnn_attention_where_the_accelerator_measures_it():

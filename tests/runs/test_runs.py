@@ -276,6 +276,20 @@ def test_predict_row_pins_the_published_layout():
     assert prediction.layout["micro_batch_size"] == t.micro_batch
 
 
+@pytest.mark.parametrize(
+    ("row_id", "causal"), [("maxtext-v5p-32b-64chips-x1", True), ("maxtext-v5e-16b-x1", False)]
+)
+def test_published_tflops_are_read_as_the_publication_counts_them(row_id, causal):
+    """MaxText's TFLOP/s count causal attention at the v5p rows' commit (train.py:
+    ``causal_attention_tflops = noncasual_attention_flops / 2``) and all the scores at the
+    2023 v5e rows' (``attention_tflops = 12 * ...``): the measured tokens/s divide by the
+    same count, so the MFU llmplan reads back in that count is the published one."""
+    row = next(r for r in load_runs("train") if r.id == row_id)
+    prediction = predict_row(row)
+    share = prediction.predicted_mfu_causal / prediction.predicted_mfu if causal else 1.0
+    assert prediction.measured_mfu * share == pytest.approx(row.measured.mfu, rel=0.005)
+
+
 def test_uncovered_rows_say_why():
     row = next(r for r in load_runs("train") if r.id == "maxtext-v5e-32b-x2")
     prediction = predict_row(row)

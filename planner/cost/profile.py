@@ -35,7 +35,8 @@ show, each its own line of the step's breakdown:
   The ideal model exposes every TP collective (Megatron without overlap, Korthikanti et al.
   2022 §4), and so does a stack that does not overlap them; the hidden share leaves the step
   (a negative line) and joins the overlapped communication that ``overlap_slowdown``
-  charges.
+  charges. It hides at most the time of the GEMMs it is pipelined with
+  (:func:`hideable_tp_s`): TP collectives longer than the layer's GEMMs stay exposed.
 
 FLOP shares come from :func:`planner.cost.flops.model_ops_per_sequence` (causal attention).
 Compute-side terms scale with the pipeline's stretch (``pipeline_time / busy``) since the
@@ -154,6 +155,17 @@ def _saturating(width, half_width: float):
     return width / (width + half_width)
 
 
+def hideable_tp_s(columns: dict, sustained) -> np.ndarray:
+    """The TP communication a stack can hide: no more than the GEMMs it is pipelined with
+    run for (all-gather/GEMM and GEMM/reduce-scatter overlap splits a collective across the
+    GEMM it feeds or follows; Wang et al. 2023 §3), taken as the step's busy compute outside
+    the attention core and the routed experts (their FLOP shares) at the profile's
+    ``sustained`` compute efficiency, per row."""
+    busy = columns["compute_s"] + columns["recompute_s"]
+    gemm_share = np.clip(1 - columns["attention_share"] - columns["expert_share"], 0.0, 1.0)
+    return np.minimum(columns["tp_exposed_time_s"], busy * gemm_share / sustained)
+
+
 def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarray]:
     """Seconds each term adds to a step, per row. ``columns``: the ideal step's
     ``compute_s``, ``recompute_s``, ``pipeline_time_s``, ``exposed_comm_s``,
@@ -172,7 +184,9 @@ def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarr
         + experts / (sustained * expert)
         + attention / v["attention_efficiency"]
     )
-    hidden_tp = v["tp_comm_overlap"] * columns["tp_exposed_time_s"] * columns["stack_overlaps_tp"]
+    hidden_tp = (
+        v["tp_comm_overlap"] * hideable_tp_s(columns, sustained) * columns["stack_overlaps_tp"]
+    )
     return {
         "profile_compute": busy * (slowdown - 1) * stretch,
         "profile_kernels": columns["kernels_per_step"] * v["kernel_overhead_s"] * stretch,

@@ -149,14 +149,31 @@ def test_tp_comm_overlap_hides_its_share_and_charges_the_overlap_slowdown():
     values = {**ideal_values(), "tp_comm_overlap": 0.6, "overlap_slowdown": 0.25}
     parts = profile_parts(cols, values)
     overlaps = cols["stack_overlaps_tp"]
-    hidden = np.where(overlaps, 0.6 * cols["tp_exposed_time_s"], 0.0)
+    busy = cols["compute_s"] + cols["recompute_s"]
+    gemms = busy * np.clip(1 - cols["attention_share"] - cols["expert_share"], 0, 1)
+    hideable = np.minimum(cols["tp_exposed_time_s"], gemms)
+    hidden = np.where(overlaps, 0.6 * hideable, 0.0)
     assert np.allclose(parts["profile_tp_overlap"], -hidden)
     assert np.allclose(parts["profile_overlap"], 0.25 * (cols["overlapped_comm_s"] + hidden))
     # The step never loses more than the TP time the ideal model exposed, and a stack that
     # does not overlap TP keeps all of it.
     step = profiled_step_time(cols, {**ideal_values(), "tp_comm_overlap": 1.0})
-    expected = cols["step_time_s"] - np.where(overlaps, cols["tp_exposed_time_s"], 0.0)
+    expected = cols["step_time_s"] - np.where(overlaps, hideable, 0.0)
     assert np.allclose(step, expected)
+
+
+def test_tp_overlap_hides_no_more_than_the_gemms_it_is_pipelined_with():
+    """A TP collective split across the GEMM it feeds runs no faster than that GEMM: TP
+    time beyond the dense GEMMs' (at the profile's sustained rate) stays exposed."""
+    cols = {key: np.asarray(value) for key, value in _synthetic_columns(
+        np.random.default_rng(5), 1).items()}  # fmt: skip
+    cols |= {"compute_s": np.array([10.0]), "recompute_s": np.array([0.0]),
+             "attention_share": np.array([0.2]), "expert_share": np.array([0.0]),
+             "stack_overlaps_tp": np.array([True]), "fp8": np.array([False])}  # fmt: skip
+    values = {**ideal_values(), "tp_comm_overlap": 1.0, "compute_efficiency_bf16": 0.8}
+    for tp_s, hidden in ((5.0, 5.0), (30.0, 10.0)):  # GEMMs: 10 s · 0.8 share / 0.8 = 10 s
+        cols["tp_exposed_time_s"] = np.array([tp_s])
+        assert profile_parts(cols, values)["profile_tp_overlap"][0] == pytest.approx(-hidden)
 
 
 def test_tp_overlap_follows_the_stack_unless_the_job_says():

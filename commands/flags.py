@@ -520,8 +520,9 @@ JOB = FlagGroup(
               "(replicate: verl)", UlyssesKvHeads.whole, show_allowed=True),
         _switch("tp_comm_overlap", "--tp-comm-overlap/--no-tp-comm-overlap",
                 "the stack overlaps TP collectives with the GEMMs (TransformerEngine "
-                "userbuffers, torch async TP; the profile's learned share is hidden); "
-                "default: the --stack's (megatron on, the others off; no --stack: on)"),
+                "userbuffers, torch async TP, XLA's async collective fusion; the "
+                "profile's learned share is hidden); default: the --stack's (megatron "
+                "on, jax on a TPU, the others off; no --stack: on)"),
         _flag("moe_imbalance", Number(1.0),
               "MoE, dropless routing: routed tokens on the busiest EP rank over the balanced "
               "share (default: the model's, 1.0)"),

@@ -174,9 +174,9 @@ def with_profile(job, accelerator: str, profile: str | None, stack: str | None =
     shipped profile of ``accelerator`` for ``stack`` (else its all-stack one, else the
     nearest generation's, else the ideal model); ``shipped`` the same but an error where
     there is none; else a profile name or TOML path. A job that does not say whether its
-    stack overlaps TP communication (``tp_comm_overlap`` None) takes ``stack``'s default
-    (:func:`planner.spec.stack.default_tp_comm_overlap`; JAX's is on on a TPU), and one that names no attention
-    kernel the one ``stack`` runs on ``accelerator``
+    stack overlaps TP communication (``tp_comm_overlap`` None) takes ``stack``'s default on
+    ``accelerator`` (:func:`planner.spec.stack.default_tp_comm_overlap`: JAX's is on on a
+    TPU), and one that names no attention kernel the one ``stack`` runs on ``accelerator``
     (:func:`planner.spec.stack.stack_attention_kernel`); its memory measures gain what the
     stack's kernels do anyway (:func:`planner.spec.stack.stack_memory_measures`)."""
     from hwspecs.catalog import load_accelerator

@@ -19,8 +19,9 @@ communication with dependent computation via decomposition in large deep learnin
 So the JAX stack overlaps TP on a TPU; on GPUs its default is off.
 
 A named stack takes its own default (on for Megatron-Core and for JAX on TPU, off for the
-others); a job that names none is planned for a stack configured to overlap TP, as the planner's other
-recommendations (zero-bubble and DualPipe schedules) assume the stack that runs them:
+others); a job that names none is planned for a stack configured to overlap TP, as the
+planner's other recommendations (zero-bubble and DualPipe schedules) assume the stack that
+runs them:
 ``--emit megatron`` writes ``--tp-comm-overlap`` and every output says which was assumed. A
 published run is credited with overlap only where its framework is known to have run it
 (:func:`framework_overlaps_tp`).

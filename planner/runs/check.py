@@ -58,6 +58,8 @@ class RowPrediction(BaseModel):
     #: The job a row trains (model, precision, sequence length): rows of one job in two
     #: configuration groups compare two layouts (:mod:`planner.runs.ratio_error`).
     job: str = ""
+    #: The model the row trains (its name in the runs catalog).
+    model: str = ""
     accelerator: str
     precision: str
     stack: str
@@ -159,6 +161,7 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
         "source_family": source_family(row),
         "group": row.group_key,
         "job": f"{row.model.name} {precision_label(row)} {row.training.seq_len}",
+        "model": row.model.name,
         "accelerator": row.hardware.accelerator,
         "precision": precision_label(row),
         "stack": stack_label(row),

@@ -68,6 +68,7 @@ def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
     cols["fp8"] = cols["fp8"].astype(bool)
     cols["ideal_tokens"] = np.array([r.predicted_tokens_per_s_per_gpu for r in rows])
     cols["measured_tokens"] = np.array([r.measured_tokens_per_s_per_gpu for r in rows])
+    cols["model"] = np.array([r.model for r in rows])
     return cols
 
 
@@ -80,13 +81,19 @@ def predicted_tokens(cols: dict, values: dict[str, float]) -> np.ndarray:
     return cols["ideal_tokens"] * cols["step_time_s"] / profiled_step_time(cols, values)
 
 
+#: A GEMM dtype's sustained-compute term needs rows of at least this many models in that
+#: dtype: one model's rows cannot tell the chip's sustained rate from the model's own losses.
+MIN_MODELS_PER_DTYPE = 2
+
+
 def informed_terms(cols: dict) -> list[str]:
-    """Terms the rows can inform: FP8 efficiency only with FP8 rows, BF16's with BF16 rows."""
+    """Terms the rows can inform: FP8 efficiency only with FP8 rows of
+    :data:`MIN_MODELS_PER_DTYPE` models or more, BF16's likewise with BF16 rows."""
     names = list(TERMS)
-    if not cols["fp8"].any():
-        names.remove("compute_efficiency_fp8")
-    if cols["fp8"].all():
-        names.remove("compute_efficiency_bf16")
+    for term, rows in (("compute_efficiency_fp8", cols["fp8"]),
+                       ("compute_efficiency_bf16", ~cols["fp8"])):  # fmt: skip
+        if len(set(cols["model"][rows])) < MIN_MODELS_PER_DTYPE:
+            names.remove(term)
     if not cols["expert_share"].any():
         names.remove("expert_gemm_half_width")
     if not (cols["tp_exposed_time_s"] * cols["stack_overlaps_tp"]).any():

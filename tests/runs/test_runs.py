@@ -267,6 +267,7 @@ def test_cross_validation_of_noise_free_rows_is_near_zero():
             source="s",
             source_family=f"family{i % 4}",
             group=f"g{i}",
+            model=f"model{i % 6}",
             accelerator="h100-sxm",
             precision="bf16",
             stack="megatron",
@@ -282,6 +283,21 @@ def test_cross_validation_of_noise_free_rows_is_near_zero():
     assert result.in_sample_mape < 0.005
     assert result.loso_mape < 0.01 and result.kfold_mape < 0.01
     assert 0.99 < result.step_time_ratio_p10 <= result.step_time_ratio_p90 < 1.01
+
+
+def test_one_models_rows_do_not_inform_a_dtypes_sustained_compute():
+    """B200's BF16 rows were all GPT-OSS-120B: a BF16 efficiency fitted on them (0.42) is
+    that model's, not the chip's. A dtype's term needs rows of two models or more."""
+    from planner.runs.fit import MIN_MODELS_PER_DTYPE, informed_terms
+
+    cols = _synthetic_columns(np.random.default_rng(4), 40)
+    fp8 = cols["fp8"]
+    cols["model"] = np.where(fp8, np.array([f"m{i % 3}" for i in range(40)]), "gpt-oss-120b")
+    names = informed_terms(cols)
+    assert MIN_MODELS_PER_DTYPE == 2
+    assert "compute_efficiency_fp8" in names and "compute_efficiency_bf16" not in names
+    cols["model"] = np.array([f"m{i % 3}" for i in range(40)])
+    assert {"compute_efficiency_fp8", "compute_efficiency_bf16"} <= set(informed_terms(cols))
 
 
 def test_predict_row_pins_the_published_layout():

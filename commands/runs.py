@@ -199,8 +199,16 @@ def fit(
     table.add_column("term")
     table.add_column("value", justify="right")
     table.add_column("fitted")
+    table.add_column("one model out", justify="right")
+    spans = f.get("term_ranges_one_model_out") or {}
     for name, value in f["values"].items():
-        table.add_row(name, f"{value:.4g}", "yes" if name in f["fitted_terms"] else "ideal")
+        span = spans.get(name)
+        table.add_row(
+            name,
+            f"{value:.4g}",
+            "yes" if name in f["fitted_terms"] else "ideal",
+            "-" if span is None else f"{span[0]:.4g}–{span[1]:.4g}",
+        )
     console.print(table)
     table = Table(title="per source family")
     for name in ("source", "in-sample MAPE", "left-out MAPE"):

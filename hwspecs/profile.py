@@ -67,6 +67,10 @@ class ProfileFit(BaseModel):
     step_time_ratio_p90: float = 1.0
     #: Absent from a profile fitted before it was measured: the search then ranks by time.
     ratio_error: RatioErrorFit | None = None
+    #: Each fitted term's [lowest, highest] value over refits leaving one model's runs out
+    #: (``planner.runs.fit.term_ranges_one_model_out``): a wide span marks a term resting on
+    #: few models. Empty with one model, or in a profile fitted before it was measured.
+    term_range_one_model_out: dict[str, list[float]] = Field(default_factory=dict)
 
 
 class EfficiencyProfile(BaseModel):

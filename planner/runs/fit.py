@@ -61,6 +61,9 @@ class FitResult(BaseModel):
     ideal_mape: float
     #: The error of two layouts' time ratio (:mod:`planner.runs.ratio_error`); {} without pairs.
     ratio_error: dict = {}
+    #: Each fitted term's [lowest, highest] value over refits leaving one model's rows out
+    #: (:func:`term_ranges_one_model_out`); {} with one model.
+    term_ranges_one_model_out: dict[str, list[float]] = {}
 
 
 def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
@@ -114,6 +117,7 @@ def fit_values(cols: dict, weights: np.ndarray, names: list[str]) -> dict[str, f
 
     def values_of(z: np.ndarray) -> dict[str, float]:
         z = np.clip(z, 0.0, 1.0)
+        z = np.where(z < 1e-9, 0.0, np.where(z > 1 - 1e-9, 1.0, z))  # on a bound: the bound
         return {n: float(lo + zi * s) for n, lo, zi, s in zip(names, lower, z, span, strict=True)}
 
     def residuals(z: np.ndarray) -> np.ndarray:
@@ -197,6 +201,25 @@ def terms_that_earn_their_place(cols, weights, names: list[str], families) -> li
     return [n for n in names if n in chosen]
 
 
+def term_ranges_one_model_out(cols: dict, weights: np.ndarray, names: list[str]) -> dict:
+    """Each of ``names``' [lowest, highest] fitted value over refits that leave one model's
+    rows out (in each refit, only the terms the remaining rows still inform). A term that
+    swings across its range when one model leaves rests on that model: read it as a proxy
+    for what that model's runs lose, not as the chip's own figure."""
+    models = sorted(set(cols["model"]))
+    if len(models) < 2:
+        return {}
+    seen: dict[str, list[float]] = {name: [] for name in names}
+    for model in models:
+        keep = cols["model"] != model
+        rest = _take(cols, keep)
+        informed = [name for name in names if name in informed_terms(rest)]
+        if informed:
+            for name, value in fit_values(rest, weights[keep], informed).items():
+                seen[name].append(value)
+    return {name: [min(values), max(values)] for name, values in seen.items() if values}
+
+
 def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) -> FitResult:
     """Fit the profile terms to ``rows`` (covered ideal-model predictions of one accelerator)."""
     cols = _columns(rows)
@@ -250,6 +273,7 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
         step_time_ratio_p90=float(np.percentile(ratio, 90)),
         ideal_mape=_mape(cols["ideal_tokens"], measured),
         ratio_error=ratio_fields,
+        term_ranges_one_model_out=term_ranges_one_model_out(cols, weights, names),
     )
 
 
@@ -297,4 +321,8 @@ def profile_toml(result: FitResult, command: str, date: str) -> str:
     if result.ratio_error:  # the band the search ranks under (planner/runs/ratio_error.py)
         out += ["", "[fit.ratio_error]"]
         out += [line(key, value) for key, value in result.ratio_error.items()]
+    if result.term_ranges_one_model_out:
+        out += ["", "[fit.term_range_one_model_out]"]
+        out += [line(name, [float(f"{v:.4g}") for v in span])
+                for name, span in result.term_ranges_one_model_out.items()]  # fmt: skip
     return "\n".join(out) + "\n"

@@ -770,3 +770,32 @@ def test_megatron_bridge_rows_search_the_selective_modules_their_recipes_choose_
     nemo = next(r for r in rows.values() if r.id.startswith("nemo2407-"))
     assert not ran_recompute_modules(nemo)
     assert search_space(nemo, model_spec(nemo)).recompute == ["none", "selective", "full"]
+
+
+def test_leaving_one_model_out_shows_a_term_resting_on_one_model():
+    """A term only one model's rows can move spans more when that model leaves than a term
+    every model informs alike; the span is written into the profile and read back."""
+    import tomllib
+
+    from planner.runs.fit import term_ranges_one_model_out
+
+    rng = np.random.default_rng(6)
+    cols = _synthetic_columns(rng, 120)
+    cols["fp8"] = np.zeros(120, bool)
+    cols["model"] = np.array([f"m{i % 4}" for i in range(120)])
+    cols["ideal_tokens"] = rng.uniform(500, 20000, 120)
+    lone = cols["model"] == "m0"
+    values = {**ideal_values(), "compute_efficiency_bf16": 0.8}
+    measured = predicted_tokens(cols, values)
+    cols["measured_tokens"] = np.where(lone, measured * 0.6, measured)  # m0 runs slower
+    spans = term_ranges_one_model_out(cols, np.ones(120), ["compute_efficiency_bf16"])
+    low, high = spans["compute_efficiency_bf16"]
+    assert high - low > 0.1  # with m0 the fit drops; without it, it finds 0.8
+    assert high == pytest.approx(0.8, rel=0.02)
+    one_model = {**cols, "model": np.array(["m0"] * 120)}
+    assert term_ranges_one_model_out(one_model, np.ones(120), ["compute_efficiency_bf16"]) == {}
+    shipped = tomllib.loads((DATA_DIR / "profiles" / "h100-sxm.toml").read_text())
+    profile = load_profile("h100-sxm")
+    assert profile.fit.term_range_one_model_out == shipped["fit"].get(
+        "term_range_one_model_out", {}
+    )

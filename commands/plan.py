@@ -492,7 +492,8 @@ def estimate(
     if result.time_to_train is not None:
         console.print(time_to_train_line(result.time_to_train.model_dump()))
     if explain:
-        for line in api.explain_estimate(result, query):
+        profiled = api.with_profile(query, result.accelerator, profile, stack)
+        for line in api.explain_estimate(result, profiled):
             console.print(line)
         if result.time_to_train is not None:
             for line in api.explain_time_to_train(result.time_to_train):

@@ -119,11 +119,42 @@ def explain_estimate(result, job) -> list[str]:
         f"m·(F+B)), or the busiest link's excess over the step ({result.busiest_link_s:.3f} s "
         f"busy per step; 0 when each link carries one axis)"
     )
+    lines += profile_term_lines(job.efficiency_profile)
     flops = model_flops_per_token(job.model, job.seq_len, causal=False)
     lines.append(
         f"MFU = {result.tokens_per_s_per_gpu:,.0f} tokens/s × {flops / 1e9:,.1f} GFLOP/token "
         f"(6N + 12·L·h·s) / {accelerator.peak_tflops(result.mfu_dtype)} TFLOP/s = {100 * result.mfu:.1f}%"
     )
+    return lines
+
+
+#: A fitted term whose values leaving one model's runs out span more than this share of its
+#: bounds is said to rest on few models.
+SWING_SHARE = 0.25
+
+
+def profile_term_lines(profile) -> list[str]:
+    """The profile's terms away from their ideal values, each with its span over refits
+    leaving one model's runs out (``[fit.term_range_one_model_out]``), flagged where it
+    swings over more than :data:`SWING_SHARE` of its bounds."""
+    from planner.cost.profile import TERMS
+
+    if profile is None:
+        return []
+    spans = profile.fit.term_range_one_model_out
+    lines = []
+    for name, term in profile.terms.items():
+        if name not in TERMS or term.value == TERMS[name].ideal:
+            continue
+        text = f"profile term {name} = {term.value:.4g} {term.unit}"
+        if name in spans:
+            low, high = spans[name]
+            swings = high - low > SWING_SHARE * (term.upper - term.lower)
+            text += f" ({low:.4g}–{high:.4g} leaving one model's runs out"
+            text += (
+                "; it rests on few models: read it as theirs, not the chip's)" if swings else ")"
+            )
+        lines.append(text)
     return lines
 
 

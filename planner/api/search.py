@@ -13,7 +13,12 @@ from planner.api.inputs import (
     with_profile,
 )
 from planner.api.layout import _with_time_to_train
-from planner.explain import cp_algorithm_lines, explain_plan, layer_split_lines
+from planner.explain import (
+    cp_algorithm_lines,
+    explain_plan,
+    layer_split_lines,
+    profile_term_lines,
+)
 from planner.rank import RANK_MODES, RankSettings, explain_ranking
 
 
@@ -182,7 +187,8 @@ def plan(
         + _time_to_train_ranking(objective, results)
         + explain_plan(found, results, accelerator, mem_headroom)
         + layer_split_lines(job.model, results[0])
-        + cp_algorithm_lines(job, spec, results, mesh),
+        + cp_algorithm_lines(job, spec, results, mesh)
+        + profile_term_lines(job.efficiency_profile),
     )
     return result, found.table if with_table else None
 

@@ -200,7 +200,7 @@ def fit(
     table.add_column("value", justify="right")
     table.add_column("fitted")
     table.add_column("one model out", justify="right")
-    spans = f.get("term_ranges_one_model_out") or {}
+    spans = f.get("term_range_one_model_out") or {}
     for name, value in f["values"].items():
         span = spans.get(name)
         table.add_row(

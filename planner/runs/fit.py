@@ -63,7 +63,7 @@ class FitResult(BaseModel):
     ratio_error: dict = {}
     #: Each fitted term's [lowest, highest] value over refits leaving one model's rows out
     #: (:func:`term_ranges_one_model_out`); {} with one model.
-    term_ranges_one_model_out: dict[str, list[float]] = {}
+    term_range_one_model_out: dict[str, list[float]] = {}
 
 
 def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
@@ -84,18 +84,22 @@ def predicted_tokens(cols: dict, values: dict[str, float]) -> np.ndarray:
     return cols["ideal_tokens"] * cols["step_time_s"] / profiled_step_time(cols, values)
 
 
-#: A GEMM dtype's sustained-compute term needs rows of at least this many models in that
-#: dtype: one model's rows cannot tell the chip's sustained rate from the model's own losses.
+#: Where the rows cover several models, a GEMM dtype's sustained-compute term needs rows of
+#: at least this many of them in that dtype: one model's rows cannot tell the chip's
+#: sustained rate from that model's own losses, which the term would lend the others.
 MIN_MODELS_PER_DTYPE = 2
 
 
 def informed_terms(cols: dict) -> list[str]:
-    """Terms the rows can inform: FP8 efficiency only with FP8 rows of
-    :data:`MIN_MODELS_PER_DTYPE` models or more, BF16's likewise with BF16 rows."""
+    """Terms the rows can inform: FP8 efficiency only with FP8 rows, BF16's with BF16 rows,
+    of :data:`MIN_MODELS_PER_DTYPE` models or more where the rows cover several (a user's
+    runs of one model fit it for that model)."""
     names = list(TERMS)
+    models = set(cols["model"])
     for term, rows in (("compute_efficiency_fp8", cols["fp8"]),
                        ("compute_efficiency_bf16", ~cols["fp8"])):  # fmt: skip
-        if len(set(cols["model"][rows])) < MIN_MODELS_PER_DTYPE:
+        in_dtype = set(cols["model"][rows])
+        if not in_dtype or len(in_dtype) < MIN_MODELS_PER_DTYPE <= len(models):
             names.remove(term)
     if not cols["expert_share"].any():
         names.remove("expert_gemm_half_width")
@@ -273,7 +277,7 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
         step_time_ratio_p90=float(np.percentile(ratio, 90)),
         ideal_mape=_mape(cols["ideal_tokens"], measured),
         ratio_error=ratio_fields,
-        term_ranges_one_model_out=term_ranges_one_model_out(cols, weights, names),
+        term_range_one_model_out=term_ranges_one_model_out(cols, weights, names),
     )
 
 
@@ -321,8 +325,8 @@ def profile_toml(result: FitResult, command: str, date: str) -> str:
     if result.ratio_error:  # the band the search ranks under (planner/runs/ratio_error.py)
         out += ["", "[fit.ratio_error]"]
         out += [line(key, value) for key, value in result.ratio_error.items()]
-    if result.term_ranges_one_model_out:
+    if result.term_range_one_model_out:
         out += ["", "[fit.term_range_one_model_out]"]
         out += [line(name, [float(f"{v:.4g}") for v in span])
-                for name, span in result.term_ranges_one_model_out.items()]  # fmt: skip
+                for name, span in result.term_range_one_model_out.items()]  # fmt: skip
     return "\n".join(out) + "\n"

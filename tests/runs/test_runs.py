@@ -298,6 +298,9 @@ def test_one_models_rows_do_not_inform_a_dtypes_sustained_compute():
     assert "compute_efficiency_fp8" in names and "compute_efficiency_bf16" not in names
     cols["model"] = np.array([f"m{i % 3}" for i in range(40)])
     assert {"compute_efficiency_fp8", "compute_efficiency_bf16"} <= set(informed_terms(cols))
+    # A user's runs of one model (llmplan validate --out) fit it for that model.
+    cols["model"] = np.array(["mine"] * 40)
+    assert {"compute_efficiency_fp8", "compute_efficiency_bf16"} <= set(informed_terms(cols))
 
 
 def test_predict_row_pins_the_published_layout():

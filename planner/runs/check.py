@@ -16,9 +16,9 @@ from pydantic import BaseModel
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.runs import RunRow
+from planner.runs.measured import measured_tokens_per_s
 from planner.runs.rows import (
     Uncovered,
-    counts_causal_attention_flops,
     model_spec,
     precision_label,
     run_cluster,
@@ -125,22 +125,6 @@ def source_family(row: RunRow) -> str:
     return row.source
 
 
-def _measured_tokens_per_s(row: RunRow, flops_per_token: dict) -> tuple[float | None, str | None]:
-    """Measured tokens/s per GPU: published, or from the step time, or from the published
-    model TFLOP/s over the model FLOPs per token as the publication counts them
-    (``flops_per_token``: ``causal`` and ``full`` attention scores;
-    :func:`planner.runs.rows.counts_causal_attention_flops`)."""
-    m, gpus = row.measured, row.hardware.num_gpus
-    if m.tokens_per_s_per_gpu:
-        return m.tokens_per_s_per_gpu, "tokens/s"
-    if m.step_time_s:
-        return row.training.global_batch_tokens / m.step_time_s / gpus, "step time"
-    if m.model_tflops_per_gpu:
-        counted = flops_per_token["causal" if counts_causal_attention_flops(row) else "full"]
-        return m.model_tflops_per_gpu * 1e12 / counted, "model TFLOP/s"
-    return None, None
-
-
 def _uncovered(row: RunRow, base: dict, reason: str) -> RowPrediction:
     return RowPrediction(**base, covered=False, reason=reason)
 
@@ -194,7 +178,7 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
     flops_per_token = float(best["model_tflops_per_gpu"]) * 1e12 / tokens
     causal_share = float(best["mfu_causal"]) / float(best["mfu"])
     counts = {"full": flops_per_token, "causal": flops_per_token * causal_share}
-    measured, measured_from = _measured_tokens_per_s(row, counts)
+    measured, measured_from = measured_tokens_per_s(row, counts)
     if measured is None:
         return _uncovered(row, base, "no measured throughput")
     mfu = float(best["mfu"])

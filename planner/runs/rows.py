@@ -313,24 +313,6 @@ def ran_recompute_modules(row: RunRow) -> bool:
     return "megatron-bridge" in (row.training.framework or "").lower()
 
 
-#: Publications whose model TFLOP/s count causal attention, half the scores' FLOPs, where
-#: llmplan's model FLOPs (PaLM Appendix B) count all of them: (repository, commit) → where the
-#: formula says so. MaxText's ``calculate_training_tflops`` at 9bc243c counts them all.
-CAUSAL_ATTENTION_FLOP_COUNTS = {
-    ("AI-Hypercomputer/maxtext", "76bd53b0f44caf989c88189afadeb1062f9254f0"):
-        "MaxText/train.py:83: causal_attention_tflops = noncasual_attention_flops / 2",
-    ("AI-Hypercomputer/maxtext", "75a430609ff6875a8a7543e9311cc644b3a53d17"):
-        "src/MaxText/maxtext_utils.py:170: causal_attention_flops = noncausal_attention_flops / 2",
-}  # fmt: skip
-
-
-def counts_causal_attention_flops(row: RunRow) -> bool:
-    """Whether the row's published model TFLOP/s count causal attention (half the scores),
-    read from its publication's FLOP formula (:data:`CAUSAL_ATTENTION_FLOP_COUNTS`)."""
-    ref = row.source_ref
-    return (ref.repo, ref.commit) in CAUSAL_ATTENTION_FLOP_COUNTS
-
-
 def replica_micro_batch(row: RunRow, dp: int) -> int:
     """The sequences one data-parallel replica runs per micro-batch. MaxText's
     ``per_device_batch_size``, which its rows publish as the micro-batch, counts every chip,

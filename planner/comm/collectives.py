@@ -34,7 +34,9 @@ then to 1.0 where a link has none). Latency per ring step is the link's ``latenc
   with wraparound, S·(p−1)/4 without. ``alpha = Σ_l latency_l`` (sends are posted together).
 * ``node-limited`` — the EP all-to-all of a model whose tokens reach at most M nodes
   (DeepSeek-V3 §2.1.2, §3.2.2): S holds a token's k expert copies; a token crosses each
-  scale-out level once per destination node (``min(k, M, nodes)`` of its k copies) and is
+  scale-out level once per destination node (``min(k, M, nodes)`` of its k copies; a
+  router that limits expert groups reaches more nodes once a group spans several:
+  :func:`nodes_reached`) and is
   forwarded over the scale-up level to each expert's GPU there, so scale-out levels carry
   ``min(k, M, nodes)/k`` of pairwise's bytes and the scale-up level ``(p−1)/p`` of S.
 * ``direct`` — p2p over the slowest level between the two ranks.
@@ -201,15 +203,32 @@ def _pairwise(levels: tuple[Level, ...], n: int) -> Cost:
     )
 
 
-def _node_limited(levels: tuple[Level, ...], n: int, top_k: int, max_nodes: int) -> Cost:
+def nodes_reached(top_k: int, max_nodes: int, groups: int | None, nodes: int) -> int:
+    """The most nodes one token's ``top_k`` experts lie on, over an EP group of ``nodes``.
+
+    Node-limited routing (DeepSeek-V3 §2.1.2) keeps a token on ``max_nodes`` nodes. Where
+    the router limits expert *groups* instead (``groups``: HF ``n_group``, Megatron-Core's
+    ``moe_router_num_groups``; ``max_nodes`` is then ``topk_group``), that is a node limit
+    only while each node holds whole groups: experts placed contiguously, a group spans
+    ``⌈nodes/groups⌉`` nodes, so a token reaches ``max_nodes·⌈nodes/groups⌉`` of them
+    (Megatron-Core ``transformer_config.py``: "set moe_router_num_groups equal to number of
+    nodes in EP group" for node-limited routing).
+    """
+    span = 1 if groups is None else -(-nodes // groups)
+    return min(top_k, max_nodes * span, nodes)
+
+
+def _node_limited(
+    levels: tuple[Level, ...], n: int, top_k: int, max_nodes: int, groups: int | None = None
+) -> Cost:
     """All-to-all under node-limited routing (DeepSeek-V3 §3.2.2); see the module docstring.
 
-    Each token goes once over IB to every destination node (at most ``max_nodes`` of them)
+    Each token goes once over IB to every destination node (:func:`nodes_reached` of them)
     and NVLink forwards it to its experts' GPUs; levels work concurrently (``beta = max``).
     """
     scale_out = [level.kind in SCALE_OUT_KINDS for level in levels]
     nodes = n // levels[scale_out.index(True)].members_below
-    node_share = min(top_k, max_nodes, nodes) / top_k
+    node_share = nodes_reached(top_k, max_nodes, groups, nodes) / top_k
     busy = []
     for level, crosses_nodes in zip(levels, scale_out, strict=True):
         rate = level.bytes_per_s_per_rank * efficiency(level, "node-limited")
@@ -241,12 +260,13 @@ def measured_cost(op: str, levels: tuple[Level, ...], n: int) -> Cost | None:
 
 
 def algorithm_costs(
-    op: str, levels: tuple[Level, ...], n: int, routing: tuple[int, int] | None = None
+    op: str, levels: tuple[Level, ...], n: int, routing: tuple[int, int, int | None] | None = None
 ) -> dict[str, Cost]:
     """Every algorithm available for ``op`` on a group of ``n`` ranks crossing ``levels``.
 
-    ``routing``: (top-k, max nodes per token) of an EP all-to-all under node-limited
-    routing; the all-to-all then runs ``node-limited`` where the group spans nodes.
+    ``routing``: (top-k, max nodes per token, expert groups or None) of an EP all-to-all
+    under node-limited routing; the all-to-all then runs ``node-limited`` where the group
+    spans nodes.
     """
     check_op(op)
     if n <= 1 or not levels:

@@ -94,15 +94,17 @@ NO_OVERLAP_RULE = (
 )
 
 
-def ep_routing(model) -> tuple[int, int] | None:
-    """(top-k, max nodes per token) of an MoE model with node-limited routing, else None.
+def ep_routing(model) -> tuple[int, int, int | None] | None:
+    """(top-k, max nodes (or groups) per token, expert groups) of an MoE model with
+    node-limited routing, else None.
 
-    DeepSeek-V3 §2.1.2 / §3.2.2: each token's experts lie on at most M nodes; the EP
-    all-to-all then costs as :mod:`planner.comm.collectives`'s ``node-limited`` algorithm.
+    DeepSeek-V3 §2.1.2 / §3.2.2: each token's experts lie on at most M nodes (M groups of
+    the router's, :func:`planner.comm.collectives.nodes_reached`); the EP all-to-all then
+    costs as :mod:`planner.comm.collectives`'s ``node-limited`` algorithm.
     """
     if not model.is_moe or model.max_nodes_per_token is None:
         return None
-    return model.num_experts_per_token, model.max_nodes_per_token
+    return model.num_experts_per_token, model.max_nodes_per_token, model.num_expert_groups
 
 
 def vocab_parallel_loss_bytes(micro_batch_size, local_tokens_per_sequence):

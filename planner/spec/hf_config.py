@@ -92,11 +92,19 @@ def _deepseek_v3(config: dict, source: str) -> dict:
         "moe_ffn_hidden_size": _require(config, "moe_intermediate_size", source),
         "num_dense_layers": config.get("first_k_dense_replace", 0),
         "router_bias": config.get("topk_method") == "noaux_tc",
-        # Group-limited routing: topk_group of n_group expert groups; DeepSeek-V3 places one
-        # group per node, so this is its node limit M (report §2.1.2).
-        "max_nodes_per_token": config.get("topk_group"),
+        # Group-limited routing: a token's experts lie in topk_group of n_group expert groups
+        # (one group per node is DeepSeek-V3's node limit M, report §2.1.2); one group is none.
+        **_group_limit(config),
         "num_mtp_modules": config.get("num_nextn_predict_layers", 0),
     }
+
+
+def _group_limit(config: dict) -> dict:
+    """The router's group limit (HF ``n_group``, ``topk_group``), where it limits anything."""
+    groups, limit = config.get("n_group") or 1, config.get("topk_group")
+    if groups <= 1 or not limit or limit >= groups:
+        return {}
+    return {"num_expert_groups": groups, "max_nodes_per_token": limit}
 
 
 def _gpt2(config: dict, source: str) -> dict:

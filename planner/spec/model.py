@@ -67,7 +67,15 @@ class ModelSpec(BaseModel):
         None,
         gt=0,
         description="node-limited routing: a token's experts lie on at most this many nodes "
-        "(DeepSeek-V3 §2.1.2, M = 4); None: unlimited",
+        "(DeepSeek-V3 §2.1.2, M = 4), or, with num_expert_groups, this many expert groups "
+        "(HF topk_group); None: unlimited",
+    )
+    num_expert_groups: int | None = Field(
+        None,
+        gt=0,
+        description="the router's expert groups (HF n_group; DeepSeek-V3: 8): the limit holds "
+        "per group, so where EP spans more nodes than groups a token reaches "
+        "max_nodes_per_token × nodes/groups nodes; None: the limit holds per node",
     )
     num_mtp_modules: int = Field(0, ge=0, description="multi-token-prediction modules")
     moe_capacity_factor: float | None = Field(
@@ -132,6 +140,8 @@ class ModelSpec(BaseModel):
                 raise ValueError("num_experts_per_token exceeds num_routed_experts")
             if self.num_dense_layers > self.num_layers:
                 raise ValueError("num_dense_layers exceeds num_layers")
+            if self.num_expert_groups and self.num_routed_experts % self.num_expert_groups:
+                raise ValueError("num_routed_experts must be a multiple of num_expert_groups")
         if self.moe_capacity_factor is not None and self.moe_imbalance != 1.0:
             raise ValueError(
                 "give moe_capacity_factor (capacity-based routing) or moe_imbalance (dropless), "

@@ -12,10 +12,12 @@ from planner.comm.collectives import (
     OPS,
     algorithm_costs,
     collective_time,
+    nodes_reached,
     parse_num_bytes,
     volume_factor,
 )
 from planner.comm.topology import place_groups
+from planner.spec.layout import Layout
 
 GIB = 2**30
 
@@ -151,6 +153,26 @@ def test_node_limit_beyond_top_k_or_the_node_count_changes_nothing(top_k, max_no
     limited = algorithm_costs("all-to-all", levels, 64, routing=(top_k, max_nodes))
     capped = algorithm_costs("all-to-all", levels, 64, routing=(top_k, min(top_k, max_nodes, 8)))
     assert limited["node-limited"] == capped["node-limited"]
+
+
+def test_group_limited_routing_reaches_more_nodes_once_a_group_spans_several():
+    """DeepSeek-V3's router keeps 4 of 8 expert groups (HF n_group 8, topk_group 4). Over
+    EP 64 on 8 nodes a group is a node: 4 nodes per token, the report's M. Over EP 256 on
+    32 nodes each group spans 4 nodes, so a token's 8 experts can lie on 8 nodes; over
+    EP 32 on 4 nodes a node holds two groups and a token reaches at most all 4."""
+    assert nodes_reached(8, 4, 8, 8) == 4
+    assert nodes_reached(8, 4, 8, 32) == 8
+    assert nodes_reached(8, 4, 8, 16) == 8
+    assert nodes_reached(8, 4, 8, 4) == 4
+    assert nodes_reached(8, 4, None, 32) == 4  # a limit stated per node holds at any span
+    placement = place_groups("dgx-h800", Layout(pp=2, dp=1024, ep=256), gpus=2048)
+    levels, size = placement.groups["ep"].levels, 1e9
+    grouped = algorithm_costs("all-to-all", levels, 256, routing=(8, 4, 8))["node-limited"]
+    per_node = algorithm_costs("all-to-all", levels, 256, routing=(8, 4, None))["node-limited"]
+    ndr = load_link("ib-ndr")
+    leaving = 8 / 8 * (248 / 256) * size / (50e9 * ndr.busbw_efficiency["ring"])
+    assert grouped.time_s(size) == pytest.approx(leaving + grouped.alpha_s)
+    assert grouped.time_s(size) == pytest.approx(2 * per_node.time_s(size) - per_node.alpha_s)
 
 
 def test_tpu_v5p_one_torus_axis_is_a_bidirectional_ring():

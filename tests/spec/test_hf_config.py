@@ -94,6 +94,21 @@ def test_hf_config_matches_catalog(tmp_path, name):
     assert loaded.attention_kind == catalog.attention_kind
 
 
+def test_group_limited_routing_reads_the_router_groups(tmp_path):
+    """HF ``n_group``/``topk_group`` are the router's group limit (DeepSeek-V3: 4 of 8, as the
+    catalog has it); one group (Kimi K2's n_group 1, topk_group 1) limits nothing."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(HF_CONFIGS["deepseek-v3"]))
+    loaded, catalog = load_model(str(path)), load_model("deepseek-v3")
+    assert (loaded.num_expert_groups, loaded.max_nodes_per_token) == (8, 4)
+    assert (catalog.num_expert_groups, catalog.max_nodes_per_token) == (8, 4)
+    path = tmp_path / "ungrouped" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**HF_CONFIGS["deepseek-v3"], "n_group": 1, "topk_group": 1}))
+    ungrouped = load_model(str(path))
+    assert (ungrouped.num_expert_groups, ungrouped.max_nodes_per_token) == (None, None)
+
+
 def test_gpt2_small_has_124m_parameters(tmp_path):
     path = tmp_path / "config.json"
     config = {

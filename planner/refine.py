@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from hwspecs.schema import Accelerator
-from planner.cost.compute import GpuRates
-from planner.cost.stage_times import rank_times, shape_times
+from planner.cost.compute import job_rates
+from planner.cost.stage_times import accumulates_gradients, rank_times, shape_times
 from planner.pipeline.schedules.registry import generate_schedule, get_schedule
 from planner.pipeline.simulate import schedule_extent, simulated_step_time
 from planner.spec.job import Job
@@ -41,12 +41,7 @@ def stage_durations(
     """(F, B + recompute, W per virtual stage, F + B + W per rank) for one micro-batch, in
     the simulator's stage numbering (model order; DualPipe: one direction's stages)."""
     model = job.model
-    rates = GpuRates.of(accelerator, job.precision.gemm_dtype, job.attention_kernel)
-    bf16 = (
-        GpuRates.of(accelerator, "bf16", job.attention_kernel)
-        if job.precision.gemm_dtype == "fp8"
-        else None
-    )
+    rates, bf16 = job_rates(accelerator, job)
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     shape = shape_times(
         model, job.seq_len, layout.micro_batch_size, layout.tp, layout.cp, layout.ep,
@@ -57,6 +52,7 @@ def stage_durations(
         model, layout.pp, layout.vpp, layout.pipeline_layer_split, layout.schedule
     )
     stages = len(dense)
+    accumulate = accumulates_gradients(layout.zero_stage)
     per_stage = rank_times(
         shape,
         RankStructure(
@@ -66,11 +62,13 @@ def stage_durations(
             has_head=(np.arange(stages) == stages - 1).tolist(),
         ),
         layout.recompute,
+        accumulate,
     )
     per_rank = rank_times(
         shape,
         rank_structure(model, layout.pp, layout.vpp, layout.schedule, layout.pipeline_layer_split),
         layout.recompute,
+        accumulate,
     )
     f = np.asarray(per_stage.forward_s)
     b = np.asarray(per_stage.input_grad_s) + np.asarray(per_stage.recompute_s)

@@ -40,6 +40,7 @@ MEMORY_SHAPE_KEYS = (
 TIME_SHAPE_KEYS = (
     *("fd", "bd", "wd", "rd", "fm", "bm", "wm", "rm"),
     *("f_emb", "b_emb", "w_emb", "f_head", "b_head", "w_head"),
+    *("wd_acc", "wm_acc", "w_head_acc"),  # W accumulating into the gradient buffer
 )
 
 
@@ -190,7 +191,8 @@ ACTIVATION_SHAPE_KEYS = ("act_dense", "act_moe", "first_extra", "last_extra", "w
 #: Shape-table entries that do not depend on the recompute policy, in :func:`_recompute_free`'s
 #: order.
 FREE_SHAPE_KEYS = ("wpass_dense", "wpass_moe", "fd", "bd", "wd", "fm", "bm", "wm", "f_emb",
-                   "b_emb", "w_emb", "f_head", "b_head", "w_head")  # fmt: skip
+                   "b_emb", "w_emb", "f_head", "b_head", "w_head", "wd_acc", "wm_acc",
+                   "w_head_acc")  # fmt: skip
 
 
 def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, memo: dict):
@@ -227,6 +229,9 @@ def _recompute_free(job: Job, rates, tuned, bf16_rates, shape, ep: int, memo: di
             sum(op.forward_s for op in times.head),
             sum(op.input_grad_s for op in times.head),
             sum(op.weight_grad_s for op in times.head),
+            times.dense.weight_grad_accumulate_s,
+            moe_t.weight_grad_accumulate_s,
+            sum(op.accumulating_weight_grad_s for op in times.head),
         ),
     )
 

@@ -17,7 +17,7 @@ from planner.structure.linears import expert_fold, token_rows
 
 def frozen(op: OpTime) -> OpTime:
     """An operation whose weight does not train: its input gradient stays, W is 0."""
-    return op.model_copy(update={"weight_grad_s": 0.0})
+    return op.model_copy(update={"weight_grad_s": 0.0, "weight_grad_accumulate_s": None})
 
 
 def adapter_op_times(

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from hwspecs.schema import Accelerator
 from planner.cost.flops import CAUSAL_FRACTION, attention_core_ops
 from planner.spec.model import ModelSpec
+from planner.spec.precision import DTYPE_BYTES
 from planner.structure.linears import expert_fold, kv_heads_per_rank
 
 
@@ -33,10 +34,20 @@ class OpTime(BaseModel):
     weight_grad_s: float
     forward_flops: float
     bound: str  # "compute" or "memory" (of the forward); "overhead": dispatch_time
+    #: W where the weight gradient accumulates into a buffer kept over the micro-batches
+    #: (:func:`planner.cost.stage_times.accumulates_gradients`): the GEMM reads and writes
+    #: that buffer (:attr:`GpuRates.gradient_bytes`); None: as ``weight_grad_s``.
+    weight_grad_accumulate_s: float | None = None
 
     @property
     def total_s(self) -> float:
         return self.forward_s + self.input_grad_s + self.weight_grad_s
+
+    @property
+    def accumulating_weight_grad_s(self) -> float:
+        """W when the gradient buffer is accumulated into."""
+        accumulate = self.weight_grad_accumulate_s
+        return self.weight_grad_s if accumulate is None else accumulate
 
 
 #: FlashAttention's backward recomputes the score matrix: 5 matmuls against the forward's 2,
@@ -74,13 +85,21 @@ class GpuRates(BaseModel):
     op_overhead_s: float = 0.0
     sharded_op_overhead_s: float = 0.0
     functional_collective_overhead_s: float = 0.0
+    #: Bytes per element of the gradient buffer weight-gradient GEMMs accumulate into (the
+    #: job's gradient dtype); None: W is timed as a plain write of its output.
+    gradient_bytes: float | None = None
 
     @classmethod
     def of(
-        cls, accelerator: Accelerator, gemm_dtype: str, attention_kernel: str | None = None
+        cls,
+        accelerator: Accelerator,
+        gemm_dtype: str,
+        attention_kernel: str | None = None,
+        gradient_bytes: float | None = None,
     ) -> GpuRates:
         """The rates of ``gemm_dtype`` GEMMs, with attention at ``attention_kernel``'s
-        measured rates where the accelerator records them (None: its default kernel's)."""
+        measured rates where the accelerator records them (None: its default kernel's) and
+        W's accumulation at ``gradient_bytes`` per element."""
         dtype = attention_dtype(gemm_dtype)
         forward, backward = accelerator.achievable_attention_flops_per_s(dtype, attention_kernel)
         return cls(
@@ -95,6 +114,7 @@ class GpuRates(BaseModel):
                 accelerator.sharded_op_overhead_s or accelerator.op_overhead_s or 0.0
             ),
             functional_collective_overhead_s=accelerator.functional_collective_overhead_s or 0.0,
+            gradient_bytes=gradient_bytes,
         )
 
     @classmethod
@@ -120,12 +140,32 @@ class GpuRates(BaseModel):
         waves = math.ceil(tiles / self.compute_units)
         return tiles / (waves * self.compute_units)
 
-    def gemm_s(self, m: float, n: float, k: float, element_bytes: float, count: float = 1) -> float:
-        """Roofline time of ``count`` (m × k)·(k × n) GEMMs with wave quantization."""
+    def gemm_s(
+        self,
+        m: float,
+        n: float,
+        k: float,
+        element_bytes: float,
+        count: float = 1,
+        output_bytes: float | None = None,
+    ) -> float:
+        """Roofline time of ``count`` (m × k)·(k × n) GEMMs with wave quantization;
+        ``output_bytes``: HBM bytes per output element (None: one write of ``element_bytes``)."""
         flops = 2.0 * m * n * k * count
-        moved = (m * k + k * n + m * n) * element_bytes * count
+        out = element_bytes if output_bytes is None else output_bytes
+        moved = ((m * k + k * n) * element_bytes + m * n * out) * count
         compute = flops / (self.matmul_flops_per_s * self.wave_efficiency(m, n, count))
         return max(compute, moved / self.hbm_bytes_per_s)
+
+
+def job_rates(accelerator: Accelerator, job) -> tuple[GpuRates, GpuRates | None]:
+    """(the rates of ``job``'s GEMM dtype, BF16 rates under FP8 GEMMs or None), with W's
+    accumulation at the job's gradient dtype (:attr:`GpuRates.gradient_bytes`)."""
+    gradient_bytes = DTYPE_BYTES[job.precision.gradient_dtype]
+    kernel, gemm_dtype = job.attention_kernel, job.precision.gemm_dtype
+    rates = GpuRates.of(accelerator, gemm_dtype, kernel, gradient_bytes)
+    bf16 = GpuRates.of(accelerator, "bf16", kernel, gradient_bytes) if gemm_dtype == "fp8" else None
+    return rates, bf16
 
 
 def gemm_time(
@@ -141,7 +181,14 @@ def gemm_time(
 
     Forward (tokens × n output), input gradient ``dX = dY·Wᵀ`` (tokens × k output) and weight
     gradient ``dW = Xᵀ·dY`` (k × n output) have the same FLOPs but their own output shapes,
-    so their own waves. Worked out once per distinct call (:data:`_GEMM_TIMES`).
+    so their own waves. Where W accumulates into a gradient buffer kept over micro-batches,
+    its epilogue reads and writes that buffer: ``2 × gradient_bytes`` per output element
+    (Megatron-LM's ``--gradient-accumulation-fusion``, the fused ``main_grad += Xᵀ·dY`` in
+    FP32; TransformerEngine's ``fuse_wgrad_accumulation``; unfused, autograd's ``.grad``
+    accumulation moves at least as much), which makes W memory-bound on few tokens per
+    micro-batch: on H100 below about 4·(FLOP/s)/(bytes/s) ≈ 1,100 tokens in BF16 with FP32
+    gradients, against 280 for a plain BF16 write. Worked out once per distinct call
+    (:data:`_GEMM_TIMES`).
     """
     key = (name, tokens, k, n, id(rates), element_bytes, count)
     known = _GEMM_TIMES.get(key)
@@ -174,6 +221,11 @@ def _gemm_time(name, tokens, k, n, rates, element_bytes, count) -> OpTime:
         forward_s=forward,
         input_grad_s=rates.gemm_s(tokens, k, n, element_bytes, count),
         weight_grad_s=rates.gemm_s(k, n, tokens, element_bytes, count),
+        weight_grad_accumulate_s=(
+            None
+            if rates.gradient_bytes is None
+            else rates.gemm_s(k, n, tokens, element_bytes, count, 2 * rates.gradient_bytes)
+        ),
         forward_flops=flops,
         bound=bound,
     )

@@ -47,6 +47,8 @@ class LayerTimes(BaseModel):
     weight_grad_s: float
     attention_forward_s: float
     ops: list[OpTime]
+    #: W where the gradient buffer is accumulated into (:func:`accumulates_gradients`).
+    weight_grad_accumulate_s: float = 0.0
     #: Forward work the job's memory measures rerun in the backward (planner.spec.measures).
     measures_recompute_s: float = 0.0
 
@@ -71,6 +73,7 @@ class LayerTimes(BaseModel):
             forward_s=sum(op.forward_s for op in ops),
             input_grad_s=sum(op.input_grad_s for op in ops),
             weight_grad_s=sum(op.weight_grad_s for op in ops),
+            weight_grad_accumulate_s=sum(op.accumulating_weight_grad_s for op in ops),
             attention_forward_s=sum(op.forward_s for op in core),
             elementwise_forward_s=sum(op.forward_s for op in elementwise),
             ops=ops,
@@ -284,8 +287,19 @@ class RankTimes(BaseModel):
     recompute_s: list[float]
 
 
-def rank_times(shape: ShapeTimes, structure: RankStructure, recompute: str) -> RankTimes:
-    """Sum layer, embedding and head times onto each rank."""
+def accumulates_gradients(zero_stage):
+    """Whether each rank keeps its whole gradient buffer over the micro-batches, so every
+    weight-gradient GEMM accumulates into it (ZeRO 0–1: DDP's buckets, Megatron's distributed
+    optimizer, which reduce-scatters once per step) rather than handing each micro-batch's
+    gradient to a reduce-scatter (ZeRO 2–3; :mod:`planner.comm.terms`). Works on arrays."""
+    return zero_stage <= 1
+
+
+def rank_times(
+    shape: ShapeTimes, structure: RankStructure, recompute: str, accumulate: bool = False
+) -> RankTimes:
+    """Sum layer, embedding and head times onto each rank (``accumulate``: W into a gradient
+    buffer kept over the micro-batches, :func:`accumulates_gradients`)."""
     dense = np.asarray(structure.dense_layers)
     moe = np.asarray(structure.moe_layers)
     emb = np.asarray(structure.has_embedding, dtype=float)
@@ -293,8 +307,10 @@ def rank_times(shape: ShapeTimes, structure: RankStructure, recompute: str) -> R
     moe_t = shape.moe or shape.dense
 
     def per_rank(attribute: str) -> np.ndarray:
-        layer = dense * getattr(shape.dense, attribute) + moe * getattr(moe_t, attribute)
-        op_attr = attribute
+        layer_attr = op_attr = attribute
+        if accumulate and attribute == "weight_grad_s":
+            layer_attr, op_attr = "weight_grad_accumulate_s", "accumulating_weight_grad_s"
+        layer = dense * getattr(shape.dense, layer_attr) + moe * getattr(moe_t, layer_attr)
         extra = emb * getattr(shape.embedding, op_attr) + head * sum(
             getattr(op, op_attr) for op in shape.head
         )

@@ -17,7 +17,7 @@ from planner.columns.codes import Labels, coded, distinct_rows, unique_rows
 from planner.columns.expanded import ExpandedRows
 from planner.columns.layout import LayoutColumns
 from planner.columns.tables import shape_table_of, structure_table_of
-from planner.cost.compute import GpuRates
+from planner.cost.compute import GpuRates, job_rates
 from planner.evaluate.blocks import beside
 from planner.evaluate.memory import BUFFER_FIELDS
 from planner.evaluate.time import FSDP, data_parallel_form
@@ -31,13 +31,7 @@ def gpu_rates(job: Job, accelerator: Accelerator | None) -> tuple:
     tuned = job.finetune if job.finetune is not None and job.finetune.trains_adapters else None
     if accelerator is None:
         return GpuRates.untimed(), None, tuned
-    rates = GpuRates.of(accelerator, job.precision.gemm_dtype, job.attention_kernel)
-    bf16_rates = (
-        GpuRates.of(accelerator, "bf16", job.attention_kernel)
-        if job.precision.gemm_dtype == "fp8"
-        else None
-    )
-    return rates, bf16_rates, tuned
+    return (*job_rates(accelerator, job), tuned)
 
 
 class ShapesAhead(NamedTuple):
@@ -142,21 +136,20 @@ def _smallest_ints(codes: np.ndarray, count: int) -> np.ndarray:
     return codes.astype(np.min_scalar_type(-max(count, 1)), copy=False)
 
 
-def _codes_from_grid(c: ExpandedRows, ahead: ShapesAhead, dp_form: bool) -> dict:
+def _codes_from_grid(c: ExpandedRows, ahead: ShapesAhead) -> dict:
     """Each row's table indices from its grid row's codes (:func:`shapes_beside`), its
-    recompute policy and its ZeRO stage: ``shape``, ``structure``, ``held`` (with
-    ``dp_form``, the data-parallel wrapper's code too) and ``states``, as
+    recompute policy and its ZeRO stage: ``shape``, ``structure``, ``held`` (with the
+    data-parallel wrapper's code) and ``states``, as
     :meth:`LayoutColumns.index` takes them. Two rows share an index exactly where they
     share the fields it stands for, as :func:`row_tables` finds them from the rows (the
     numbering differs; every table is read through it)."""
     policy = c.recompute.codes
     shape = c.column(GRID_SHAPE).astype(np.int64) * ahead.policies + policy
     held = c.column(GRID_HELD).astype(np.int64) * ahead.policies + policy
-    held_count = ahead.grid_held * ahead.policies
-    if dp_form:  # the wrapper's code (0 to FSDP) as a last digit
-        held *= FSDP + 1
-        held += c.data_parallel_form
-        held_count *= FSDP + 1
+    # The wrapper's code (0 to FSDP) as a last digit: its host operations, and whether W
+    # accumulates into a gradient buffer (planner.cost.stage_times.accumulates_gradients).
+    held = held * (FSDP + 1) + c.data_parallel_form
+    held_count = ahead.grid_held * ahead.policies * (FSDP + 1)
     states = c.column(GRID_STATES).astype(np.int64) * ZERO_STAGES + c.zero_stage
     buffers = c.column(GRID_BUFFERS).astype(np.int64) * ZERO_STAGES + c.zero_stage
     return {
@@ -191,11 +184,11 @@ def row_tables(
     started from the grid rows (:func:`shapes_beside`) of ``c``, a search's
     :class:`ExpandedRows` holding the grid codes (:data:`GRID_SHAPE` …): every index is then read
     from the codes, none found afresh."""
-    # The wrapper's operations cost time only where the accelerator records host costs.
+    # The wrapper's operations (where the accelerator records host costs) and whether W
+    # accumulates into a gradient buffer kept over micro-batches follow the wrapper.
     c.index(data_parallel_form=data_parallel_form(c.zero_stage, c.zero_group_size))
-    dp_form = bool(rates.op_overhead_s)
     if shapes_ahead is not None:
-        c.index(**_codes_from_grid(c, shapes_ahead, dp_form))
+        c.index(**_codes_from_grid(c, shapes_ahead))
         shapes, structs = shapes_ahead.tables()
         if every_rank:
             structs = structure_table_of(job, shapes_ahead.structures, every_rank)
@@ -207,7 +200,7 @@ def row_tables(
         shape=coded(shape_inv, len(shape_rows)),
         structure=coded(struct_inv, len(structures)),
     )
-    held = ("shape", "num_microbatches", "data_parallel_form")[: 3 if dp_form else 2]
+    held = ("shape", "num_microbatches", "data_parallel_form")
 
     def combinations() -> dict[str, Labels]:
         found = {}

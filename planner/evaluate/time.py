@@ -20,6 +20,7 @@ from planner.cost.adapter_flops import finetune_ops_per_sequence
 from planner.cost.flops import model_flops_per_token, recompute_flops_per_token, sum_ops
 from planner.cost.model_states import optimizer_columns
 from planner.cost.profile import apply_profile, profile_floor_s, profile_inputs
+from planner.cost.stage_times import accumulates_gradients
 from planner.evaluate.rows import gather, held
 from planner.pipeline import closed_form
 from planner.pipeline.schedules.registry import BIDIRECTIONAL_SCHEDULES, SCHEDULES
@@ -285,7 +286,11 @@ def _pipeline_columns(
 
     F = on_slots("fd", "fm", "f_emb", "f_head")
     B = on_slots("bd", "bm", "b_emb", "b_head")
-    W = on_slots("wd", "wm", "w_emb", "w_head")
+    W = np.where(
+        accumulates_gradients(c.zero_stage)[:, None],
+        on_slots("wd_acc", "wm_acc", "w_emb", "w_head_acc"),
+        on_slots("wd", "wm", "w_emb", "w_head"),
+    )
     if rates.op_overhead_s:
         F, B = _with_wrapper_ops(c.data_parallel_form, R, accelerator, rates.op_overhead_s, F, B)
     F, B, W = _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W)

@@ -14,6 +14,7 @@ from planner.cost.compute import (
     layer_op_times,
     unfused_attention_time,
 )
+from planner.api import build_job, build_layout, estimate
 from planner.spec.model import load_model
 
 H100 = GpuRates.of(load_accelerator("h100-sxm"), "bf16")
@@ -42,6 +43,36 @@ def test_a_gemm_over_few_tokens_is_memory_bound():
     assert op.forward_s == pytest.approx(
         16384 * 16384 * 2 * (1 + 32 / 16384) / (3.35e12 * 0.8), rel=1e-3
     )
+
+
+def test_weight_gradient_accumulation_reads_and_writes_the_gradient_buffer():
+    """W accumulating into FP32 gradients (Megatron's fused ``main_grad += Xᵀ·dY``) moves
+    8 bytes per weight element: over 256 tokens a 16384 × 16384 W is memory-bound at
+    (inputs + 8·k·n) bytes; over 8,192 tokens the GEMM's compute hides it."""
+    fp32_grads = GpuRates.of(load_accelerator("h100-sxm"), "bf16", gradient_bytes=4)
+    few = gemm_time("few", 256, 16384, 16384, fp32_grads, 2.0)
+    moved = 2 * 256 * 16384 * 2 + 16384 * 16384 * 8
+    assert few.weight_grad_accumulate_s == pytest.approx(moved / (3.35e12 * 0.8), rel=1e-3)
+    assert few.weight_grad_s < few.weight_grad_accumulate_s / 3  # a plain BF16 write
+    many = gemm_time("many", 8192, 16384, 16384, fp32_grads, 2.0)
+    assert many.weight_grad_accumulate_s == many.weight_grad_s
+    assert gemm_time("none", 256, 16384, 16384, H100, 2.0).weight_grad_accumulate_s is None
+
+
+def test_zero_stage_decides_whether_w_accumulates():
+    """ZeRO 0-1 keep the gradient buffer over micro-batches (W accumulates into it); ZeRO 2-3
+    hand each micro-batch's gradient to a reduce-scatter: same layout otherwise, and the
+    single-layout estimate's W is the one its column reads."""
+    job = build_job("llama3-8b", 2048, global_batch_tokens=2048 * 64)  # 256 tokens per CP rank
+    assert job.precision.gradient_dtype == "bf16"  # bf16-mixed: BF16 gradients
+    steps = {
+        zero: estimate(job, build_layout(tp=1, cp=8, pp=1, dp=1, micro_batch_size=1,
+                                         zero_stage=zero), "dgx-h100", 8, profile="none")
+        for zero in (1, 2)
+    }  # fmt: skip
+    kept, handed = (steps[zero].stage_times_s for zero in (1, 2))
+    assert kept["weight_grad"] > 1.5 * handed["weight_grad"]
+    assert kept["forward"] == handed["forward"]
 
 
 def test_backward_gemms_use_their_own_output_shapes():

@@ -193,6 +193,7 @@ def _moe_lines(result, job) -> list[str]:
     else:
         split = f"each split over tp {lay.tp}" if lay.tp > 1 else "whole"
         lines.append(f"experts: {experts} {noun} per rank, {split}")
+    lines += _node_limit_lines(result, job)
     raw = result.comm_time_s.get("ep", 0.0)
     if lay.schedule in EP_OVERLAP_SCHEDULES and raw:
         chunks = 2 if lay.schedule == "dualpipev" else 1
@@ -204,6 +205,39 @@ def _moe_lines(result, job) -> list[str]:
             f"{raw - exposed:.3f} s of the {raw:.3f} s EP all-to-all time"
         )
     return lines
+
+
+def _node_limit_lines(result, job) -> list[str]:
+    """How many of the EP group's nodes a token reaches under node-limited routing
+    (:func:`planner.comm.collectives.nodes_reached`), where the group spans nodes."""
+    from planner.comm.collectives import nodes_reached
+    from planner.comm.levels import SCALE_OUT_KINDS
+    from planner.comm.topology import place_groups
+
+    model, lay = job.model, result.layout
+    if model.max_nodes_per_token is None or lay.ep == 1:
+        return []
+    levels = place_groups(result.cluster, lay, gpus=result.num_gpus).groups["ep"].levels
+    out = [level for level in levels if level.kind in SCALE_OUT_KINDS]
+    if not out:
+        return []
+    nodes = lay.ep // out[0].members_below
+    k, limit, groups = (
+        model.num_experts_per_token,
+        model.max_nodes_per_token,
+        model.num_expert_groups,
+    )
+    reached = nodes_reached(k, limit, groups, nodes)
+    span = -(-nodes // groups) if groups else 1
+    how = f"at most {limit} nodes"
+    if groups:
+        where = "whole groups on each node" if span == 1 else f"each group over {span} nodes"
+        how = f"{limit} of {groups} expert groups, {where}"
+    return [
+        f"node-limited routing ({how}): a token's {k} experts lie on at most {reached} of "
+        f"the EP group's {nodes} nodes; it crosses the scale-out network once per node, "
+        f"{reached} times for its {k} copies"
+    ]
 
 
 def _ring_lines(result, job) -> list[str]:

@@ -183,12 +183,10 @@ def gemm_time(
     gradient ``dW = Xᵀ·dY`` (k × n output) have the same FLOPs but their own output shapes,
     so their own waves. Where W accumulates into a gradient buffer kept over micro-batches,
     its epilogue reads and writes that buffer: ``2 × gradient_bytes`` per output element
-    (Megatron-LM's ``--gradient-accumulation-fusion``, the fused ``main_grad += Xᵀ·dY`` in
-    FP32; TransformerEngine's ``fuse_wgrad_accumulation``; unfused, autograd's ``.grad``
-    accumulation moves at least as much), which makes W memory-bound on few tokens per
-    micro-batch: on H100 below about 4·(FLOP/s)/(bytes/s) ≈ 1,100 tokens in BF16 with FP32
-    gradients, against 280 for a plain BF16 write. Worked out once per distinct call
-    (:data:`_GEMM_TIMES`).
+    (Megatron-LM's ``--gradient-accumulation-fusion``, ``main_grad += Xᵀ·dY``; unfused,
+    autograd's ``.grad`` accumulation moves at least as much): W turns memory-bound below
+    about 2·gradient_bytes·(FLOP/s)/(bytes/s) tokens (H100, FP32 gradients: ≈ 1,100).
+    Worked out once per distinct call (:data:`_GEMM_TIMES`).
     """
     key = (name, tokens, k, n, id(rates), element_bytes, count)
     known = _GEMM_TIMES.get(key)

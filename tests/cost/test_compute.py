@@ -4,6 +4,7 @@ import pytest
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Accelerator
+from planner.api import build_job, build_layout, estimate
 from planner.cost.compute import (
     GEMM_TILE_M,
     GEMM_TILE_N,
@@ -14,7 +15,6 @@ from planner.cost.compute import (
     layer_op_times,
     unfused_attention_time,
 )
-from planner.api import build_job, build_layout, estimate
 from planner.spec.model import load_model
 
 H100 = GpuRates.of(load_accelerator("h100-sxm"), "bf16")

@@ -220,3 +220,21 @@ def test_estimate_explains_the_routing_load_and_what_dualpipe_hides():
     raw, exposed = result.comm_time_s["ep"], result.time_breakdown_s["ep_exposed"]
     assert "80.8% of the end ranks' forward chunks" in text  # 97 of 120 (DualPipe steps 4-5)
     assert f"hides {raw - exposed:.3f} s of the {raw:.3f} s" in text
+
+
+def test_estimate_explains_how_many_nodes_a_token_reaches():
+    """DeepSeek-V3's router keeps 4 of 8 expert groups: over EP 64 (8 nodes of dgx-h800) a
+    token reaches 4 nodes, over EP 256 (32 nodes, each group over 4) up to all 8 of its
+    experts' nodes; inside one node nothing crosses the scale-out network."""
+    job = api.build_job("deepseek-v3", 4096, global_batch_size=15360)
+
+    def text(ep: int, pp: int = 16) -> str:
+        layout = api.build_layout(tp=1, pp=pp, ep=ep, dp=2048 // pp, schedule="dualpipe",
+                                  zero_stage=1)  # fmt: skip
+        return " ".join(explain_estimate(api.estimate(job, layout, "dgx-h800", 2048), job))
+
+    assert "whole groups on each node): a token's 8 experts lie on at most 4 of the EP " \
+        "group's 8 nodes" in text(64)  # fmt: skip
+    assert "each group over 4 nodes): a token's 8 experts lie on at most 8 of the EP " \
+        "group's 32 nodes" in text(256, pp=8)  # fmt: skip
+    assert "node-limited" not in text(8)

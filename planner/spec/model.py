@@ -141,7 +141,10 @@ class ModelSpec(BaseModel):
             if self.num_dense_layers > self.num_layers:
                 raise ValueError("num_dense_layers exceeds num_layers")
             if self.num_expert_groups and self.num_routed_experts % self.num_expert_groups:
-                raise ValueError("num_routed_experts must be a multiple of num_expert_groups")
+                raise ValueError(
+                    f"num_expert_groups {self.num_expert_groups} must divide num_routed_experts "
+                    f"{self.num_routed_experts}"
+                )
         if self.moe_capacity_factor is not None and self.moe_imbalance != 1.0:
             raise ValueError(
                 "give moe_capacity_factor (capacity-based routing) or moe_imbalance (dropless), "

@@ -523,6 +523,11 @@ JOB = FlagGroup(
                 "userbuffers, torch async TP, XLA's async collective fusion; the "
                 "profile's learned share is hidden); default: the --stack's (megatron "
                 "on, jax on a TPU, the others off; no --stack: on)"),
+        _switch("ep_comm_overlap", "--ep-comm-overlap/--no-ep-comm-overlap",
+                "MoE: Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm): in "
+                "interleaved 1F1B or without PP, one micro-batch's forward runs beside "
+                "another's backward and hides its EP all-to-alls (DualPipe always does); "
+                "default off", False),
         _flag("moe_imbalance", Number(1.0),
               "MoE, dropless routing: routed tokens on the busiest EP rank over the balanced "
               "share (default: the model's, 1.0)"),
@@ -737,6 +742,7 @@ def build_job(job: Values, default_batch: bool = True):
         weight_pass_memory=value(job.weight_pass_memory),
         ulysses_kv_heads=value(job.ulysses_kv_heads),
         tp_comm_overlap=job.tp_comm_overlap,
+        ep_comm_overlap=bool(job.ep_comm_overlap),
         attention_kernel=value(job.attention_kernel),
         cross_entropy=value(job.cross_entropy),
         moe_imbalance=job.moe_imbalance,

@@ -396,9 +396,10 @@ def profile_line(entry: dict, prefix: str = "", auto: bool = False) -> str:
     stack was taken to overlap TP communication, and the attention kernel timed where the
     job or its stack names one."""
     overlap = "on" if entry.get("tp_comm_overlap") else "off"
+    ep = "; EP comm overlap on (combined 1F1B)" if entry.get("ep_comm_overlap") else ""
     kernel = entry.get("attention_kernel")
     attention = f"; attention kernel {kernel}" if kernel else ""
-    return f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}{attention}"
+    return f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}{ep}{attention}"
 
 
 def _profile_text(entry: dict, prefix: str, auto: bool) -> str:

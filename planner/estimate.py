@@ -80,6 +80,9 @@ class Estimate(BaseModel):
     #: Whether the job's stack overlaps TP communication with the GEMMs (the profile's
     #: ``tp_comm_overlap`` share of it is hidden; :mod:`planner.spec.stack`).
     tp_comm_overlap: bool = False
+    #: Whether the stack runs Megatron-Core's combined 1F1B, which hides EP all-to-alls
+    #: behind another micro-batch's compute (:func:`planner.comm.rows.ep_paired_share`).
+    ep_comm_overlap: bool = False
     #: The fused attention kernel timed (None: the accelerator's default rates), the job's
     #: or its stack's (:func:`planner.spec.stack.stack_attention_kernel`).
     attention_kernel: str | None = None
@@ -170,6 +173,7 @@ def _estimate(
         layout=layout,
         num_microbatches=m,
         tp_comm_overlap=bool(job.tp_comm_overlap),
+        ep_comm_overlap=job.ep_comm_overlap,
         attention_kernel=job.attention_kernel,
         step_time_s=float(value["step_time_s"]),
         time_breakdown_s=breakdown,

@@ -204,7 +204,28 @@ def _moe_lines(result, job) -> list[str]:
             f"pairs and hide their all-to-alls behind the paired compute; it hides "
             f"{raw - exposed:.3f} s of the {raw:.3f} s EP all-to-all time"
         )
+    elif job.ep_comm_overlap and lay.ep > 1:
+        lines.append(_combined_1f1b_line(result, job, raw))
     return lines
+
+
+def _combined_1f1b_line(result, job, raw: float) -> str:
+    """What Megatron-Core's combined 1F1B hid of the EP all-to-alls, or why it did not run."""
+    from planner.comm.rows import ep_paired_share
+
+    lay = result.layout
+    full = int(lay.recompute == "full")
+    paired = float(ep_paired_share(job, [lay.schedule], lay.pp, result.num_microbatches,
+                                   lay.vpp, lay.ep, full)[0])  # fmt: skip
+    if paired == 0:
+        return ("--ep-comm-overlap: not run here (Megatron-Core's combined 1F1B needs "
+                "interleaved PP or none, and no full recomputation)")  # fmt: skip
+    exposed = result.time_breakdown_s["ep_exposed"]
+    return (
+        f"combined 1F1B (--overlap-moe-expert-parallel-comm): {paired:.1%} of the first rank's "
+        f"forward chunks run beside another micro-batch's backward and hide their "
+        f"all-to-alls; it hides {raw - exposed:.3f} s of the {raw:.3f} s EP all-to-all time"
+    )
 
 
 def _node_limit_lines(result, job) -> list[str]:

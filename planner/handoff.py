@@ -89,6 +89,17 @@ MEGATRON_CP_COMM_TYPE = {"all-gather": "allgather", "ring": "p2p", "ulysses": "a
                          "hierarchical": "a2a+p2p"}  # fmt: skip
 
 
+def _combined_1f1b(lay: dict, job) -> bool:
+    """Whether the layout was timed with Megatron-Core's combined 1F1B hiding its EP
+    all-to-alls (:func:`planner.comm.rows.runs_combined_1f1b`; PP needs virtual stages)."""
+    from planner.comm.rows import runs_combined_1f1b
+
+    full = lay["recompute"] == "full"
+    runs = bool(runs_combined_1f1b(job, [lay["schedule"]], lay["ep"], full).any())
+    interleaved = lay["schedule"] == "interleaved-1f1b" and lay["vpp"] > 1
+    return runs and (lay["pp"] == 1 or interleaved)
+
+
 def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
     etp = lay.get("etp") or lay["tp"]
     num_layers = sum(layers)
@@ -106,6 +117,8 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
             f"--expert-model-parallel-size {lay['ep']}",
             f"--expert-tensor-parallel-size {etp}",
         ]
+        if _combined_1f1b(lay, job):  # TransformerConfig's flag (ArgumentGroupFactory)
+            args.append("--overlap-moe-expert-parallel-comm")
     mtp = job.model.num_mtp_modules
     if mtp:  # on the last stage, with the head (as the layout below and the cost model)
         args.append(f"--mtp-num-layers {mtp}")

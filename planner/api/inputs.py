@@ -71,6 +71,7 @@ def build_job(
     tp_comm_overlap: bool | None = None,
     attention_kernel: str | None = None,
     cross_entropy: str | None = None,
+    ep_comm_overlap: bool = False,
 ):
     """A Job from CLI-style values (batch as tokens or as sequences, not both).
 
@@ -82,7 +83,8 @@ def build_job(
     model's routing load (:meth:`planner.spec.model.ModelSpec.routed_load_factor`).
     ``ulysses_kv_heads``: ``whole`` (default) or ``replicate`` (:class:`planner.spec.job.Job`).
     ``tp_comm_overlap``: the stack overlaps TP communication (None: the stack's default,
-    :func:`with_profile`). ``attention_kernel``: the stack's fused attention kernel (None:
+    :func:`with_profile`). ``ep_comm_overlap``: Megatron-Core's combined 1F1B hides EP
+    all-to-alls (:class:`planner.spec.job.Job`). ``attention_kernel``: the stack's fused attention kernel (None:
     the accelerator's default rates). ``cross_entropy``: ``unfused`` (default) or ``fused``,
     the loss kernel (:class:`planner.spec.job.Job`).
     """
@@ -125,6 +127,7 @@ def build_job(
         weight_pass_memory=weight_pass_memory or "inputs",
         ulysses_kv_heads=ulysses_kv_heads or "whole",
         tp_comm_overlap=tp_comm_overlap,
+        ep_comm_overlap=ep_comm_overlap,
         attention_kernel=attention_kernel,
         cross_entropy=cross_entropy or "unfused",
     )

@@ -161,6 +161,7 @@ def plan(
         "profile": profile_label(job.efficiency_profile),
         "stack": stack,
         "tp_comm_overlap": bool(job.tp_comm_overlap),
+        "ep_comm_overlap": job.ep_comm_overlap,
         "attention_kernel": job.attention_kernel,
     }
     if training is not None:
@@ -310,7 +311,12 @@ def emit_settings(entry: dict, trainer: str, job):
     from planner.handoff import emit_settings as emit
     from planner.spec.layout import model_layers_per_virtual_stage
 
-    job = job.model_copy(update={"tp_comm_overlap": bool(entry.get("tp_comm_overlap"))})
+    job = job.model_copy(
+        update={
+            "tp_comm_overlap": bool(entry.get("tp_comm_overlap")),
+            "ep_comm_overlap": bool(entry.get("ep_comm_overlap")),
+        }
+    )
     lay = entry["layout"]
     split = lay.get("pipeline_layer_split", "auto")
     layers = model_layers_per_virtual_stage(

@@ -2,17 +2,18 @@
 (:data:`planner.comm.terms.RULES`) as exposed seconds, given the compute each rule hides
 behind — DP gradient reduce-scatters behind the backward, parameter gathers behind the
 forward, pipeline sends outside the steady state (Narayanan et al. 2021, arXiv 2104.04473),
-and DualPipe's EP all-to-alls behind the paired F&B chunks with the SMs they take
-(DeepSeek-V3, arXiv 2412.19437 §3.2)."""
+and the EP all-to-alls of paired forward and backward chunks behind each other's compute
+with the SMs they take: DualPipe's F&B pairs (DeepSeek-V3, arXiv 2412.19437 §3.2) and
+Megatron-Core's combined 1F1B (``overlap_moe_expert_parallel_comm``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from planner.pipeline.closed_form import dualpipe_paired_share
-
 #: SMs DeepSeek-V3's all-to-all kernels occupy while they overlap compute: "only 20 SMs are
-#: sufficient to fully utilize the bandwidths of IB and NVLink" (arXiv 2412.19437 §3.2.2).
+#: sufficient to fully utilize the bandwidths of IB and NVLink" (arXiv 2412.19437 §3.2.2);
+#: Megatron-Core's DeepEP dispatcher took the same by default ("historical default 20",
+#: ``moe_deepep_num_sms``, NVIDIA/Megatron-LM @d98e8a6 ``transformer_config.py``).
 EP_OVERLAP_COMM_SMS = 20
 
 
@@ -41,17 +42,19 @@ def shared_exposure(raw, pooled, window, sm_share=0.0, paired=1.0):
 
 
 def exposed_time(
-    rule, raw, one, bucket, m, pp, chunks, compute, tp_overlap=False, ep_overlap=False,
+    rule, raw, one, bucket, m, pp, chunks, compute, tp_overlap=False, ep_paired=0.0,
     pooled=None, sm_share=0.0,
 ):  # fmt: skip
     """Exposed seconds of a term under its overlap rule.
 
     ``raw``: count × ``one`` (one collective); ``bucket``: time of the first/last bucket;
     ``compute``: (forward, backward) seconds per micro-batch, or None (then the
-    term is fully exposed); ``pooled``: the raw seconds of every term sharing this term's
-    window (the EP all-to-alls share DualPipe's m·(F+B)), default
-    ``raw``; ``sm_share``: the SMs the overlapped EP collectives take from compute
-    (:func:`ep_overlap_sm_share`). Works on numpy arrays.
+    term is fully exposed); ``ep_paired``: the share of chunks whose EP all-to-alls run
+    beside another micro-batch's compute (:func:`planner.comm.rows.ep_paired_share`; 0:
+    none); ``pooled``: the raw seconds of every term sharing this term's window (the EP
+    all-to-alls share the m·(F+B) of the paired steps), default ``raw``; ``sm_share``: the
+    SMs the overlapped EP collectives take from compute (:func:`ep_overlap_sm_share`).
+    Works on numpy arrays.
     """
     if compute is None:
         return raw
@@ -66,21 +69,21 @@ def exposed_time(
         return np.minimum(raw, critical + np.maximum(0.0, raw - busy))
     if rule == "ep":
         pooled = raw if pooled is None else pooled
-        paired = dualpipe_paired_share(pp, m, chunks)
-        return np.where(ep_overlap, shared_exposure(raw, pooled, busy, sm_share, paired), raw)
+        overlapped = shared_exposure(raw, pooled, busy, sm_share, ep_paired)
+        return np.where(np.asarray(ep_paired) > 0, overlapped, raw)
     window = {"dp_grad": backward, "dp_param": forward, "fsdp_gather": busy,
               "fsdp_grad": m * backward}[rule]  # fmt: skip
     return np.minimum(raw, np.maximum(bucket, raw - window))
 
 
 def exposed_floor(
-    rule, raw, one, bucket, m, pp, chunks, tp_overlap=False, ep_overlap=False, sm_share=0.0
+    rule, raw, one, bucket, m, pp, chunks, tp_overlap=False, ep_paired=0.0, sm_share=0.0
 ):  # fmt: skip
     """A lower bound of :func:`exposed_time` whatever the compute it hides behind (any
     forward and backward ≥ 0, any pooled window), from what a term's collectives alone
     give: a DP or FSDP term exposes at least its first or last bucket (or all of it, if
     shorter); the pipeline's sends at least the fill and drain's ``2·(pp·chunks − 1)``
-    sends; DualPipe's EP all-to-alls at least the chunks that run alone and the SM share of
+    sends; overlapped EP all-to-alls at least the chunks that run alone and the SM share of
     the paired ones; a TP term that overlaps nothing all of it, one that overlaps 0; the
     rules that read no compute (CP's) all of it."""
     if rule == "exposed":
@@ -88,8 +91,7 @@ def exposed_floor(
     if rule == "pp_steady":
         return np.minimum(raw, 2 * np.maximum(pp * chunks - 1, 0) * one)
     if rule == "ep":
-        paired = dualpipe_paired_share(pp, m, chunks)
-        return np.where(ep_overlap, raw * ((1.0 - paired) + paired * sm_share), raw)
+        return raw * ((1.0 - ep_paired) + ep_paired * sm_share)
     if rule in ("dp_grad", "dp_param", "fsdp_gather", "fsdp_grad"):
         return np.minimum(raw, bucket)
     return raw

@@ -23,6 +23,7 @@ from planner.comm.context_parallel import (
 )
 from planner.comm.exposure import ep_overlap_sm_share, exposed_time
 from planner.comm.mesh import group_size
+from planner.comm.rows import ep_paired_share
 from planner.comm.terms import (
     AXIS_GROUPS,
     NO_COMPUTE_RULE,
@@ -35,7 +36,6 @@ from planner.comm.topology import axis_report, place_groups
 from planner.cost.compute import GpuRates
 from planner.pipeline.schedules.registry import (
     BIDIRECTIONAL_SCHEDULES,
-    EP_OVERLAP_SCHEDULES,
     V_SHAPE_SCHEDULES,
     get_schedule,
 )
@@ -160,7 +160,11 @@ def axis_traffic(
         if term.bucket_bytes:
             bucket = choose(costs, float(term.bucket_bytes))[1].time_s(float(term.bucket_bytes))
         timed.append((term, count, message, n, name, one, bucket, count * one))
-    pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one DualPipe window
+    pooled = sum(raw for term, *_, raw in timed if term.rule == "ep")  # one paired window
+    ep_paired = ep_paired_share(
+        job, np.asarray([layout.schedule]), sizes["pp"], m, chunks, sizes["ep"],
+        int(layout.recompute == "full"),
+    )[0]  # fmt: skip
     accelerator = load_accelerator(placement.view.cluster.accelerator)
     sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
     overlap_times = times if accelerator.overlaps_communication else None
@@ -175,7 +179,7 @@ def axis_traffic(
             chunks,
             overlap_times,
             tp_comm_overlap,
-            layout.schedule in EP_OVERLAP_SCHEDULES,
+            ep_paired,
             pooled=pooled if term.rule == "ep" else None,
             sm_share=sm_share,
         )

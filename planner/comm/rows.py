@@ -69,6 +69,37 @@ def distinct_values(column) -> list:
     return column_codes(column)[1]
 
 
+def ep_paired_share(job, schedule, pp, m, chunks, ep, full) -> np.ndarray:
+    """Per row, the share of a rank's forward chunks whose EP all-to-alls run beside another
+    micro-batch's compute (0: none overlap): DualPipe's F&B pairs
+    (:func:`planner.pipeline.closed_form.dualpipe_paired_share`), or, where the job runs
+    Megatron-Core's combined 1F1B (``job.ep_comm_overlap``), the interleaved or unpipelined
+    1F1B steps it pairs (:func:`planner.pipeline.closed_form.combined_1f1b_paired_share`;
+    Megatron-Core asserts no full recomputation there). Works on numpy arrays."""
+    from planner.pipeline.closed_form import combined_1f1b_paired_share, dualpipe_paired_share
+
+    paired = np.where(
+        is_one_of(schedule, EP_OVERLAP_SCHEDULES), dualpipe_paired_share(pp, m, chunks), 0.0
+    )
+    combined = runs_combined_1f1b(job, schedule, ep, full)
+    return np.where(combined, combined_1f1b_paired_share(pp, m, chunks), paired)
+
+
+#: The schedules Megatron-Core's combined 1F1B runs in: interleaved 1F1B, and ``1f1b``
+#: where pp is 1 (with PP and no virtual stages it is refused:
+#: :func:`planner.pipeline.closed_form.combined_1f1b_paired_share` is 0 there).
+COMBINED_1F1B_SCHEDULES = ("interleaved-1f1b", "1f1b")
+
+
+def runs_combined_1f1b(job, schedule, ep, full) -> np.ndarray:
+    """Rows where ``job``'s stack runs Megatron-Core's combined 1F1B
+    (``job.ep_comm_overlap``): an MoE job with EP, on a schedule it runs in, without full
+    recomputation (``transformer_config.py`` asserts both). Works on numpy arrays."""
+    if not (job.ep_comm_overlap and job.model.is_moe):
+        return np.zeros(np.shape(ep), dtype=bool)
+    return is_one_of(schedule, COMBINED_1F1B_SCHEDULES) & (np.asarray(ep) > 1) & (full == 0)
+
+
 def is_one_of(column, names) -> np.ndarray:
     """Rows whose value is one of ``names`` (string columns: one hash pass, no sort)."""
     codes, values = column_codes(column)
@@ -97,7 +128,7 @@ class Keyed(NamedTuple):
     key: dict  # every column on one row per distinct combination
     inv: np.ndarray  # each row's combination
     split: object  # the layer split: one value, or a column of the combinations
-    ep_overlap: np.ndarray  # rows whose schedule overlaps the EP all-to-alls (DualPipe)
+    ep_paired: np.ndarray  # rows' share of chunks whose EP all-to-alls overlap (ep_paired_share)
 
 
 def keyed_rows(
@@ -125,7 +156,6 @@ def keyed_rows(
     for name in distinct_values(schedule):
         get_schedule(str(name))  # an unknown name raises its one-line error
     chunks = chunks_column(schedule, vpp)
-    ep_overlap = is_one_of(schedule, EP_OVERLAP_SCHEDULES)
     batch_ok = np.ones(rows, dtype=bool)
     if num_microbatches is not None:
         m = np.broadcast_to(np.asarray(num_microbatches, dtype=np.int64), rows)
@@ -147,6 +177,7 @@ def keyed_rows(
                 np.asarray(cp_algorithm_codes(cp_algorithm, rows)) == 3,
                 np.asarray(cp_inner, dtype=np.int64), 0),
             "batch_ok": batch_ok,
+            "ep_paired": ep_paired_share(job, schedule, pp, m, chunks, ep, full),
         }.items()
     }  # fmt: skip
     split = pipeline_layer_split
@@ -155,5 +186,4 @@ def keyed_rows(
     key_rows, inv = distinct_rows(*(flat[k] for k in flat if k != "batch_ok"))
     key = {name: column[key_rows] for name, column in flat.items()}
     split_key = key["split"] if np.ndim(split) else split
-    ep_overlap_rows = np.broadcast_to(ep_overlap, rows).reshape(count_rows)
-    return Keyed(rows, flat, key, inv, split_key, ep_overlap_rows)
+    return Keyed(rows, flat, key, inv, split_key, flat["ep_paired"])

@@ -198,33 +198,30 @@ def exposed_floor_vectorized(
     :func:`planner.comm.exposure.exposed_floor`. NaN where a row cannot be placed."""
     cluster = as_cluster(cluster)
     order = resolve_order(order)
-    rows, flat, key, inv, split_key, ep_overlap_rows = keyed_rows(
+    rows, flat, key, inv, split_key, _ = keyed_rows(
         job, tp, cp, pp, dp, ep, etp, vpp, micro_batch_size, num_microbatches, zero_stage,
         sequence_parallel, recompute, schedule, pipeline_layer_split, cp_algorithm, cp_inner,
     )  # fmt: skip
     accelerator = load_accelerator(cluster.accelerator)
     overlaps = accelerator.overlaps_communication
     sm_share = ep_overlap_sm_share(accelerator.num_compute_units)
-    # Per key: the floor of rows that overlap the EP all-to-alls, and of those that do not.
-    floor = [np.zeros(len(key["tp"])), np.zeros(len(key["tp"]))]
+    floor = np.zeros(len(key["tp"]))  # per key (the EP overlap's share is one of its fields)
     priced = _priced_terms(job, cluster, order, key, split_key, links=False)  # one at a time
     with np.errstate(invalid="ignore"):  # inf · 0 in rows that cannot be placed
         for term, count, _, one, bucket, raw, _ in priced:
             if term.axis in skip_axes:
                 continue
-            for overlapped, total in enumerate(floor):
-                if not (overlaps and _reads_compute(term, tp_comm_overlap)):
-                    exposed = _exposed_per_key(term, count, one, bucket, raw, key, overlaps)
-                else:
-                    exposed = exposed_floor(term.rule, raw, one, bucket, key["m"], key["pp"],
-                                            key["chunks"], tp_comm_overlap, bool(overlapped),
-                                            sm_share)  # fmt: skip
-                    exposed = np.where(count > 0, exposed, 0.0)
-                total += exposed
+            if not (overlaps and _reads_compute(term, tp_comm_overlap)):
+                exposed = _exposed_per_key(term, count, one, bucket, raw, key, overlaps)
+            else:
+                exposed = exposed_floor(term.rule, raw, one, bucket, key["m"], key["pp"],
+                                        key["chunks"], tp_comm_overlap, key["ep_paired"],
+                                        sm_share)  # fmt: skip
+                exposed = np.where(count > 0, exposed, 0.0)
+            floor += exposed
     valid = placeable(cluster, job.model.num_layers, key["tp"], key["cp"], key["pp"], key["dp"],
                       key["ep"], key["chunks"], split_key, key["etp"])[inv] & flat["batch_ok"]  # fmt: skip
-    exposed = np.where(ep_overlap_rows, floor[1][inv], floor[0][inv])
-    return np.where(valid, exposed, np.nan).reshape(rows)
+    return np.where(valid, floor[inv], np.nan).reshape(rows)
 
 
 def axis_times_vectorized(
@@ -280,7 +277,7 @@ def axis_times_vectorized(
     """
     cluster = as_cluster(cluster)
     order = resolve_order(order)
-    rows, flat, key, inv, split_key, ep_overlap_rows = keyed_rows(
+    rows, flat, key, inv, split_key, ep_paired_rows = keyed_rows(
         job, tp, cp, pp, dp, ep, etp, vpp, micro_batch_size, num_microbatches, zero_stage,
         sequence_parallel, recompute, schedule, pipeline_layer_split, cp_algorithm, cp_inner,
     )  # fmt: skip
@@ -328,7 +325,7 @@ def axis_times_vectorized(
                 exposed = exposed_time(
                     term.rule, raw[at], one[at], bucket[at], flat["m"][live], flat["pp"][live],
                     flat["chunks"][live], tuple(x[live] for x in compute), tp_comm_overlap,
-                    ep_overlap_rows[live], pooled[at] if term.rule == "ep" else None, sm_share,
+                    ep_paired_rows[live], pooled[at] if term.rule == "ep" else None, sm_share,
                 )  # fmt: skip
                 raw, busy = raw[at], {link: seconds[at] for link, seconds in busy.items()}
             else:

@@ -147,6 +147,24 @@ def dualpipe_paired_share(pp, num_microbatches, chunks):
     return np.clip(np.nan_to_num(share), 0.0, 1.0)
 
 
+def combined_1f1b_paired_share(pp, num_microbatches, vpp):
+    """Share of the first rank's forward chunks that Megatron-Core's combined 1F1B
+    (``overlap_moe_expert_parallel_comm``) runs beside another micro-batch's backward, whose
+    EP all-to-alls each hides behind the other's compute: interleaved 1F1B warms up
+    ``2·(pp − 1) + (vpp − 1)·pp + 1`` chunks on rank 0 (the group size per virtual stage is
+    pp, and the overlap adds one; NVIDIA/Megatron-LM ``pipeline_parallel/schedules.py``
+    ``get_pp_rank_microbatches``), the warm-up forwards and the drain backwards run alone;
+    without pipelining the first forward and the last backward do
+    (``combined_1f1b_schedule_for_no_pipelining``): ``(m − 1)/m``. Megatron-Core refuses
+    the overlap with PP but no virtual stages: 0 there. Works on numpy arrays."""
+    pp, m, vpp = (np.asarray(x) for x in (pp, num_microbatches, vpp))
+    warm_up = 2 * (pp - 1) + (vpp - 1) * pp + 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = 1.0 - warm_up / (m * vpp)
+    runs = (pp == 1) | (vpp > 1)
+    return np.where(runs, np.clip(np.nan_to_num(share), 0.0, 1.0), 0.0)
+
+
 def _dualpipe_busy(half, per_phase, F, B, W, overlap):
     """Busiest rank: all its passes minus what overlap hides in its fewest F&B slots."""
     full = B + W

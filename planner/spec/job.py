@@ -41,6 +41,11 @@ class Job(BaseModel):
     follow (:mod:`planner.spec.stack`); the profile's ``tp_comm_overlap`` term is the share it
     hides (:mod:`planner.cost.profile`); the ideal model exposes every TP collective. None:
     the named stack's default (``planner.api.with_profile``), else no overlap.
+    ``ep_comm_overlap``: Megatron-Core's combined 1F1B (``overlap_moe_expert_parallel_comm``):
+    in interleaved 1F1B, or without pipelining, one micro-batch's forward runs beside
+    another's backward and each hides the other's EP all-to-alls
+    (:func:`planner.comm.rows.ep_paired_share`); off by default, as in Megatron-Core (its
+    performance recipes set it per model). DualPipe overlaps them whatever this says.
     ``attention_kernel``: the fused attention kernel the stack runs (FlashAttention-2,
     cuDNN's, FlashAttention-3), timed at the accelerator's measurement of it
     (``Accelerator.attention_kernels``); None: the accelerator's default attention rates.
@@ -62,6 +67,7 @@ class Job(BaseModel):
     weight_pass_memory: WeightPassMemory = "inputs"
     ulysses_kv_heads: UlyssesKvHeads = "whole"
     tp_comm_overlap: bool | None = None
+    ep_comm_overlap: bool = False
     attention_kernel: AttentionKernel | None = None
     cross_entropy: CrossEntropyKernel = "unfused"
     efficiency_profile: EfficiencyProfile | None = Field(

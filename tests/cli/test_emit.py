@@ -181,3 +181,19 @@ def test_megatron_names_the_selective_modules_it_reruns(capsys):
     assert set(megatron_args(out)) <= MEGATRON_FLAGS
     text = " ".join(out.replace("\\\n", " ").split())
     assert "--recompute-granularity selective --recompute-modules layernorm mlp" in text
+
+
+def test_megatron_names_the_ep_overlap_only_where_the_layout_was_timed_with_it(capsys):
+    """--ep-comm-overlap is Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm,
+    a real flag at the recorded commit): emitted for interleaved PP, not for plain 1F1B with
+    PP, which Megatron-Core refuses it (and the model times without it)."""
+    dsv3 = ("--model", "deepseek-v3", "--cluster", "dgx-h800", "--gpus", "2048", "--seq-len",
+            "4096", "--global-batch-size", "16384", "--tp", "1", "--pp", "16", "--ep", "64",
+            "--recompute", "none", "--ep-comm-overlap", "--emit", "megatron")  # fmt: skip
+    code, out, err = run(capsys, "plan", *dsv3, "--schedule", "interleaved-1f1b", "--vpp", "2")
+    assert code == 0, err
+    args = megatron_args(out)
+    assert "--overlap-moe-expert-parallel-comm" in args and set(args) <= MEGATRON_FLAGS
+    code, out, err = run(capsys, "plan", *dsv3, "--schedule", "1f1b")
+    assert code == 0, err
+    assert "--overlap-moe-expert-parallel-comm" not in megatron_args(out)

@@ -238,3 +238,34 @@ def test_estimate_explains_how_many_nodes_a_token_reaches():
     assert "each group over 4 nodes): a token's 8 experts lie on at most 8 of the EP " \
         "group's 32 nodes" in text(256, pp=8)  # fmt: skip
     assert "node-limited" not in text(8)
+
+
+def test_combined_1f1b_hides_the_paired_steps_all_to_alls():
+    """With --ep-comm-overlap, interleaved 1F1B hides the EP all-to-alls of its paired steps
+    as DualPipe's F&B pairs do (the same shared window and the all-to-all kernels' SMs);
+    plain 1F1B with PP and full recomputation, which Megatron-Core refuses it, expose all."""
+    from planner.comm.exposure import ep_overlap_sm_share, shared_exposure
+    from planner.pipeline.closed_form import combined_1f1b_paired_share
+
+    def run(overlap: bool, **layout):
+        job = api.build_job("deepseek-v3", 4096, global_batch_size=16384, ep_comm_overlap=overlap)
+        lay = api.build_layout(tp=1, pp=16, ep=64, dp=128, zero_stage=1, **layout)
+        return job, api.estimate(job, lay, "dgx-h800", 2048)
+
+    interleaved = dict(schedule="interleaved-1f1b", vpp=2, recompute="none")
+    job, on = run(True, **interleaved)
+    _, off = run(False, **interleaved)
+    raw = on.comm_time_s["ep"]
+    assert off.time_breakdown_s["ep_exposed"] == pytest.approx(raw)
+    stage = on.stage_times_s
+    window = on.num_microbatches * (stage["forward"] + stage["input_grad"] + stage["weight_grad"])
+    paired = combined_1f1b_paired_share(16, on.num_microbatches, 2)
+    sm_share = ep_overlap_sm_share(load_accelerator("h800-sxm").num_compute_units)
+    expected = shared_exposure(raw, raw, window, sm_share, paired)
+    assert 0 < on.time_breakdown_s["ep_exposed"] < raw
+    assert on.time_breakdown_s["ep_exposed"] == pytest.approx(float(expected), rel=1e-9)
+    assert "combined 1F1B" in " ".join(explain_estimate(on, job))
+    for refused in (dict(schedule="1f1b", recompute="none"), {**interleaved, "recompute": "full"}):
+        job, result = run(True, **refused)
+        assert result.time_breakdown_s["ep_exposed"] == pytest.approx(result.comm_time_s["ep"])
+        assert "not run here" in " ".join(explain_estimate(result, job))

@@ -263,3 +263,18 @@ def test_activations_with_weight_pending_microbatches_match_the_simulator(name, 
             assert closed == pytest.approx(simulated_peak), (pp, m, vpp)
         else:
             assert (closed >= simulated_peak - 1e-9).all(), (pp, m, vpp)
+
+
+def test_combined_1f1b_pairs_the_steps_after_megatrons_warm_up():
+    """Megatron-Core's interleaved schedule warms up 2·(pp − 1) + (vpp − 1)·pp chunks on rank
+    0, one more with overlap_moe_expert_parallel_comm (schedules.py); the rest run as F&B
+    pairs. Without PP only the first forward and the last backward run alone; with PP and
+    no virtual stages Megatron-Core refuses the overlap."""
+    from planner.pipeline.closed_form import combined_1f1b_paired_share
+
+    assert combined_1f1b_paired_share(4, 8, 2) == pytest.approx(1 - 11 / 16)
+    assert combined_1f1b_paired_share(1, 8, 1) == pytest.approx(7 / 8)
+    assert combined_1f1b_paired_share(4, 8, 1) == 0.0
+    assert combined_1f1b_paired_share(16, 16, 2) == 0.0  # all warm-up: no pair
+    shares = combined_1f1b_paired_share(np.array([1, 4]), np.array([8, 8]), np.array([1, 2]))
+    assert shares == pytest.approx([7 / 8, 5 / 16])

@@ -45,6 +45,7 @@ class ExpandedRows(TableIndexed):
     shape: Labels | None = None
     structure: Labels | None = None
     held: Labels | None = None
+    paced: Labels | None = None
     states: Labels | None = None
     buffers: Labels | None = None
     data_parallel_form: np.ndarray | None = None

@@ -32,7 +32,8 @@ INT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "vpp", "micro_batch_size", "num_micr
 #: String layout fields, travelling as codes.
 LABEL_FIELDS = ("schedule", "recompute", "pipeline_layer_split")
 #: Each row's indices into the evaluation's tables (:meth:`LayoutColumns.index`).
-TABLE_INDICES = ("shape", "structure", "held", "states", "buffers", "data_parallel_form")
+TABLE_INDICES = ("shape", "structure", "held", "paced", "states", "buffers",
+                 "data_parallel_form")  # fmt: skip
 
 
 class TableIndexed:
@@ -84,7 +85,8 @@ class LayoutColumns(TableIndexed):
     # Each row's index into the evaluation's tables (set by it):
     shape: Labels | None = None  # per-layer times and activation bytes
     structure: Labels | None = None  # what each pipeline rank holds
-    held: Labels | None = None  # distinct (structure, shape, micro-batches[, DP wrapper])
+    held: Labels | None = None  # distinct (structure, shape, micro-batches): activations
+    paced: Labels | None = None  # held and the DP wrapper: the pipeline's pace
     states: Labels | None = None  # distinct (structure, ZeRO stage, ZeRO group)
     #: distinct communication-buffer fields (planner.evaluate.memory.BUFFER_FIELDS)
     buffers: Labels | None = None

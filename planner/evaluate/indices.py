@@ -138,24 +138,25 @@ def _smallest_ints(codes: np.ndarray, count: int) -> np.ndarray:
 
 def _codes_from_grid(c: ExpandedRows, ahead: ShapesAhead) -> dict:
     """Each row's table indices from its grid row's codes (:func:`shapes_beside`), its
-    recompute policy and its ZeRO stage: ``shape``, ``structure``, ``held`` (with the
-    data-parallel wrapper's code) and ``states``, as
+    recompute policy and its ZeRO stage: ``shape``, ``structure``, ``held``, ``paced`` (held
+    with the data-parallel wrapper's code) and ``states``, as
     :meth:`LayoutColumns.index` takes them. Two rows share an index exactly where they
     share the fields it stands for, as :func:`row_tables` finds them from the rows (the
     numbering differs; every table is read through it)."""
     policy = c.recompute.codes
     shape = c.column(GRID_SHAPE).astype(np.int64) * ahead.policies + policy
     held = c.column(GRID_HELD).astype(np.int64) * ahead.policies + policy
+    held_count = ahead.grid_held * ahead.policies
     # The wrapper's code (0 to FSDP) as a last digit: its host operations, and whether W
     # accumulates into a gradient buffer (planner.cost.stage_times.accumulates_gradients).
-    held = held * (FSDP + 1) + c.data_parallel_form
-    held_count = ahead.grid_held * ahead.policies * (FSDP + 1)
+    paced = held * (FSDP + 1) + c.data_parallel_form
     states = c.column(GRID_STATES).astype(np.int64) * ZERO_STAGES + c.zero_stage
     buffers = c.column(GRID_BUFFERS).astype(np.int64) * ZERO_STAGES + c.zero_stage
     return {
         "shape": coded(shape, ahead.grid_shapes * ahead.policies),
         "structure": coded(c.column(GRID_STRUCTURE), len(ahead.structures)),
         "held": coded(held, held_count),
+        "paced": coded(paced, held_count * (FSDP + 1)),
         "states": coded(states, ahead.grid_states * ZERO_STAGES),
         "buffers": coded(buffers, ahead.grid_buffers * ZERO_STAGES),
     }
@@ -172,9 +173,11 @@ def row_tables(
 ) -> tuple[dict, dict]:
     """The per-shape and per-structure tables. Records in ``c`` each row's index into them
     (``shape``, ``structure``) and into the distinct (structure, shape, micro-batches)
-    combinations — what activations and the pipeline's compute depend on — and (structure,
-    ZeRO stage, ZeRO group) ones — what model states and the optimizer step depend on
-    (``held``, ``states``) — and into the distinct tuples of the communication buffers'
+    combinations — what activations depend on (``held``) — those with the data-parallel
+    wrapper — what the pipeline's pace depends on (``paced``: its host operations, W's
+    gradient accumulation) — and (structure, ZeRO stage, ZeRO group) ones — what model
+    states and the optimizer step depend on (``states``) — and into the distinct tuples of
+    the communication buffers'
     fields (``buffers``, :data:`planner.evaluate.memory.BUFFER_FIELDS`), all as
     :class:`planner.columns.codes.Labels` of indices.
 
@@ -200,11 +203,13 @@ def row_tables(
         shape=coded(shape_inv, len(shape_rows)),
         structure=coded(struct_inv, len(structures)),
     )
-    held = ("shape", "num_microbatches", "data_parallel_form")
+    held = ("shape", "num_microbatches")
+    paced = (*held, "data_parallel_form")
 
     def combinations() -> dict[str, Labels]:
         found = {}
-        for name, fields in (("held", held), ("states", ("zero_stage", "zero_group_size"))):
+        for name, fields in (("held", held), ("paced", paced),
+                             ("states", ("zero_stage", "zero_group_size"))):  # fmt: skip
             chosen, inverse = distinct_rows(c.structure, *c.columns(*fields))
             found[name] = coded(inverse, len(chosen))
         chosen, inverse = distinct_rows(*c.columns(*BUFFER_FIELDS))

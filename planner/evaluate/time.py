@@ -228,7 +228,7 @@ def paced_columns(
     pipeline's closed-form step time and the busiest rank's compute in it
     (:func:`_pipeline_columns`), worked out once per distinct (structure, shape,
     micro-batches[, data-parallel form]) and broadcast."""
-    paced_rows, paced_inv = distinct_rows(c.held)
+    paced_rows, paced_inv = distinct_rows(c.paced)
     paced = _pipeline_columns(
         c.take(paced_rows),
         gather(shapes, c.shape.codes[paced_rows], TIME_SHAPE_KEYS),

@@ -14,6 +14,7 @@ from hwspecs.schema import Cluster
 from planner.columns.codes import Labels, distinct_rows, factorize
 from planner.comm.levels import cluster_view
 from planner.comm.topology import cluster_key, placement_for_view
+from planner.pipeline.closed_form import combined_1f1b_paired_share, dualpipe_paired_share
 from planner.pipeline.schedules.registry import (
     BIDIRECTIONAL_SCHEDULES,
     EP_OVERLAP_SCHEDULES,
@@ -76,8 +77,6 @@ def ep_paired_share(job, schedule, pp, m, chunks, ep, full) -> np.ndarray:
     Megatron-Core's combined 1F1B (``job.ep_comm_overlap``), the interleaved or unpipelined
     1F1B steps it pairs (:func:`planner.pipeline.closed_form.combined_1f1b_paired_share`;
     Megatron-Core asserts no full recomputation there). Works on numpy arrays."""
-    from planner.pipeline.closed_form import combined_1f1b_paired_share, dualpipe_paired_share
-
     paired = np.where(
         is_one_of(schedule, EP_OVERLAP_SCHEDULES), dualpipe_paired_share(pp, m, chunks), 0.0
     )

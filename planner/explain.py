@@ -211,15 +211,15 @@ def _moe_lines(result, job) -> list[str]:
 
 def _combined_1f1b_line(result, job, raw: float) -> str:
     """What Megatron-Core's combined 1F1B hid of the EP all-to-alls, or why it did not run."""
-    from planner.comm.rows import ep_paired_share
+    from planner.comm.rows import ep_paired_share, runs_combined_1f1b
 
     lay = result.layout
-    full = int(lay.recompute == "full")
-    paired = float(ep_paired_share(job, [lay.schedule], lay.pp, result.num_microbatches,
-                                   lay.vpp, lay.ep, full)[0])  # fmt: skip
-    if paired == 0:
+    schedule, full = [lay.schedule], int(lay.recompute == "full")
+    if not runs_combined_1f1b(job, schedule, lay.pp, lay.vpp, lay.ep, full).any():
         return ("--ep-comm-overlap: not run here (Megatron-Core's combined 1F1B needs "
                 "interleaved PP or none, and no full recomputation)")  # fmt: skip
+    m = result.num_microbatches
+    paired = float(ep_paired_share(job, schedule, lay.pp, m, lay.vpp, lay.ep, full)[0])
     exposed = result.time_breakdown_s["ep_exposed"]
     return (
         f"combined 1F1B (--overlap-moe-expert-parallel-comm): {paired:.1%} of the first rank's "

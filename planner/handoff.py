@@ -91,13 +91,12 @@ MEGATRON_CP_COMM_TYPE = {"all-gather": "allgather", "ring": "p2p", "ulysses": "a
 
 def _combined_1f1b(lay: dict, job) -> bool:
     """Whether the layout was timed with Megatron-Core's combined 1F1B hiding its EP
-    all-to-alls (:func:`planner.comm.rows.runs_combined_1f1b`; PP needs virtual stages)."""
+    all-to-alls (:func:`planner.comm.rows.runs_combined_1f1b`)."""
     from planner.comm.rows import runs_combined_1f1b
 
     full = lay["recompute"] == "full"
-    runs = bool(runs_combined_1f1b(job, [lay["schedule"]], lay["ep"], full).any())
-    interleaved = lay["schedule"] == "interleaved-1f1b" and lay["vpp"] > 1
-    return runs and (lay["pp"] == 1 or interleaved)
+    return bool(runs_combined_1f1b(job, [lay["schedule"]], lay["pp"], lay["vpp"], lay["ep"],
+                                   full).any())  # fmt: skip
 
 
 def _megatron(lay: dict, job, layers: list[int]) -> Emitted:

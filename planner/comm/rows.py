@@ -77,26 +77,43 @@ def ep_paired_share(job, schedule, pp, m, chunks, ep, full) -> np.ndarray:
     Megatron-Core's combined 1F1B (``job.ep_comm_overlap``), the interleaved or unpipelined
     1F1B steps it pairs (:func:`planner.pipeline.closed_form.combined_1f1b_paired_share`;
     Megatron-Core asserts no full recomputation there). Works on numpy arrays."""
-    paired = np.where(
-        is_one_of(schedule, EP_OVERLAP_SCHEDULES), dualpipe_paired_share(pp, m, chunks), 0.0
+    return ep_pairing_share(ep_pairing(job, schedule, pp, chunks, ep, full), pp, m, chunks)
+
+
+#: How a row's EP all-to-alls overlap compute (:func:`ep_pairing`): not at all, in
+#: DualPipe's F&B pairs, in Megatron-Core's combined 1F1B.
+NO_PAIRING, DUALPIPE_PAIRING, COMBINED_1F1B_PAIRING = 0, 1, 2
+
+
+def ep_pairing(job, schedule, pp, chunks, ep, full) -> np.ndarray:
+    """Per row, how its EP all-to-alls overlap compute (:data:`NO_PAIRING` …): DualPipe's
+    schedules always; Megatron-Core's combined 1F1B where :func:`runs_combined_1f1b`. Works
+    on numpy arrays."""
+    dual = is_one_of(schedule, EP_OVERLAP_SCHEDULES)
+    combined = runs_combined_1f1b(job, schedule, pp, chunks, ep, full)
+    return np.where(dual, DUALPIPE_PAIRING, np.where(combined, COMBINED_1F1B_PAIRING, NO_PAIRING))
+
+
+def ep_pairing_share(pairing, pp, m, chunks) -> np.ndarray:
+    """The share of paired chunks of each row's :func:`ep_pairing`. Works on numpy arrays."""
+    dual = dualpipe_paired_share(pp, m, chunks)
+    combined = combined_1f1b_paired_share(pp, m, chunks)
+    return np.where(
+        pairing == DUALPIPE_PAIRING, dual, np.where(pairing == COMBINED_1F1B_PAIRING, combined, 0.0)
     )
-    combined = runs_combined_1f1b(job, schedule, ep, full)
-    return np.where(combined, combined_1f1b_paired_share(pp, m, chunks), paired)
 
 
-#: The schedules Megatron-Core's combined 1F1B runs in: interleaved 1F1B, and ``1f1b``
-#: where pp is 1 (with PP and no virtual stages it is refused:
-#: :func:`planner.pipeline.closed_form.combined_1f1b_paired_share` is 0 there).
-COMBINED_1F1B_SCHEDULES = ("interleaved-1f1b", "1f1b")
-
-
-def runs_combined_1f1b(job, schedule, ep, full) -> np.ndarray:
+def runs_combined_1f1b(job, schedule, pp, chunks, ep, full) -> np.ndarray:
     """Rows where ``job``'s stack runs Megatron-Core's combined 1F1B
-    (``job.ep_comm_overlap``): an MoE job with EP, on a schedule it runs in, without full
-    recomputation (``transformer_config.py`` asserts both). Works on numpy arrays."""
+    (``job.ep_comm_overlap``): an MoE job with EP, in interleaved 1F1B with virtual stages or
+    without pipelining, and without full recomputation (``transformer_config.py`` asserts
+    each). Works on numpy arrays."""
     if not (job.ep_comm_overlap and job.model.is_moe):
         return np.zeros(np.shape(ep), dtype=bool)
-    return is_one_of(schedule, COMBINED_1F1B_SCHEDULES) & (np.asarray(ep) > 1) & (full == 0)
+    pp, chunks = np.asarray(pp), np.asarray(chunks)
+    interleaved = is_one_of(schedule, ("interleaved-1f1b",)) & (chunks > 1)
+    unpipelined = is_one_of(schedule, ("1f1b",)) & (pp == 1)
+    return (interleaved | unpipelined) & (np.asarray(ep) > 1) & (np.asarray(full) == 0)
 
 
 def is_one_of(column, names) -> np.ndarray:
@@ -176,7 +193,7 @@ def keyed_rows(
                 np.asarray(cp_algorithm_codes(cp_algorithm, rows)) == 3,
                 np.asarray(cp_inner, dtype=np.int64), 0),
             "batch_ok": batch_ok,
-            "ep_paired": ep_paired_share(job, schedule, pp, m, chunks, ep, full),
+            "ep_pairing": ep_pairing(job, schedule, pp, chunks, ep, full),
         }.items()
     }  # fmt: skip
     split = pipeline_layer_split
@@ -184,5 +201,7 @@ def keyed_rows(
         flat["split"] = np.broadcast_to(np.asarray(split), rows).reshape(count_rows)
     key_rows, inv = distinct_rows(*(flat[k] for k in flat if k != "batch_ok"))
     key = {name: column[key_rows] for name, column in flat.items()}
+    # The paired share per combination (pp, m, chunks and the pairing are of its fields).
+    key["ep_paired"] = ep_pairing_share(key["ep_pairing"], key["pp"], key["m"], key["chunks"])
     split_key = key["split"] if np.ndim(split) else split
-    return Keyed(rows, flat, key, inv, split_key, flat["ep_paired"])
+    return Keyed(rows, flat, key, inv, split_key, key["ep_paired"][inv])

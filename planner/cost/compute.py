@@ -185,7 +185,7 @@ def gemm_time(
     its epilogue reads and writes that buffer: ``2 × gradient_bytes`` per output element
     (Megatron-LM's ``--gradient-accumulation-fusion``, ``main_grad += Xᵀ·dY``; unfused,
     autograd's ``.grad`` accumulation moves at least as much): W turns memory-bound below
-    about 2·gradient_bytes·(FLOP/s)/(bytes/s) tokens (H100, FP32 gradients: ≈ 1,100).
+    about gradient_bytes·(FLOP/s)/(bytes/s) tokens (H100: ≈ 600 with BF16, 1,200 with FP32).
     Worked out once per distinct call (:data:`_GEMM_TIMES`).
     """
     key = (name, tokens, k, n, id(rates), element_bytes, count)

@@ -45,10 +45,10 @@ class LayerTimes(BaseModel):
     forward_s: float
     input_grad_s: float
     weight_grad_s: float
+    #: W where the gradient buffer is accumulated into (:func:`accumulates_gradients`).
+    weight_grad_accumulate_s: float
     attention_forward_s: float
     ops: list[OpTime]
-    #: W where the gradient buffer is accumulated into (:func:`accumulates_gradients`).
-    weight_grad_accumulate_s: float = 0.0
     #: Forward work the job's memory measures rerun in the backward (planner.spec.measures).
     measures_recompute_s: float = 0.0
 

@@ -286,11 +286,10 @@ def _pipeline_columns(
 
     F = on_slots("fd", "fm", "f_emb", "f_head")
     B = on_slots("bd", "bm", "b_emb", "b_head")
-    W = np.where(
-        accumulates_gradients(c.zero_stage)[:, None],
-        on_slots("wd_acc", "wm_acc", "w_emb", "w_head_acc"),
-        on_slots("wd", "wm", "w_emb", "w_head"),
-    )
+    accumulate = accumulates_gradients(c.zero_stage)  # W into the gradient buffer
+    S = {**S, **{f"{key}_row": np.where(accumulate, S[f"{key}_acc"], S[key])
+                 for key in ("wd", "wm", "w_head")}}  # fmt: skip
+    W = on_slots("wd_row", "wm_row", "w_emb", "w_head_row")
     if rates.op_overhead_s:
         F, B = _with_wrapper_ops(c.data_parallel_form, R, accelerator, rates.op_overhead_s, F, B)
     F, B, W = _with_pipeline_actions(accelerator, schedule, pp, vpp, F, B, W)

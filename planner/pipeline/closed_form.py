@@ -155,14 +155,13 @@ def combined_1f1b_paired_share(pp, num_microbatches, vpp):
     pp, and the overlap adds one; NVIDIA/Megatron-LM ``pipeline_parallel/schedules.py``
     ``get_pp_rank_microbatches``), the warm-up forwards and the drain backwards run alone;
     without pipelining the first forward and the last backward do
-    (``combined_1f1b_schedule_for_no_pipelining``): ``(m − 1)/m``. Megatron-Core refuses
-    the overlap with PP but no virtual stages: 0 there. Works on numpy arrays."""
+    (``combined_1f1b_schedule_for_no_pipelining``): ``(m − 1)/m``. Where it runs at all is
+    :func:`planner.comm.rows.runs_combined_1f1b`. Works on numpy arrays."""
     pp, m, vpp = (np.asarray(x) for x in (pp, num_microbatches, vpp))
     warm_up = 2 * (pp - 1) + (vpp - 1) * pp + 1
     with np.errstate(divide="ignore", invalid="ignore"):
         share = 1.0 - warm_up / (m * vpp)
-    runs = (pp == 1) | (vpp > 1)
-    return np.where(runs, np.clip(np.nan_to_num(share), 0.0, 1.0), 0.0)
+    return np.clip(np.nan_to_num(share), 0.0, 1.0)
 
 
 def _dualpipe_busy(half, per_phase, F, B, W, overlap):

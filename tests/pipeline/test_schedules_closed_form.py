@@ -269,12 +269,22 @@ def test_combined_1f1b_pairs_the_steps_after_megatrons_warm_up():
     """Megatron-Core's interleaved schedule warms up 2·(pp − 1) + (vpp − 1)·pp chunks on rank
     0, one more with overlap_moe_expert_parallel_comm (schedules.py); the rest run as F&B
     pairs. Without PP only the first forward and the last backward run alone; with PP and
-    no virtual stages Megatron-Core refuses the overlap."""
+    no virtual stages Megatron-Core refuses the overlap (runs_combined_1f1b)."""
+    from planner import api
+    from planner.comm.rows import ep_paired_share
     from planner.pipeline.closed_form import combined_1f1b_paired_share
 
     assert combined_1f1b_paired_share(4, 8, 2) == pytest.approx(1 - 11 / 16)
     assert combined_1f1b_paired_share(1, 8, 1) == pytest.approx(7 / 8)
-    assert combined_1f1b_paired_share(4, 8, 1) == 0.0
     assert combined_1f1b_paired_share(16, 16, 2) == 0.0  # all warm-up: no pair
+    job = api.build_job("deepseek-v3", 4096, global_batch_size=64, ep_comm_overlap=True)
+    schedules = ["interleaved-1f1b", "1f1b", "1f1b", "interleaved-1f1b", "dualpipe"]
+    pp, chunks, full = np.array([4, 1, 4, 4, 4]), np.array([2, 1, 1, 2, 1]), np.zeros(5, int)
+    shares = ep_paired_share(job, schedules, pp, np.full(5, 8), chunks, np.full(5, 8), full)
+    # refused for 1F1B with PP; full recomputation refuses it too; DualPipe pairs regardless
+    assert shares[:3] == pytest.approx([5 / 16, 7 / 8, 0.0])
+    full[3] = 1
+    assert ep_paired_share(job, schedules, pp, np.full(5, 8), chunks, np.full(5, 8), full)[3] == 0
+    assert shares[4] > 0
     shares = combined_1f1b_paired_share(np.array([1, 4]), np.array([8, 8]), np.array([1, 2]))
     assert shares == pytest.approx([7 / 8, 5 / 16])

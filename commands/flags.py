@@ -263,6 +263,7 @@ class UlyssesKvHeads(str, Enum):
 
 
 class AttentionKernel(str, Enum):  # planner.spec.job.AttentionKernel
+    flash_attention_1 = "flash-attention-1"
     flash_attention_2 = "flash-attention-2"
     cudnn = "cudnn"
     flash_attention_3 = "flash-attention-3"
@@ -540,8 +541,9 @@ JOB = FlagGroup(
         _switch("flash_attention", "--flash-attention/--no-flash-attention",
                 "attention without the score matrix in memory (default on)", True),
         _flag("attention_kernel", Choice(AttentionKernel),
-              "the stack's fused attention kernel, timed at the accelerator's measurement of "
-              "it (default: the accelerator's attention rates)", show_allowed=True),
+              "the stack's fused attention kernel, timed at the accelerator's rates for it "
+              "(measured, or derived from a measured one; default: the accelerator's "
+              "attention rates)", show_allowed=True),
         _flag("cross_entropy", Choice(CrossEntropy),
               "the loss kernel: unfused (FP32 probabilities kept) or fused (FlashAttention's "
               "CrossEntropyLoss: logits and their gradient only)", CrossEntropy.unfused,

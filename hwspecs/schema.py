@@ -158,9 +158,11 @@ class Accelerator(SourcedSpec):
     )
     attention_kernels: dict[str, list[float]] = Field(
         default_factory=dict,
-        description="measured [forward, backward] fractions of the dense BF16 peak of each "
-        "named fused attention kernel a stack may run (flash-attention-2, cudnn, "
-        "flash-attention-3; causal, head dim 128), for a job that names its kernel; "
+        description="[forward, backward] fractions of the dense BF16 peak of each "
+        "named fused attention kernel a stack may run (flash-attention-1, flash-attention-2, "
+        "cudnn, flash-attention-3; causal, head dim 128), measured or derived from a "
+        "measured kernel by a published speed-up (hwspecs/data/README.md rule 7), for a job "
+        "that names its kernel; "
         "attention_*_efficiency are the rates of a job that names none",
     )
     hbm_bandwidth_efficiency: float = Field(

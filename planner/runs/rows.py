@@ -336,17 +336,36 @@ def cp_algorithm(row: RunRow) -> str:
     return "ring" if stack_label(row) == "megatron" else "all-gather"
 
 
+#: llm-foundry models whose large-scale H100 benchmarks ran its Triton attention: that
+#: table's sweep (mosaicml/llm-foundry @5e85bd62d ``scripts/train/benchmarking/sweep.py``)
+#: passes ``--attn_impl triton`` for 13b and 30b and ``flash`` (FlashAttention-2, the
+#: ``gpu-flash2`` extra) for the others.
+FOUNDRY_LARGE_SCALE_TRITON = frozenset({"mpt-13b", "mpt-30b"})
+
+
+def foundry_attention_kernel(row: RunRow) -> str:
+    """The attention kernel an llm-foundry benchmark row ran. ``submit_benchmarks.py``'s
+    ``--attn_impl`` defaults to ``triton`` (FlashAttention's Triton port,
+    ``flash_attn_triton.py``: FlashAttention-1's speed by its own docstring) and overrides
+    the model YAML's; ``sweep.sh``, which produced every table but the large-scale one (the
+    A100 tables @300cc5c58, the H100 ones @b2a43a147), passes none. The large-scale table's
+    ``sweep.py`` names one per model (:data:`FOUNDRY_LARGE_SCALE_TRITON`). The A100 entries
+    record no attention kernel, so there the name changes nothing."""
+    large_scale = "large scale" in (row.source_ref.table or "").lower()
+    if large_scale and (row.model.name or "").lower() not in FOUNDRY_LARGE_SCALE_TRITON:
+        return "flash-attention-2"
+    return "flash-attention-1"
+
+
 def attention_kernel(row: RunRow) -> str | None:
     """The fused attention kernel a row's stack ran, where its software says: llm-foundry's
-    H100 tables (framework_version: its README of 2023-10 to 2024-01, "flash" attention in
-    the configs) predate FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608, July 2024), so
-    they ran FlashAttention-2. Megatron-Core rows (NeMo, Megatron-Bridge) ran
+    (:func:`foundry_attention_kernel`). Megatron-Core rows (NeMo, Megatron-Bridge) ran
     TransformerEngine's, cuDNN's where the accelerator records it
     (:func:`planner.spec.stack.stack_attention_kernel`). Other rows take the accelerator's
     default rates (None)."""
     framework = (row.training.framework or "").lower()
     if "llm-foundry" in framework:
-        return "flash-attention-2"
+        return foundry_attention_kernel(row)
     if "megatron-core" in framework and row.hardware.accelerator in catalog_names("accelerator"):
         measured = load_accelerator(row.hardware.accelerator).attention_kernels
         return stack_attention_kernel("megatron", measured)

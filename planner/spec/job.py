@@ -17,7 +17,7 @@ WeightPassMemory = Literal["inputs", "graph"]
 #: How Ulysses CP meets more ranks than a TP rank's KV heads (:mod:`planner.cost.context_parallel`).
 UlyssesKvHeads = Literal["whole", "replicate"]
 #: Fused attention kernels a stack may run (measured per accelerator: ``attention_kernels``).
-AttentionKernel = Literal["flash-attention-2", "cudnn", "flash-attention-3"]
+AttentionKernel = Literal["flash-attention-1", "flash-attention-2", "cudnn", "flash-attention-3"]
 #: How the loss is computed from the logits (:func:`planner.cost.activations.logits_buffer_bytes`).
 CrossEntropyKernel = Literal["unfused", "fused"]
 
@@ -46,9 +46,11 @@ class Job(BaseModel):
     another's backward and each hides the other's EP all-to-alls
     (:func:`planner.comm.rows.ep_paired_share`); off by default, as in Megatron-Core (its
     performance recipes set it per model). DualPipe overlaps them whatever this says.
-    ``attention_kernel``: the fused attention kernel the stack runs (FlashAttention-2,
-    cuDNN's, FlashAttention-3), timed at the accelerator's measurement of it
-    (``Accelerator.attention_kernels``); None: the accelerator's default attention rates.
+    ``attention_kernel``: the fused attention kernel the stack runs (FlashAttention-1 or
+    its Triton port, FlashAttention-2, cuDNN's, FlashAttention-3), timed at the
+    accelerator's rates for it (``Accelerator.attention_kernels``: measured, or derived from
+    a measured kernel by a published speed-up); None: the accelerator's default attention
+    rates.
     ``cross_entropy``: the loss over the logits as separate ops that keep FP32 probabilities
     (``unfused``: torch's ``cross_entropy`` on upcast logits, Megatron-LM's
     ``vocab_parallel_cross_entropy``) or one kernel that keeps a per-token FP32 log-sum-exp

@@ -14,7 +14,7 @@ from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Accelerator
 from planner.api import build_job, build_layout, estimate
 from planner.cost.compute import GpuRates
-from planner.runs.rows import attention_kernel
+from planner.runs.kernels import attention_kernel
 from tests.cli_runner import run
 
 PAPER = {"flash-attention-2": (333, 318), "cudnn": (529, 518), "flash-attention-3": (602, 559)}

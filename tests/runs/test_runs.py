@@ -209,7 +209,7 @@ def test_megatron_runs_cudnn_attention_where_the_accelerator_measures_it():
     Megatron-Core run) is timed at cuDNN's measured rates where the accelerator has them, else
     at the default rates; a kernel the job names is kept; other stacks keep the default."""
     from planner.api import build_job, with_profile
-    from planner.runs.rows import attention_kernel
+    from planner.runs.kernels import attention_kernel
     from planner.spec.stack import stack_attention_kernel
 
     job = build_job("llama3-8b", 4096, global_batch_tokens=2**20)
@@ -605,7 +605,7 @@ def test_llm_foundry_rows_run_the_fused_loss_and_fit():
     """llm-foundry's MPT computes its loss with FlashAttention's fused CrossEntropyLoss: the
     MPT-350m rows at micro-batch 18 on A100 40GB, which ran, fit (the unfused loss's FP32
     probabilities, 7.4 GB at 36,864 tokens × 50,368 vocab, would not leave room)."""
-    from planner.runs.rows import cross_entropy_kernel
+    from planner.runs.kernels import cross_entropy_kernel
 
     rows = [r for r in load_runs("train") if r.id.startswith("llmfoundry-a10040gb-mpt350m-s2048")]
     assert {cross_entropy_kernel(row) for row in rows} == {"fused"}
@@ -745,7 +745,7 @@ def test_megatron_runs_before_flash_attention_time_it_unfused():
     """Megatron-LM gained FlashAttention in 2023 (NVIDIA/Megatron-LM#267); BigScience's
     Megatron-DeepSpeed never merged it: their 2022 rows (Korthikanti et al., MT-NLG, BLOOM)
     run unfused attention, every later and every other row a fused kernel."""
-    from planner.runs.rows import ran_flash_attention
+    from planner.runs.kernels import ran_flash_attention
 
     rows = load_runs()
     unfused = {row.id for row in rows if not ran_flash_attention(row)}

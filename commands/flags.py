@@ -529,6 +529,10 @@ JOB = FlagGroup(
                 "interleaved 1F1B or without PP, one micro-batch's forward runs beside "
                 "another's backward and hides its EP all-to-alls (DualPipe always does); "
                 "default off", False),
+        _switch("cuda_graphs", "--cuda-graphs/--no-cuda-graphs",
+                "the layers replay from CUDA graphs, whole (Megatron-Core's --cuda-graph-impl "
+                "full_iteration, or per-layer graphs): no per-kernel launch cost; default off",
+                False),
         _flag("moe_imbalance", Number(1.0),
               "MoE, dropless routing: routed tokens on the busiest EP rank over the balanced "
               "share (default: the model's, 1.0)"),
@@ -745,6 +749,7 @@ def build_job(job: Values, default_batch: bool = True):
         ulysses_kv_heads=value(job.ulysses_kv_heads),
         tp_comm_overlap=job.tp_comm_overlap,
         ep_comm_overlap=bool(job.ep_comm_overlap),
+        cuda_graphs=bool(job.cuda_graphs),
         attention_kernel=value(job.attention_kernel),
         cross_entropy=value(job.cross_entropy),
         moe_imbalance=job.moe_imbalance,

@@ -397,6 +397,7 @@ def profile_line(entry: dict, prefix: str = "", auto: bool = False) -> str:
     job or its stack names one."""
     overlap = "on" if entry.get("tp_comm_overlap") else "off"
     ep = "; EP comm overlap on (combined 1F1B)" if entry.get("ep_comm_overlap") else ""
+    ep += "; CUDA graphs" if entry.get("cuda_graphs") else ""
     kernel = entry.get("attention_kernel")
     attention = f"; attention kernel {kernel}" if kernel else ""
     return f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}{ep}{attention}"

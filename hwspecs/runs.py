@@ -124,6 +124,11 @@ class RunTraining(RunSpecModel):
     recompute: str | None = None
     precision: str = "bf16"
     optimizations: str | None = None
+    cuda_graphs: bool | None = Field(
+        None,
+        description="the layers replayed from CUDA graphs captured whole (one per iteration, "
+        "Megatron-Core's cuda_graph_impl full_iteration, or one per layer); None: not stated",
+    )
     framework: str | None = None
     framework_version: str | None = None
 
@@ -151,6 +156,11 @@ class RunSupplement(RunSpecModel):
     value: int | float | str | bool
     source_ref: SourceRef
     quote: str = Field(description="the launch script's own lines that set it")
+    release: str | None = Field(
+        None,
+        description="the release whose recipe sets it (the row's training.framework_version), "
+        "where the recipe lives at that release's tag rather than at the table's commit",
+    )
 
 
 class RunRow(RunSpecModel):

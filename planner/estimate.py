@@ -83,6 +83,8 @@ class Estimate(BaseModel):
     #: Whether the stack runs Megatron-Core's combined 1F1B, which hides EP all-to-alls
     #: behind another micro-batch's compute (:func:`planner.comm.rows.ep_paired_share`).
     ep_comm_overlap: bool = False
+    #: Whether the layers replay from CUDA graphs (no per-kernel launch cost).
+    cuda_graphs: bool = False
     #: The fused attention kernel timed (None: the accelerator's default rates), the job's
     #: or its stack's (:func:`planner.spec.stack.stack_attention_kernel`).
     attention_kernel: str | None = None
@@ -174,6 +176,7 @@ def _estimate(
         num_microbatches=m,
         tp_comm_overlap=bool(job.tp_comm_overlap),
         ep_comm_overlap=job.ep_comm_overlap,
+        cuda_graphs=job.cuda_graphs,
         attention_kernel=job.attention_kernel,
         step_time_s=float(value["step_time_s"]),
         time_breakdown_s=breakdown,

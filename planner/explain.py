@@ -120,6 +120,11 @@ def explain_estimate(result, job) -> list[str]:
         f"busy per step; 0 when each link carries one axis)"
     )
     lines += profile_term_lines(job.efficiency_profile)
+    if job.cuda_graphs and job.efficiency_profile is not None:
+        lines.append(
+            "CUDA graphs: the layers replay from graphs, so kernel_overhead_s "
+            "(a host launch per kernel) is not charged"
+        )
     flops = model_flops_per_token(job.model, job.seq_len, causal=False)
     lines.append(
         f"MFU = {result.tokens_per_s_per_gpu:,.0f} tokens/s × {flops / 1e9:,.1f} GFLOP/token "

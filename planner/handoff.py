@@ -118,6 +118,8 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
         ]
         if _combined_1f1b(lay, job):  # TransformerConfig's flag (ArgumentGroupFactory)
             args.append("--overlap-moe-expert-parallel-comm")
+    if job.cuda_graphs:  # one graph for the iteration, the optimizer outside it
+        args.append("--cuda-graph-impl full_iteration")
     mtp = job.model.num_mtp_modules
     if mtp:  # on the last stage, with the head (as the layout below and the cost model)
         args.append(f"--mtp-num-layers {mtp}")

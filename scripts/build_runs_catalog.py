@@ -39,9 +39,10 @@ def our_note(row: dict) -> str:
         parts.append("Assumed, not printed: " + ", ".join(row["inferred_fields"]) + ".")
     for supplement in row.get("supplements", []):
         ref = supplement["source_ref"]
-        parts.append(
-            f"Not in the table, set by {ref['path']} at the same commit: {supplement['field']}."
+        where = (
+            f"{supplement['release']}'s recipe" if supplement.get("release") else "the same commit"
         )
+        parts.append(f"Not in the table, set by {ref['path']} at {where}: {supplement['field']}.")
     if row["group"]:
         parts.append(f"Configuration group {row['group']}.")
     return " ".join(part for part in parts if part)
@@ -54,13 +55,16 @@ def supplemented(row: dict, supplements: list[dict]) -> dict:
     for entry in supplements:
         if row["id"] not in entry["ids"]:
             continue
-        if entry["source_ref"]["commit"] != row["source_ref"].get("commit"):
+        same_commit = entry["source_ref"]["commit"] == row["source_ref"].get("commit")
+        same_release = entry.get("release") == row["training"].get("framework_version")
+        if not (same_commit or (entry.get("release") and same_release)):
             raise SystemExit(f"{row['id']}: supplement {entry['field']} is from another commit")
         section, key = entry["field"].split(".")
         if out[section].get(key) is not None:
             raise SystemExit(f"{row['id']}: {entry['field']} is published; not overwritten")
         out[section][key] = entry["value"]
-        record = {name: entry[name] for name in ("field", "value", "source_ref", "quote")}
+        names = ("field", "value", "source_ref", "quote", "release")
+        record = {name: entry[name] for name in names if name in entry}
         out.setdefault("supplements", []).append(RunSupplement.model_validate(record).model_dump())
     return out
 

@@ -72,6 +72,7 @@ def build_job(
     attention_kernel: str | None = None,
     cross_entropy: str | None = None,
     ep_comm_overlap: bool = False,
+    cuda_graphs: bool = False,
 ):
     """A Job from CLI-style values (batch as tokens or as sequences, not both).
 
@@ -84,7 +85,8 @@ def build_job(
     ``ulysses_kv_heads``: ``whole`` (default) or ``replicate`` (:class:`planner.spec.job.Job`).
     ``tp_comm_overlap``: the stack overlaps TP communication (None: the stack's default,
     :func:`with_profile`). ``ep_comm_overlap``: Megatron-Core's combined 1F1B hides EP
-    all-to-alls (:class:`planner.spec.job.Job`). ``attention_kernel``: the stack's fused attention kernel (None:
+    all-to-alls; ``cuda_graphs``: the layers replay from CUDA graphs, no per-kernel
+    launch (:class:`planner.spec.job.Job`). ``attention_kernel``: the stack's fused attention kernel (None:
     the accelerator's default rates). ``cross_entropy``: ``unfused`` (default) or ``fused``,
     the loss kernel (:class:`planner.spec.job.Job`).
     """
@@ -128,6 +130,7 @@ def build_job(
         ulysses_kv_heads=ulysses_kv_heads or "whole",
         tp_comm_overlap=tp_comm_overlap,
         ep_comm_overlap=ep_comm_overlap,
+        cuda_graphs=cuda_graphs,
         attention_kernel=attention_kernel,
         cross_entropy=cross_entropy or "unfused",
     )

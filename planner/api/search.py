@@ -162,6 +162,7 @@ def plan(
         "stack": stack,
         "tp_comm_overlap": bool(job.tp_comm_overlap),
         "ep_comm_overlap": job.ep_comm_overlap,
+        "cuda_graphs": job.cuda_graphs,
         "attention_kernel": job.attention_kernel,
     }
     if training is not None:
@@ -315,6 +316,7 @@ def emit_settings(entry: dict, trainer: str, job):
         update={
             "tp_comm_overlap": bool(entry.get("tp_comm_overlap")),
             "ep_comm_overlap": bool(entry.get("ep_comm_overlap")),
+            "cuda_graphs": bool(entry.get("cuda_graphs")),
         }
     )
     lay = entry["layout"]

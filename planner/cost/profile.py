@@ -21,7 +21,9 @@ show, each its own line of the step's breakdown:
   sequences are where it shows.
 * ``kernel_overhead_s`` (s per kernel, 0–50 µs): a fixed launch and tail cost per kernel,
   times the kernels the busiest rank launches per step (a layer's operations per pass from
-  :func:`planner.structure.op_counts.layer_pass_ops`, × layers per stage × micro-batches).
+  :func:`planner.structure.op_counts.layer_pass_ops`, × layers per stage × micro-batches);
+  none where the job replays its layers from CUDA graphs (``Job.cuda_graphs``: no host
+  launches, the cost this term stands for).
 * ``overlap_slowdown`` (fraction, 0–1): compute slowed while collectives overlap it
   (communication kernels take SMs and HBM bandwidth): this share of the overlapped
   communication time is added.
@@ -139,8 +141,12 @@ def profile_inputs(
     model = job.model
     attention, experts = flop_shares(model, job.seq_len)
     ones = np.ones(np.shape(tp))
+    launched = 0.0 if job.cuda_graphs else 1.0  # a replayed graph launches from the device
     return {
-        "kernels_per_step": m * np.ceil(model.num_layers / pp) * kernels_per_layer(model),
+        "kernels_per_step": launched
+        * m
+        * np.ceil(model.num_layers / pp)
+        * kernels_per_layer(model),
         "expert_width": expert_gemm_size(model, job.seq_len, cp, mbs, ep, etp) * ones,
         "attention_share": attention * ones,
         "expert_share": experts * ones,

@@ -352,8 +352,9 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
     """The row's job: its model at its sequence length, batch and precision, whether its
     framework overlapped TP communication (:func:`planner.spec.stack.framework_overlaps_tp`),
     TransformerEngine's FP8 input caches where its FP8 layers were TE's
-    (:func:`planner.spec.stack.framework_on_transformer_engine`) and the attention kernel it
-    ran (:mod:`planner.runs.kernels`)."""
+    (:func:`planner.spec.stack.framework_on_transformer_engine`), the attention kernel it
+    ran (:mod:`planner.runs.kernels`) and whether it replayed its layers from CUDA graphs
+    (``training.cuda_graphs``, filled from the release's recipe where the table says none)."""
     if row.training.task == "lora":
         raise Uncovered("LoRA rank and targets not published")
     t = row.training
@@ -371,6 +372,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             attention_kernel=attention_kernel(row),
             flash_attention=ran_flash_attention(row),
             cross_entropy=cross_entropy_kernel(row),
+            cuda_graphs=bool(t.cuda_graphs),
         )
     except ValidationError as error:
         raise Uncovered(f"job not expressible: {error.errors()[0]['msg']}") from None

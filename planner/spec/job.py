@@ -46,6 +46,14 @@ class Job(BaseModel):
     another's backward and each hides the other's EP all-to-alls
     (:func:`planner.comm.rows.ep_paired_share`); off by default, as in Megatron-Core (its
     performance recipes set it per model). DualPipe overlaps them whatever this says.
+    ``cuda_graphs``: the layers' kernels replay from CUDA graphs, captured whole: one graph
+    for the iteration (Megatron-Core's ``cuda_graph_impl="full_iteration"``, torch's
+    ``torch.cuda.graph`` around the step) or one per layer, forward and backward
+    (Megatron-Core's per-layer ``local`` graphs over the whole layer, its older
+    ``enable_cuda_graph``), so no layer kernel pays a host launch: the profile's per-kernel
+    cost (``kernel_overhead_s``, :mod:`planner.cost.profile`) is not charged. Graphs of
+    parts of a layer (``cuda_graph_modules`` attention, router, MLP) are not modelled:
+    leave this off for them. Off by default, as in Megatron-Core.
     ``attention_kernel``: the fused attention kernel the stack runs (FlashAttention-1 or
     its Triton port, FlashAttention-2, cuDNN's, FlashAttention-3), timed at the
     accelerator's rates for it (``Accelerator.attention_kernels``: measured, or derived from
@@ -70,6 +78,7 @@ class Job(BaseModel):
     ulysses_kv_heads: UlyssesKvHeads = "whole"
     tp_comm_overlap: bool | None = None
     ep_comm_overlap: bool = False
+    cuda_graphs: bool = False
     attention_kernel: AttentionKernel | None = None
     cross_entropy: CrossEntropyKernel = "unfused"
     efficiency_profile: EfficiencyProfile | None = Field(

@@ -197,3 +197,18 @@ def test_megatron_names_the_ep_overlap_only_where_the_layout_was_timed_with_it(c
     code, out, err = run(capsys, "plan", *dsv3, "--schedule", "1f1b")
     assert code == 0, err
     assert "--overlap-moe-expert-parallel-comm" not in megatron_args(out)
+
+
+def test_megatron_names_cuda_graphs_only_where_the_plan_assumed_them(capsys):
+    """--cuda-graphs is Megatron-Core's one graph per iteration: ``--cuda-graph-impl
+    full_iteration`` (TransformerConfig.cuda_graph_impl's Literal at the recorded commit:
+    none, local, transformer_engine, full_iteration)."""
+    pins = ("--tp", "8", "--cp", "1", "--pp", "16", "--micro-batch-size", "1",
+            "--schedule", "1f1b", "--emit", "megatron")  # fmt: skip
+    code, out, err = run(capsys, "plan", *pins, "--cuda-graphs")
+    assert code == 0, err
+    args = megatron_args(out)
+    assert args.get("--cuda-graph-impl") == "full_iteration" and set(args) <= MEGATRON_FLAGS
+    code, out, err = run(capsys, "plan", *pins)
+    assert code == 0, err
+    assert "--cuda-graph-impl" not in megatron_args(out)

@@ -76,7 +76,8 @@ def jobs_and_layouts(draw):
     try:
         layout = Layout(**layout_fields)
         job = api.build_job(name, SEQ_LEN, global_batch_size=dp * m * mbs,
-                            ep_comm_overlap=model.is_moe and draw(st.booleans()))  # fmt: skip
+                            ep_comm_overlap=model.is_moe and draw(st.booleans()),
+                            cuda_graphs=draw(st.booleans()))  # fmt: skip
         inner = cp_inner_degree(degrees(layout), DEFAULT_MESH_ORDER, CLUSTER.scale_up_domain_size)
         check_layout(layout, job.model, SEQ_LEN, cp_inner=inner)
         closed_form._check(schedule, pp, m, vpp)

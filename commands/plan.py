@@ -393,14 +393,14 @@ def _rank_legend(result) -> str:
 def profile_line(entry: dict, prefix: str = "", auto: bool = False) -> str:
     """The profile an estimate used and, with one, its cross-validated band (``auto``: the
     profile was --profile auto's choice, so none found is said as such), and whether the
-    stack was taken to overlap TP communication, and the attention kernel timed where the
-    job or its stack names one."""
+    stack was taken to overlap TP communication, whether the layers replay from CUDA graphs,
+    and the attention kernel timed where the job or its stack names one."""
     overlap = "on" if entry.get("tp_comm_overlap") else "off"
     ep = "; EP comm overlap on (combined 1F1B)" if entry.get("ep_comm_overlap") else ""
-    ep += "; CUDA graphs" if entry.get("cuda_graphs") else ""
+    graphs = "; CUDA graphs" if entry.get("cuda_graphs") else ""
     kernel = entry.get("attention_kernel")
     attention = f"; attention kernel {kernel}" if kernel else ""
-    return f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}{ep}{attention}"
+    return f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}{ep}{graphs}{attention}"
 
 
 def _profile_text(entry: dict, prefix: str, auto: bool) -> str:

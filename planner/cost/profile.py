@@ -141,12 +141,9 @@ def profile_inputs(
     model = job.model
     attention, experts = flop_shares(model, job.seq_len)
     ones = np.ones(np.shape(tp))
-    launched = 0.0 if job.cuda_graphs else 1.0  # a replayed graph launches from the device
+    launched = 0.0 if job.cuda_graphs else kernels_per_layer(model)  # graphs launch on device
     return {
-        "kernels_per_step": launched
-        * m
-        * np.ceil(model.num_layers / pp)
-        * kernels_per_layer(model),
+        "kernels_per_step": m * np.ceil(model.num_layers / pp) * launched,
         "expert_width": expert_gemm_size(model, job.seq_len, cp, mbs, ep, etp) * ones,
         "attention_share": attention * ones,
         "expert_share": experts * ones,

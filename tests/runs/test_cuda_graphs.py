@@ -1,5 +1,5 @@
-"""CUDA graphs: a job that replays its iteration as one graph pays no per-kernel launch
-cost, and the published runs whose release recipe captured the iteration say so."""
+"""CUDA graphs: a job whose layers replay from graphs pays no per-kernel launch cost, and
+the published runs whose release recipe captured their layers whole say so."""
 
 from __future__ import annotations
 
@@ -7,33 +7,34 @@ import json
 
 import pytest
 
-import cli
 from hwspecs.catalog import load_profile, load_runs
 from planner import api
 from planner.runs.rows import model_spec, run_job
 
 
-def _estimate(capsys, *flags: str) -> dict:
-    args = ["estimate", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "8192",
-            "--global-batch-size", "128", "--tp", "1", "--pp", "1", "--cp", "1", "--dp", "8",
-            "--micro-batch-size", "1", "--cluster", "dgx-b200", "--profile", "shipped",
-            *flags, "--json"]  # fmt: skip
-    code = cli.main(args)
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    return json.loads(out)
+def _with_kernel_cost(profile, seconds: float):
+    """``profile`` with its per-kernel term set to ``seconds`` (whatever a refit left it at)."""
+    terms = dict(profile.terms)
+    terms["kernel_overhead_s"] = terms["kernel_overhead_s"].model_copy(update={"value": seconds})
+    return profile.model_copy(update={"terms": terms})
 
 
-def test_cuda_graphs_drop_the_per_kernel_cost_and_nothing_else(capsys):
-    if load_profile("b200").terms["kernel_overhead_s"].value == 0:
-        pytest.skip("the shipped B200 profile charges no per-kernel cost")
-    eager = _estimate(capsys)
-    graphed = _estimate(capsys, "--cuda-graphs")
-    assert graphed["cuda_graphs"] and not eager["cuda_graphs"]
-    assert eager["time_breakdown_s"]["profile_kernels"] > 0
-    assert graphed["time_breakdown_s"]["profile_kernels"] == 0
-    saved = eager["step_time_s"] - graphed["step_time_s"]
-    assert saved == pytest.approx(eager["time_breakdown_s"]["profile_kernels"], rel=1e-6)
+def test_cuda_graphs_drop_the_per_kernel_cost_and_nothing_else():
+    profile = _with_kernel_cost(load_profile("b200"), 1e-5)
+    layout = api.Layout(tp=1, pp=1, dp=8, micro_batch_size=1)
+    results = {}
+    for graphs in (False, True):
+        job = api.build_job("llama3-8b", 8192, global_batch_size=128, cuda_graphs=graphs)
+        job = job.model_copy(update={"efficiency_profile": profile})
+        results[graphs] = api.estimate(job, layout, "dgx-b200", 8)
+    eager, graphed = results[False], results[True]
+    assert graphed.cuda_graphs and not eager.cuda_graphs
+    assert eager.time_breakdown_s["profile_kernels"] > 0
+    assert graphed.time_breakdown_s["profile_kernels"] == 0
+    saved = eager.step_time_s - graphed.step_time_s
+    assert saved == pytest.approx(eager.time_breakdown_s["profile_kernels"], rel=1e-9)
+    others = {k: v for k, v in eager.time_breakdown_s.items() if k != "profile_kernels"}
+    assert others == {k: graphed.time_breakdown_s[k] for k in others}
 
 
 def test_cuda_graphs_change_nothing_in_the_ideal_model():

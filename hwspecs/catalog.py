@@ -18,7 +18,8 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from hwspecs.errors import PlanError, UnsourcedFigures, unknown_name_error, validation_error
-from hwspecs.schema import SOURCES_OPTIONAL, Accelerator, Cluster, LinkTier, Reliability
+from hwspecs.reliability import Reliability
+from hwspecs.schema import SOURCES_OPTIONAL, Accelerator, Cluster, LinkTier
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -129,6 +129,12 @@ class RunTraining(RunSpecModel):
         description="the layers replayed from CUDA graphs captured whole (one per iteration, "
         "Megatron-Core's cuda_graph_impl full_iteration, or one per layer); None: not stated",
     )
+    ep_comm_overlap: bool | None = Field(
+        None,
+        description="EP all-to-alls overlapped with another micro-batch's compute "
+        "(Megatron-Core's moe_a2a_overlap / overlap_moe_expert_parallel_comm: combined 1F1B); "
+        "None: not stated",
+    )
     framework: str | None = None
     framework_version: str | None = None
 

@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
+from hwspecs.attention import curve_errors, log_length_interpolation
+
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
 #: A pipeline runtime's compute actions: a forward, a full backward, or a split backward's
 #: input-gradient and weight-gradient parts.
@@ -34,6 +36,13 @@ class SpecModel(BaseModel):
     """Base for all specs: unknown keys are errors, instances are immutable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _holds_numbers(item) -> bool:
+    """A number, or a list (of lists) holding one: a value a catalog must cite."""
+    if isinstance(item, (list, tuple)):
+        return any(_holds_numbers(x) for x in item)
+    return isinstance(item, (int, float)) and not isinstance(item, bool)
 
 
 def numeric_field_paths(model: BaseModel, prefix: str = "") -> list[str]:
@@ -55,11 +64,7 @@ def numeric_field_paths(model: BaseModel, prefix: str = "") -> list[str]:
         elif isinstance(value, BaseModel):
             paths.extend(numeric_field_paths(value, prefix=f"{path}."))
         elif isinstance(value, dict):
-            paths.extend(
-                f"{path}.{key}"
-                for key, item in value.items()
-                if isinstance(item, (int, float)) and not isinstance(item, bool)
-            )
+            paths.extend(f"{path}.{key}" for key, item in value.items() if _holds_numbers(item))
         elif isinstance(value, (list, tuple)):
             if any(isinstance(item, BaseModel) for item in value):
                 for index, item in enumerate(value):
@@ -165,6 +170,18 @@ class Accelerator(SourcedSpec):
         "that names its kernel; "
         "attention_*_efficiency are the rates of a job that names none",
     )
+    attention_seq_lens: list[int] = Field(
+        default_factory=list, description="the sequence lengths attention_curves measure"
+    )
+    attention_curves: dict[str, list[list[float]]] = Field(
+        default_factory=dict,
+        description="[forward, backward] fractions of the dense BF16 peak of a fused attention "
+        "kernel at each of attention_seq_lens (hwspecs.attention); a kernel without one runs "
+        "at its single attention_kernels rate at every length",
+    )
+    attention_default_kernel: str | None = Field(
+        None, description="the kernel whose rates attention_*_efficiency.bf16 record"
+    )
     hbm_bandwidth_efficiency: float = Field(
         0.8, gt=0, le=1, description="achievable fraction of peak HBM bandwidth"
     )
@@ -224,6 +241,13 @@ class Accelerator(SourcedSpec):
                     f"attention_kernels.{kernel} must be [forward, backward] in (0, 1], "
                     f"got {fractions}"
                 )
+        default = [self.attention_forward_efficiency.get("bf16"),
+                   self.attention_backward_efficiency.get("bf16")]  # fmt: skip
+        points = {**self.attention_kernels, **({None: default} if all(default) else {})}
+        errors = curve_errors(self.attention_seq_lens, self.attention_curves,
+                              self.attention_default_kernel, points)  # fmt: skip
+        if errors:
+            raise ValueError("; ".join(errors))
         return self
 
     def peak_tflops(self, dtype: str) -> float | None:
@@ -251,15 +275,41 @@ class Accelerator(SourcedSpec):
             )
         return self.peak_flops_per_s(dtype) * self.matmul_efficiency[dtype]
 
-    def achievable_attention_flops_per_s(
+    def attention_curve(
         self, dtype: str = "bf16", kernel: str | None = None
+    ) -> tuple[list[int], list[float], list[float]] | None:
+        """(sequence lengths, forward FLOP/s, backward FLOP/s) of the fused attention kernel
+        a job of ``dtype`` attention runs (``kernel``'s where the catalog measured it, else
+        the default kernel's) where :attr:`attention_curves` records it (BF16); None
+        otherwise."""
+        if dtype != "bf16":
+            return None
+        measured = kernel in self.attention_kernels
+        curve = self.attention_curves.get(kernel if measured else self.attention_default_kernel)
+        if curve is None:
+            return None
+        peak = self.peak_flops_per_s(dtype)
+        forward, backward = ([peak * f for f in values] for values in curve)
+        return list(self.attention_seq_lens), forward, backward
+
+    def achievable_attention_flops_per_s(
+        self, dtype: str = "bf16", kernel: str | None = None, seq_len: float | None = None
     ) -> tuple[float, float]:
         """(forward, backward) FLOP/s of the fused attention kernels for ``dtype``: those of
-        ``kernel`` where the catalog measured it (BF16), else the accelerator's default.
+        ``kernel`` where the catalog measured it (BF16), else the accelerator's default; at
+        ``seq_len`` tokens per sequence where :meth:`attention_curve` records the kernel's
+        rate by length (None: the single recorded rate).
 
         Where the catalog records no attention measurement, attention runs at the matmul
         rate (documented default rule 6 in ``hwspecs/data/README.md``).
         """
+        curve = self.attention_curve(dtype, kernel) if seq_len is not None else None
+        if curve is not None:
+            lengths, forward, backward = curve
+            return (
+                log_length_interpolation(seq_len, lengths, forward),
+                log_length_interpolation(seq_len, lengths, backward),
+            )
         matmul = self.achievable_matmul_flops_per_s(dtype)
         peak = self.peak_flops_per_s(dtype)
         if dtype == "bf16" and kernel in self.attention_kernels:
@@ -397,49 +447,4 @@ class Cluster(SourcedSpec):
                     f"torus_shape {self.torus_shape} holds {product} chips, "
                     f"scale_up_domain_size is {self.scale_up_domain_size}"
                 )
-        return self
-
-
-class InterruptionCount(SpecModel):
-    """Job interruptions observed over a training run: a rate per GPU-hour.
-
-    ``count`` interruptions in ``days`` on ``num_gpus`` accelerators; the rate is
-    ``count / (num_gpus · days · 24)``, an interruption rate per GPU-hour that a job of N
-    GPUs multiplies by N (every GPU on the critical path of a synchronous job).
-    """
-
-    count: int = Field(ge=0)
-    num_gpus: int = Field(ge=1)
-    days: float = Field(gt=0)
-    by_cause: dict[str, int] = Field(
-        default_factory=dict, description="interruptions per root cause, as published"
-    )
-
-    def per_gpu_hour(self) -> float:
-        """Interruptions per GPU-hour."""
-        return self.count / (self.num_gpus * self.days * 24.0)
-
-
-class Reliability(SourcedSpec):
-    """Failure rates and the checkpoint/restart and facility defaults (one TOML file).
-
-    ``interruptions`` maps an accelerator id (or ``default``) to a published count;
-    an accelerator without its own entry takes ``default_interruptions`` and every output
-    using it says so.
-    """
-
-    interruptions: dict[str, InterruptionCount] = Field(min_length=1)
-    default_interruptions: str = Field(description="key of interruptions used when unsourced")
-    storage_bytes_per_s_per_gpu: float = Field(gt=0)
-    restart_time_s: float = Field(gt=0)
-    power_usage_effectiveness: float = Field(ge=1.0)
-    notes: str = ""
-
-    @model_validator(mode="after")
-    def _default_exists(self) -> Reliability:
-        if self.default_interruptions not in self.interruptions:
-            raise ValueError(
-                f"default_interruptions '{self.default_interruptions}' is not a key of "
-                "interruptions"
-            )
         return self

@@ -97,7 +97,9 @@ def explain_estimate(result, job) -> list[str]:
     lines = [
         f"GEMMs at {dtype}: peak {accelerator.peak_tflops(dtype)} TFLOP/s × matmul efficiency {eff} "
         f"({accelerator.source_of(f'matmul_efficiency.{dtype}')})",
-        _attention_line(accelerator, dtype, job.flash_attention, result.attention_kernel),
+        _attention_line(
+            accelerator, dtype, job.flash_attention, result.attention_kernel, job.seq_len
+        ),
         f"HBM {accelerator.hbm_bytes_per_s / 1e12:.2f} TB/s × {accelerator.hbm_bandwidth_efficiency} for memory-bound ops",
         f"busiest rank per micro-batch: F {stage['forward'] * 1e3:.2f} ms, B {stage['input_grad'] * 1e3:.2f} ms, "
         f"W {stage['weight_grad'] * 1e3:.2f} ms, recompute {stage['recompute'] * 1e3:.2f} ms",
@@ -329,9 +331,13 @@ def cp_algorithm_lines(job, cluster, results: list[dict], order=None) -> list[st
     return lines
 
 
-def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool, kernel=None) -> str:
-    """The attention kernels' rates an estimate used, with their source."""
-    from planner.cost.compute import FLASH_BACKWARD_FLOPS_RATIO, attention_dtype
+def _attention_line(
+    accelerator, gemm_dtype: str, flash_attention: bool, kernel=None, seq_len=None
+) -> str:
+    """The attention kernels' rates an estimate used at its sequence length, with their
+    source."""
+    from planner.cost.attention_times import FLASH_BACKWARD_FLOPS_RATIO
+    from planner.cost.compute import attention_dtype
 
     if not flash_attention:
         return (
@@ -339,17 +345,29 @@ def _attention_line(accelerator, gemm_dtype: str, flash_attention: bool, kernel=
             "2× forward), softmax as memory traffic over the scores"
         )
     dtype = attention_dtype(gemm_dtype)
-    forward, backward = accelerator.achievable_attention_flops_per_s(dtype, kernel)
+    forward, backward = accelerator.achievable_attention_flops_per_s(dtype, kernel, seq_len)
     measured = dtype == "bf16" and kernel in accelerator.attention_kernels
-    source = accelerator.source_of(
-        f"attention_kernels.{kernel}" if measured else f"attention_forward_efficiency.{dtype}"
-    )
+    lengths = accelerator.attention_seq_lens
+    by_length = seq_len is not None and accelerator.attention_curve(dtype, kernel) is not None
+    if by_length:
+        path = f"attention_curves.{kernel if measured else accelerator.attention_default_kernel}"
+    else:
+        path = (
+            f"attention_kernels.{kernel}" if measured else f"attention_forward_efficiency.{dtype}"
+        )
+    source = accelerator.source_of(path)
     where = source if source else "no attention measurement: at the matmul rate (rule 6)"
     if kernel is not None and not measured:
         where = f"no measurement of {kernel} on {accelerator.id}: the default rates; {where}"
+    at = (
+        f" at {seq_len:,} tokens (measured {lengths[0]:,}–{lengths[-1]:,}, "
+        "log-interpolated, held beyond)"
+        if by_length
+        else ""
+    )
     return (
         f"attention (fused, {dtype}): forward {forward / 1e12:.0f}, backward {backward / 1e12:.0f} "
-        f"TFLOP/s on {FLASH_BACKWARD_FLOPS_RATIO}× the forward FLOPs ({where})"
+        f"TFLOP/s{at} on {FLASH_BACKWARD_FLOPS_RATIO}× the forward FLOPs ({where})"
     )
 
 

@@ -74,7 +74,7 @@ _EXPORTS = {
     "SCHEDULES": "planner.pipeline.schedules.registry",
     "SearchSpace": "planner.candidates",
     "TopologyReport": "planner.comm.topology",
-    "FLASH_BACKWARD_FLOPS_RATIO": "planner.cost.compute",
+    "FLASH_BACKWARD_FLOPS_RATIO": "planner.cost.attention_times",
     "attention_core_ops": "planner.cost.flops",
     "TimeToTrain": "planner.cost.goodput",
     "TRAINER_ETP": "planner.handoff",

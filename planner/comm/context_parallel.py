@@ -17,7 +17,9 @@ forward passes again under full recomputation), with ``kv`` a rank's K and V per
   transfer is launched before the step's kernel and waited for after it, so a step exposes
   ``max(0, transfer − block compute)`` — the block being
   ``1/cp`` of the rank's attention (the zig-zag split balances the causal work) — plus the
-  step's own kernels and rescaling (:func:`planner.cost.context_parallel.ring_step_overhead_s`).
+  step's own kernels and rescaling (:func:`planner.cost.context_parallel.ring_step_overhead_s`)
+  and its share of what the short block kernels lose against one kernel over the whole
+  sequence (:func:`planner.cost.context_parallel.ring_block_slowdown`).
   Short sequences (attention ∝ s², the block ∝ s) or fast attention expose the transfer.
 * **ulysses** (Jacobs et al. 2023 §3.1; TransformerEngine ``AttnFuncWithCPAndQKVOA2A``): an
   all-to-all of Q, K, V (sequence → heads) before attention and one of the output (heads →
@@ -58,6 +60,7 @@ from planner.cost.context_parallel import (
     ULYSSES,
     kv_block_bytes,
     rank_attention_core_s,
+    ring_block_slowdown,
     ring_step_overhead_s,
     ulysses_bytes,
     ulysses_kv_repeats,
@@ -226,8 +229,10 @@ def context_parallel_terms(job, tp, cp, b, m, layers, full, algorithm, inner, ra
 
 def _ring_step_times(job, tp, cp, b, ring_size, rates):
     """Per row: (forward, backward) attention of one ring step's block — the rank's
-    attention over the ring's size — and (forward, backward) seconds the step adds;
-    once per distinct (tp, cp, b, ring size). Zeros without rates."""
+    attention over the ring's size, at the block's length — and (forward, backward) seconds
+    the step adds: its kernels and rescaling and its share of what the blocks' short kernels
+    lose (:func:`planner.cost.context_parallel.ring_block_slowdown`); once per distinct (tp,
+    cp, b, ring size). Zeros without rates."""
     zeros = np.zeros(tp.shape)
     if rates is None or not tp.size:
         return zeros, zeros, zeros, zeros
@@ -242,8 +247,13 @@ def _ring_step_times(job, tp, cp, b, ring_size, rates):
             continue
         forward, backward = rank_attention_core_s(model, s, mbs, t, c, job.flash_attention,
                                                   rates, e)  # fmt: skip
-        table.append((forward / ring, backward / ring, *ring_step_overhead_s(
-            model, s, mbs, t, c, rates, e)))  # fmt: skip
+        slow_f, slow_b = ring_block_slowdown(rates, s, ring) if job.flash_attention else (1, 1)
+        kernels_f, kernels_b = ring_step_overhead_s(model, s, mbs, t, c, rates, e)
+        # The blocks' shortfall against the layer time's whole-sequence kernel, spread over
+        # the ring - 1 steps that carry a transfer.
+        table.append((forward * slow_f / ring, backward * slow_b / ring,
+                      kernels_f + forward * (slow_f - 1) / (ring - 1),
+                      kernels_b + backward * (slow_b - 1) / (ring - 1)))  # fmt: skip
     rows = np.asarray(table, dtype=float)[inverse.reshape(-1)]
     return tuple(rows[:, i].reshape(tp.shape) for i in range(4))
 

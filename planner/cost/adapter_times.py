@@ -4,7 +4,8 @@ Dettmers et al. 2023 QLoRA; Liu et al. 2024 DoRA; Kopiczko et al. 2024 VeRA)."""
 
 from __future__ import annotations
 
-from planner.cost.compute import GpuRates, OpTime, gemm_time
+from planner.cost.compute import GpuRates, gemm_time
+from planner.cost.op_time import OpTime
 from planner.spec.finetune import (
     FinetuneSpec,
     dequantization_bytes_per_weight,

@@ -16,44 +16,14 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from hwspecs.attention import log_length_interpolation
 from hwspecs.schema import Accelerator
+from planner.cost.attention_times import attention_core_time, unfused_attention_time
 from planner.cost.flops import CAUSAL_FRACTION, attention_core_ops
+from planner.cost.op_time import OpTime
 from planner.spec.model import ModelSpec
 from planner.spec.precision import DTYPE_BYTES
 from planner.structure.linears import expert_fold, kv_heads_per_rank
-
-
-class OpTime(BaseModel):
-    """Seconds of one operation for one micro-batch on one GPU: forward, B, W."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    forward_s: float
-    input_grad_s: float
-    weight_grad_s: float
-    forward_flops: float
-    bound: str  # "compute" or "memory" (of the forward); "overhead": dispatch_time
-    #: W where the weight gradient accumulates into a buffer kept over the micro-batches
-    #: (:func:`planner.cost.stage_times.accumulates_gradients`): the GEMM reads and writes
-    #: that buffer (:attr:`GpuRates.gradient_bytes`); None: as ``weight_grad_s``.
-    weight_grad_accumulate_s: float | None = None
-
-    @property
-    def total_s(self) -> float:
-        return self.forward_s + self.input_grad_s + self.weight_grad_s
-
-    @property
-    def accumulating_weight_grad_s(self) -> float:
-        """W when the gradient buffer is accumulated into."""
-        accumulate = self.weight_grad_accumulate_s
-        return self.weight_grad_s if accumulate is None else accumulate
-
-
-#: FlashAttention's backward recomputes the score matrix: 5 matmuls against the forward's 2,
-#: so 2.5x the forward FLOPs (Dao 2023, FlashAttention-2 §3.1.2; the FLOP count behind the
-#: backward TFLOP/s the FlashAttention papers report).
-FLASH_BACKWARD_FLOPS_RATIO = 2.5
 
 
 def attention_dtype(gemm_dtype: str) -> str:
@@ -79,6 +49,9 @@ class GpuRates(BaseModel):
     attention_forward_flops_per_s: float | None = None
     attention_backward_flops_per_s: float | None = None
     attention_matmul_flops_per_s: float | None = None
+    #: The fused kernel's rates by sequence length (:meth:`Accelerator.attention_curve`:
+    #: lengths, forward FLOP/s, backward FLOP/s); None: the rates above at every length.
+    attention_curve: tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]] | None = None
     #: Fixed seconds per dispatched operation (:attr:`Accelerator.op_overhead_s`; 0 unset),
     #: per operation on a DTensor (:attr:`Accelerator.sharded_op_overhead_s`; unset: the
     #: plain figure) and per functional collective beyond its c10d cost.
@@ -102,6 +75,7 @@ class GpuRates(BaseModel):
         W's accumulation at ``gradient_bytes`` per element."""
         dtype = attention_dtype(gemm_dtype)
         forward, backward = accelerator.achievable_attention_flops_per_s(dtype, attention_kernel)
+        curve = accelerator.attention_curve(dtype, attention_kernel)
         return cls(
             matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(gemm_dtype),
             hbm_bytes_per_s=accelerator.hbm_bytes_per_s * accelerator.hbm_bandwidth_efficiency,
@@ -109,6 +83,7 @@ class GpuRates(BaseModel):
             attention_forward_flops_per_s=forward,
             attention_backward_flops_per_s=backward,
             attention_matmul_flops_per_s=accelerator.achievable_matmul_flops_per_s(dtype),
+            attention_curve=None if curve is None else tuple(tuple(c) for c in curve),
             op_overhead_s=accelerator.op_overhead_s or 0.0,
             sharded_op_overhead_s=(
                 accelerator.sharded_op_overhead_s or accelerator.op_overhead_s or 0.0
@@ -122,6 +97,22 @@ class GpuRates(BaseModel):
         """Unit rates, for evaluations that read only memory (no accelerator given): the
         memory model reads no rate, the times these give mean nothing."""
         return cls(matmul_flops_per_s=1.0, hbm_bytes_per_s=1.0)
+
+    def attention_flops_per_s(self, seq_len: float | None = None) -> tuple[float, float]:
+        """(forward, backward) FLOP/s of the fused attention kernel on sequences of
+        ``seq_len`` tokens (its keys per query block; :attr:`attention_curve`, interpolated
+        in log2(length)), the single recorded rates where there is no curve or no length,
+        the matmul rate where there are none."""
+        if self.attention_curve is not None and seq_len is not None:
+            lengths, forward, backward = self.attention_curve
+            return (
+                log_length_interpolation(seq_len, lengths, forward),
+                log_length_interpolation(seq_len, lengths, backward),
+            )
+        return (
+            self.attention_forward_flops_per_s or self.matmul_flops_per_s,
+            self.attention_backward_flops_per_s or self.matmul_flops_per_s,
+        )
 
     def roofline_s(self, flops: float, num_bytes: float) -> float:
         return max(flops / self.matmul_flops_per_s, num_bytes / self.hbm_bytes_per_s)
@@ -325,7 +316,7 @@ def layer_op_times(
     core_flops = sum(op.forward for op in core) / tp
     core_bytes = tokens * (qkv_width + q_local) * e
     if flash_attention:
-        ops.append(attention_core_time(core_flops, core_bytes, rates))
+        ops.append(attention_core_time(core_flops, core_bytes, rates, seq_len))
     else:
         # The unfused kernels compute every score, the causal mask's half too.
         scores = model.num_attention_heads / tp * tokens * seq_len
@@ -344,66 +335,6 @@ def layer_op_times(
     ops.append(elementwise_time("elementwise.rotary", rotary, rates))
     ops.append(elementwise_time("elementwise.mlp_activation", activation_bytes, rates))
     return ops
-
-
-def attention_core_time(forward_flops: float, forward_bytes: float, rates: GpuRates) -> OpTime:
-    """Scores, softmax and the weighted sum of one layer in a fused kernel (FlashAttention):
-    forward and input gradient at the accelerator's measured attention rates (the matmul
-    rate where it records none). The backward does 2.5x the forward FLOPs (five GEMMs to the
-    forward's two, the scores recomputed; the FLOPs FlashAttention's benchmarks count) and
-    moves twice the forward's traffic (read Q, K, V, O, dO; write dQ, dK, dV)."""
-    forward_rate = rates.attention_forward_flops_per_s or rates.matmul_flops_per_s
-    backward_rate = rates.attention_backward_flops_per_s or rates.matmul_flops_per_s
-    memory_s = forward_bytes / rates.hbm_bytes_per_s
-    return OpTime(
-        name="attention.core",
-        forward_s=max(forward_flops / forward_rate, memory_s),
-        input_grad_s=max(FLASH_BACKWARD_FLOPS_RATIO * forward_flops / backward_rate, 2 * memory_s),
-        weight_grad_s=0.0,
-        forward_flops=forward_flops,
-        bound="compute",
-    )
-
-
-#: Passes over the score matrix of attention without a fused kernel, Megatron-LM's
-#: ``CoreAttention`` (``baddbmm`` for Q·Kᵀ, ``FusedScaleMaskSoftmax``, ``attention_dropout``,
-#: ``bmm`` for P·V), besides the one pass of each GEMM (Q·Kᵀ writes S, P·V reads P; in the
-#: backward dO·Vᵀ writes dP, Pᵀ·dO reads P, dS·K and dSᵀ·Q read dS): the softmax reads and
-#: writes forward, reads P and dP and writes dS backward; dropout reads and writes each way,
-#: plus its one-byte mask.
-UNFUSED_SOFTMAX_PASSES = (2, 3)
-UNFUSED_DROPOUT_PASSES = 2
-
-
-def unfused_attention_time(
-    full_flops: float, qkv_bytes: float, score_elements: float, dropout: bool,
-    rates: GpuRates, element_bytes: float,
-) -> OpTime:  # fmt: skip
-    """Attention as separate kernels, each its own roofline, one after another: the two
-    batched GEMMs (Q·Kᵀ, P·V; ``full_flops`` counts every score, the causal mask's half too)
-    at the matmul rate of attention's dtype and four GEMMs in the backward (2x the FLOPs),
-    and the softmax, masking and dropout as memory traffic over the score matrix
-    (:data:`UNFUSED_SOFTMAX_PASSES`, :data:`UNFUSED_DROPOUT_PASSES`; Korthikanti et al.
-    2022 §4.1 count the same tensors: 2as²b softmax output, as²b dropout mask, 2as²b dropout
-    output)."""
-    rate = rates.attention_matmul_flops_per_s or rates.matmul_flops_per_s
-    bandwidth = rates.hbm_bytes_per_s
-    score_bytes = score_elements * element_bytes
-    dropout_bytes = UNFUSED_DROPOUT_PASSES * score_bytes + score_elements if dropout else 0.0
-    softmax_forward, softmax_backward = UNFUSED_SOFTMAX_PASSES
-    # Each GEMM does half the forward FLOPs and one pass over the scores.
-    half = full_flops / 2
-    gemm_s = max(half / rate, (score_bytes + qkv_bytes / 2) / bandwidth)
-    forward = 2 * gemm_s + (softmax_forward * score_bytes + dropout_bytes) / bandwidth
-    backward = 4 * gemm_s + (softmax_backward * score_bytes + dropout_bytes) / bandwidth
-    return OpTime(
-        name="attention.core",
-        forward_s=forward,
-        input_grad_s=backward,
-        weight_grad_s=0.0,
-        forward_flops=full_flops,
-        bound="compute" if half / rate >= score_bytes / bandwidth else "memory",
-    )
 
 
 def _activation_width(model: ModelSpec, moe_layer: bool, ep: int = 1) -> float:

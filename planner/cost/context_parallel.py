@@ -1,6 +1,7 @@
 """What each context-parallel algorithm costs a rank besides its collectives: the attention
 block one ring step computes (the window its transfer hides behind), the step's own kernels
-and online-softmax rescaling, and the K/V buffers and attention working set it holds.
+and online-softmax rescaling, what the block's short kernels lose to their length, and the
+K/V buffers and attention working set it holds.
 
 The algorithms (:data:`planner.spec.layout.CP_ALGORITHMS`):
 
@@ -21,7 +22,9 @@ The algorithms (:data:`planner.spec.layout.CP_ALGORITHMS`):
   ranks of one scale-up domain, ring over the ``cp/k`` groups of them.
 
 Attention's FLOPs per rank are the same under every algorithm (each rank computes ``1/cp``
-of the causal score matrix), so the layer times of :mod:`planner.cost.compute` hold for all.
+of the causal score matrix), so the layer times of :mod:`planner.cost.compute` hold for all,
+at the rate of a kernel over the whole sequence (all-gather and Ulysses run such kernels);
+a ring's blocks are shorter and slower (:func:`ring_block_slowdown`).
 """
 
 from __future__ import annotations
@@ -104,6 +107,18 @@ def rank_attention_core_s(
     )  # fmt: skip
     core = next(op for op in ops if op.name == "attention.core")
     return core.forward_s, core.input_grad_s
+
+
+def ring_block_slowdown(rates: GpuRates, seq_len: float, ring: int) -> tuple[float, float]:
+    """(forward, backward) factor by which a ring's block kernels — ``seq_len/ring`` keys per
+    query block (ring: ``s/cp``; hierarchical's outer ring: ``k·s/cp`` after the re-shard)
+    — run slower than one kernel over the whole sequence, which the layer times assume
+    (:meth:`planner.cost.compute.GpuRates.attention_flops_per_s`: FlashAttention-3's causal
+    forward on H100 runs 292 TFLOP/s at 512 tokens, 602 at 8K); 1 where the rates do not
+    vary with length."""
+    whole = rates.attention_flops_per_s(seq_len)
+    block = rates.attention_flops_per_s(seq_len / ring)
+    return whole[0] / block[0], whole[1] / block[1]
 
 
 def ring_step_overhead_s(

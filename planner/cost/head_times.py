@@ -4,7 +4,8 @@ with the roofline of :mod:`planner.cost.compute`."""
 
 from __future__ import annotations
 
-from planner.cost.compute import GpuRates, OpTime, elementwise_time, gemm_time, layer_op_times
+from planner.cost.compute import GpuRates, elementwise_time, gemm_time, layer_op_times
+from planner.cost.op_time import OpTime
 from planner.spec.model import ModelSpec
 
 

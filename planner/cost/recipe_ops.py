@@ -5,8 +5,9 @@ the forward work each of Megatron-Core's selective recompute modules reruns."""
 
 from __future__ import annotations
 
-from planner.cost.compute import NORM_PASSES, RESIDUAL_PASSES, GpuRates, OpTime
+from planner.cost.compute import NORM_PASSES, RESIDUAL_PASSES, GpuRates
 from planner.cost.head_times import MTP_PREFIX
+from planner.cost.op_time import OpTime
 from planner.spec.model import ModelSpec
 from planner.structure.linears import expert_fold, layer_linears, token_rows
 

@@ -353,8 +353,10 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
     framework overlapped TP communication (:func:`planner.spec.stack.framework_overlaps_tp`),
     TransformerEngine's FP8 input caches where its FP8 layers were TE's
     (:func:`planner.spec.stack.framework_on_transformer_engine`), the attention kernel it
-    ran (:mod:`planner.runs.kernels`) and whether it replayed its layers from CUDA graphs
-    (``training.cuda_graphs``, filled from the release's recipe where the table says none)."""
+    ran (:mod:`planner.runs.kernels`), whether it replayed its layers from CUDA graphs
+    (``training.cuda_graphs``) and overlapped its EP all-to-alls with another micro-batch
+    (``training.ep_comm_overlap``), both filled from the release's recipe where the table
+    says nothing."""
     if row.training.task == "lora":
         raise Uncovered("LoRA rank and targets not published")
     t = row.training
@@ -373,6 +375,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             flash_attention=ran_flash_attention(row),
             cross_entropy=cross_entropy_kernel(row),
             cuda_graphs=bool(t.cuda_graphs),
+            ep_comm_overlap=bool(t.ep_comm_overlap),
         )
     except ValidationError as error:
         raise Uncovered(f"job not expressible: {error.errors()[0]['msg']}") from None

@@ -134,7 +134,7 @@ def test_estimate_explain_names_the_attention_kernel_its_stack_ran(capsys, monke
     from hwspecs.catalog import load_accelerator
 
     out = render(capsys, monkeypatch, 80, "estimate", "--explain", "--stack", "megatron")
-    source = load_accelerator("h100-sxm").source_of("attention_kernels.cudnn")
+    source = load_accelerator("h100-sxm").source_of("attention_curves.cudnn")
     assert " ".join(source.split()) in " ".join(out.split())
     assert "attention kernel cudnn" in " ".join(out.split())  # the profile line says it too
     plain = render(capsys, monkeypatch, 80, "estimate")

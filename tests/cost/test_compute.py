@@ -5,15 +5,14 @@ import pytest
 from hwspecs.catalog import load_accelerator
 from hwspecs.schema import Accelerator
 from planner.api import build_job, build_layout, estimate
+from planner.cost.attention_times import attention_core_time, unfused_attention_time
 from planner.cost.compute import (
     GEMM_TILE_M,
     GEMM_TILE_N,
     GpuRates,
-    attention_core_time,
     attention_dtype,
     gemm_time,
     layer_op_times,
-    unfused_attention_time,
 )
 from planner.spec.model import load_model
 

@@ -1,0 +1,79 @@
+"""Fused attention kernels' rates by sequence length: one accelerator's measured curves.
+
+A fused attention kernel (FlashAttention, cuDNN's SDPA) runs each block of queries through
+a loop over the keys it sees; the shorter that loop, the more of the kernel is its prologue,
+epilogue and the causal mask's partial tiles, so the rate climbs with the sequence length
+and levels off (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Figs. 5-6: on H100,
+FlashAttention-3's causal forward runs 292 TFLOP/s at 512 tokens and 602 at 8K). The
+benchmark holds the tokens per call fixed (batch × length = 16K) so the length alone moves.
+
+An accelerator records them as ``attention_curves[kernel] = [forward, backward]``, fractions
+of the dense BF16 peak at each of ``attention_seq_lens``; ``attention_default_kernel`` names
+the kernel whose rates ``attention_forward_efficiency`` / ``attention_backward_efficiency``
+record (a job that names no kernel follows its curve). Between two measured lengths a rate
+is interpolated in log2(length); below the shortest and above the longest it holds the end
+value.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Two recorded rates count as the same measurement within this (four-decimal fractions).
+SAME_FRACTION = 5e-4
+
+
+def log_length_interpolation(seq_len: float, seq_lens, values) -> float:
+    """``values`` (one per ascending ``seq_lens``) at ``seq_len``: linear in log2(length)
+    between the two measured lengths around it, the end value outside them."""
+    if seq_len <= seq_lens[0]:
+        return float(values[0])
+    if seq_len >= seq_lens[-1]:
+        return float(values[-1])
+    x = math.log2(seq_len)
+    for low, high, left, right in zip(seq_lens, seq_lens[1:], values, values[1:], strict=False):
+        if seq_len <= high:
+            share = (x - math.log2(low)) / (math.log2(high) - math.log2(low))
+            return float(left + share * (right - left))
+    return float(values[-1])  # unreachable: seq_len < seq_lens[-1] was handled above
+
+
+def _fractions(values, count: int) -> bool:
+    """``count`` fractions in (0, 1]."""
+    return len(values) == count and all(0 < v <= 1 for v in values)
+
+
+def curve_errors(
+    seq_lens: list[int], curves: dict, default_kernel: str | None, points: dict
+) -> list[str]:
+    """What is wrong with an accelerator's curves: lengths not ascending, a curve not
+    [forward, backward] with a fraction in (0, 1] per length, a default kernel without one,
+    or a kernel's single recorded rate (``points``: kernel, or None for the default rates,
+    → [forward, backward]) that is not one of its curve's measured pairs."""
+    if not curves and default_kernel is None:
+        return []
+    if len(seq_lens) < 2 or seq_lens != sorted(set(seq_lens)) or seq_lens[0] < 1:
+        return [f"attention_seq_lens must hold two or more ascending lengths, got {seq_lens}"]
+    errors = [
+        f"attention_curves.{name} must be [forward, backward], {len(seq_lens)} fractions in "
+        "(0, 1] each"
+        for name, curve in curves.items()
+        if len(curve) != 2 or not all(_fractions(values, len(seq_lens)) for values in curve)
+    ]
+    if default_kernel not in curves:
+        errors.append(
+            f"attention_default_kernel '{default_kernel}' has no curve; choose one of: "
+            f"{', '.join(curves)}"
+        )
+    if errors:
+        return errors
+    for kernel, point in points.items():
+        forward, backward = curves.get(kernel or default_kernel, ([], []))
+        pairs = list(zip(forward, backward, strict=True))
+        if pairs and not any(
+            abs(f - point[0]) <= SAME_FRACTION and abs(b - point[1]) <= SAME_FRACTION
+            for f, b in pairs
+        ):
+            name = f"attention_kernels.{kernel}" if kernel else "the default attention rates"
+            errors.append(f"{name} {point} is not a point of its attention curve")
+    return errors

@@ -278,15 +278,17 @@ def _ring_lines(result, job) -> list[str]:
     lines = [
         f"cp {result.layout.cp_algorithm}: a ring of {step['ring_ranks']} ranks over "
         f"{step['tier']}, {step['steps']} steps per layer and pass; each step's transfer runs "
-        f"beside the block already held (exposed = max(0, transfer − block) + kernels/rescale)"
+        f"beside the block already held (exposed = max(0, transfer − block) + kernels/rescale"
+        f" and the short block kernels' loss against one kernel over the sequence)"
     ]
     for name in ("forward", "backward"):
         p = step[name]
         hidden = "hidden" if p["transfer_s"] <= p["block_attention_s"] else "exposed"
         lines.append(
             f"  {name} step: {p['bytes'] / 1e6:,.2f} MB in {p['transfer_s'] * 1e3:.3f} ms vs "
-            f"block attention {p['block_attention_s'] * 1e3:.3f} ms ({hidden}), kernels and "
-            f"rescale {p['step_overhead_s'] * 1e3:.3f} ms → {p['exposed_s'] * 1e3:.3f} ms exposed"
+            f"block attention {p['block_attention_s'] * 1e3:.3f} ms ({hidden}), kernels, "
+            f"rescale and short-block loss {p['step_overhead_s'] * 1e3:.3f} ms → "
+            f"{p['exposed_s'] * 1e3:.3f} ms exposed"
         )
     last = step["backward_last"]
     lines.append(

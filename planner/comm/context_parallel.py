@@ -260,8 +260,8 @@ def _ring_step_times(job, tp, cp, b, ring_size, rates):
 
 def ring_exposed_time(raw, count, one, overlap_s, extra_s):
     """Exposed seconds of ring steps: each step's transfer (``one``) beyond the block
-    compute it runs beside (``overlap_s``), plus its own kernels and rescaling
-    (``extra_s``): ``count · (max(0, one − overlap) + extra)``, 0 where nothing is sent."""
+    compute it runs beside (``overlap_s``), plus its own kernels, rescaling and short-block
+    loss (``extra_s``): ``count · (max(0, one − overlap) + extra)``, 0 where nothing is sent."""
     exposed = count * (np.maximum(0.0, one - overlap_s) + extra_s)
     return np.where(count > 0, exposed, 0.0) + 0.0 * raw
 
@@ -270,7 +270,8 @@ def ring_step_overlap(job, layout, cluster, order=None) -> dict | None:
     """One ring step of ``layout``'s ring attention — forward, backward (a step carrying the
     block and the travelling dK, dV), the backward's first step (the block alone) and its
     last (the summed dK, dV alone, beside the own block) —: the transfer's seconds, the
-    block attention it runs beside, the step's kernels and rescaling, and what it exposes
+    block attention it runs beside, the step's kernels, rescaling and short-block loss, and
+    what it exposes
     (the numbers :func:`ring_exposed_time` reads); None without a ring."""
     from planner.comm.collectives import algorithm_costs, choose
     from planner.comm.topology import place_groups

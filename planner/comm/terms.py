@@ -76,7 +76,8 @@ RULES: dict[str, str] = {
     "exposed": "exposed: nothing to hide behind (hidden behind m·(F+B) with TP overlap on)",
     "cp_exposed": "exposed: attention waits for the gathered K and V (Llama 3 §3.3.2)",
     "cp_ring": "each step's transfer hidden behind the block already held, except its excess "
-    "over that block's attention; plus the step's kernels and rescaling (Liu et al. 2023)",
+    "over that block's attention; plus the step's kernels, rescaling and what its short "
+    "block kernel loses to its length (Liu et al. 2023; FlashAttention-3 Figs. 5-6)",
     "cp_a2a": "exposed: attention waits for its heads' whole sequence (Jacobs et al. 2023)",
     "pp_steady": "fill and drain transfers exposed; steady state hidden behind m·(F+B)",
     "dp_grad": "hidden behind the last micro-batch's backward except the last bucket (one layer)",

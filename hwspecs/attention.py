@@ -38,6 +38,16 @@ def log_length_interpolation(seq_len: float, seq_lens, values) -> float:
     return float(values[-1])  # unreachable: seq_len < seq_lens[-1] was handled above
 
 
+def curve_at(curve, seq_len: float) -> tuple[float, float]:
+    """(forward, backward) of a curve ``(lengths, forward values, backward values)`` at
+    ``seq_len`` (:func:`log_length_interpolation`)."""
+    lengths, forward, backward = curve
+    return (
+        log_length_interpolation(seq_len, lengths, forward),
+        log_length_interpolation(seq_len, lengths, backward),
+    )
+
+
 def _fractions(values, count: int) -> bool:
     """``count`` fractions in (0, 1]."""
     return len(values) == count and all(0 < v <= 1 for v in values)

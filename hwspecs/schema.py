@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
-from hwspecs.attention import curve_errors, log_length_interpolation
+from hwspecs.attention import curve_at, curve_errors
 
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
 #: A pipeline runtime's compute actions: a forward, a full backward, or a split backward's
@@ -305,11 +305,7 @@ class Accelerator(SourcedSpec):
         """
         curve = self.attention_curve(dtype, kernel) if seq_len is not None else None
         if curve is not None:
-            lengths, forward, backward = curve
-            return (
-                log_length_interpolation(seq_len, lengths, forward),
-                log_length_interpolation(seq_len, lengths, backward),
-            )
+            return curve_at(curve, seq_len)
         matmul = self.achievable_matmul_flops_per_s(dtype)
         peak = self.peak_flops_per_s(dtype)
         if dtype == "bf16" and kernel in self.attention_kernels:

@@ -16,7 +16,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
-from hwspecs.attention import log_length_interpolation
+from hwspecs.attention import curve_at
 from hwspecs.schema import Accelerator
 from planner.cost.attention_times import attention_core_time, unfused_attention_time
 from planner.cost.flops import CAUSAL_FRACTION, attention_core_ops
@@ -104,11 +104,7 @@ class GpuRates(BaseModel):
         in log2(length)), the single recorded rates where there is no curve or no length,
         the matmul rate where there are none."""
         if self.attention_curve is not None and seq_len is not None:
-            lengths, forward, backward = self.attention_curve
-            return (
-                log_length_interpolation(seq_len, lengths, forward),
-                log_length_interpolation(seq_len, lengths, backward),
-            )
+            return curve_at(self.attention_curve, seq_len)
         return (
             self.attention_forward_flops_per_s or self.matmul_flops_per_s,
             self.attention_backward_flops_per_s or self.matmul_flops_per_s,

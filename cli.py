@@ -155,13 +155,20 @@ def _command_for(argv: list[str]):
     return typer.main.get_command(only)
 
 
+#: Seconds a command's process waits, its output written, for threads still running (a
+#: library's: kaleido's readers of its browser's log run until the browser's last helper
+#: process has gone) before it ends without them.
+END_THREADS_S = 10.0
+
+
 def _end_process(code: int) -> int:
     """End a command's process with ``code`` without the interpreter's teardown: the output
     flushed, the threads joined and the exit handlers run as the interpreter runs them at
     exit, then ``os._exit``, which skips freeing every object and module one by one (about
     15 ms of a default plan; mypy ends its runs so, ``mypy.util.hard_exit``). Where the
     output cannot be flushed (a closed pipe), the interpreter's own exit reports it: the
-    code is returned."""
+    code is returned. Threads still running :data:`END_THREADS_S` after the command are
+    named in one line and the process ends without them (:func:`_end_without_threads`)."""
     import atexit
     import threading
 
@@ -170,7 +177,11 @@ def _end_process(code: int) -> int:
         sys.stderr.flush()
     except (OSError, ValueError):
         return code
+    watchdog = threading.Timer(END_THREADS_S, _end_without_threads, args=(code,))
+    watchdog.daemon = True  # not among the threads the join below waits for
+    watchdog.start()
     threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx runs first
+    watchdog.cancel()
     atexit._run_exitfuncs()
     try:
         sys.stdout.flush()
@@ -178,6 +189,25 @@ def _end_process(code: int) -> int:
     except (OSError, ValueError):
         return code
     os._exit(code)
+
+
+def _end_without_threads(code: int) -> None:
+    """The end of a process whose threads did not end within :data:`END_THREADS_S`: one
+    line naming them, the exit handlers, then ``os._exit(code)`` (the command's own code:
+    its output is complete)."""
+    import atexit
+    import threading
+
+    left = [thread.name for thread in threading.enumerate()
+            if not thread.daemon and thread is not threading.main_thread()]  # fmt: skip
+    sys.stderr.write(f"llmplan: {len(left)} thread(s) still running {END_THREADS_S:g} s after "
+                     f"the command ({', '.join(left)}); ended without them\n")  # fmt: skip
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,11 @@ A fused attention kernel (FlashAttention, cuDNN's SDPA) runs each block of queri
 a loop over the keys it sees; the shorter that loop, the more of the kernel is its prologue,
 epilogue and the causal mask's partial tiles, so the rate climbs with the sequence length
 and levels off (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Figs. 5-6: on H100,
-FlashAttention-3's causal forward runs 292 TFLOP/s at 512 tokens and 602 at 8K). The
-benchmark holds the tokens per call fixed (batch × length = 16K) so the length alone moves.
+FlashAttention-3's causal forward runs 292 TFLOP/s at 512 tokens and 602 at 8K; NVIDIA's
+cudnn-frontend SDPA training benchmark, ``benchmark/sdpa_benchmark_training``: on GB200,
+cuDNN's runs 408 TFLOP/s at 512 tokens and 1,584 at 8K). The FlashAttention-3 benchmark holds
+the tokens per call fixed (batch × length = 16K), cudnn-frontend's the batch (1), so there
+the shortest lengths also run fewer tiles.
 
 An accelerator records them as ``attention_curves[kernel] = [forward, backward]``, fractions
 of the dense BF16 peak at each of ``attention_seq_lens``; ``attention_default_kernel`` names

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 import cli
+from tests.cli_runner import run_llmplan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,19 +42,14 @@ def test_help_a_mistyped_name_and_leading_options_get_the_whole_app():
         assert set(cli._command_for(argv).commands) == whole, argv
 
 
-def _llmplan(*argv, **kwargs):
-    return subprocess.run([sys.executable, "cli.py", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, **kwargs)  # fmt: skip
-
-
 def test_a_process_ended_early_delivers_its_output_files_and_code(tmp_path):
     csv = tmp_path / "rows.csv"
-    done = _llmplan("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+    done = run_llmplan("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
                     "--json", "--csv", str(csv))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["results"]  # the whole document, through a pipe
     assert csv.read_text().startswith("tp,") and csv.read_text().endswith("\n")
-    bad = _llmplan("plan", "--gpus", "seven", "--json")
+    bad = run_llmplan("plan", "--gpus", "seven", "--json")
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field"] == "--gpus"
 
 
@@ -69,4 +65,25 @@ def test_a_process_ended_early_runs_its_exit_handlers():
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "llama3-405b" in done.stdout
+    assert done.stderr.strip().endswith("exit handler ran")
+
+
+def test_a_process_whose_threads_do_not_end_still_ends_with_its_code():
+    """A thread left running (kaleido's browser-log reader waiting on a leftover helper)
+    does not hold the command open: after ``cli.END_THREADS_S`` the process names it in
+    one line, runs its exit handlers and ends with the command's own code."""
+    program = (
+        "import atexit, sys, threading\n"
+        "threading.Thread(target=threading.Event().wait, name='left-waiting').start()\n"
+        "atexit.register(lambda: print('exit handler ran', file=sys.stderr))\n"
+        "import cli\n"
+        "cli.END_THREADS_S = 0.5\n"
+        "sys.argv = ['llmplan', 'catalog', 'list']\n"
+        "sys.exit(cli.main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "llama3-405b" in done.stdout
+    assert "1 thread(s) still running 0.5 s after the command (left-waiting)" in done.stderr
     assert done.stderr.strip().endswith("exit handler ran")

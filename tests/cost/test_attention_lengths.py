@@ -43,6 +43,43 @@ def test_the_catalog_curves_are_the_papers_bars(accelerator):
         assert spec.source_of(f"attention_curves.{name}")
 
 
+#: NVIDIA/cudnn-frontend @d48a60eb146e benchmark/sdpa_benchmark_training/artifacts,
+#: sdpa_bf16_benchmark_results_NVIDIA_{GB200,GB300}.csv (cuDNN 9.17 through cudnn-frontend,
+#: batch 1, 128 query / 8 KV heads, head dim 128, causal), 512 … 128k tokens.
+BLACKWELL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+CUDNN_GB200 = ((408, 733, 1069, 1386, 1584, 1668, 1681, 1573, 1467),
+               (329, 527, 655, 1054, 1211, 1304, 1348, 1229, 1188))  # fmt: skip
+CUDNN_GB300 = ((461, 839, 1312, 1682, 1899, 1978, 2007, 1951, 1821),
+               (330, 522, 633, 1110, 1292, 1399, 1438, 1399, 1360))  # fmt: skip
+TORCH_FA2_GB200_FORWARD = (163, 255, 336, 387, 414, 430, 438, 442, 444)
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "measured_on", "curves"),
+    [("gb200", "gb200", CUDNN_GB200), ("b200", "gb200", CUDNN_GB200),
+     ("gb300", "gb300", CUDNN_GB300), ("b300", "gb300", CUDNN_GB300)],
+)  # fmt: skip
+def test_blackwell_runs_cudnn_at_cudnn_frontends_measured_rates(accelerator, measured_on, curves):
+    """GB200 and GB300 at their own measurements; B200 and B300 at their die's fractions of
+    the peak (rule 6), so at their own peak's share of the same rates."""
+    spec, measured = load_accelerator(accelerator), load_accelerator(measured_on)
+    scale = spec.bf16_tflops / measured.bf16_tflops
+    assert spec.attention_default_kernel == "cudnn" and spec.attention_curves
+    for kernel in (None, "cudnn"):
+        for length, forward, backward in zip(BLACKWELL_LENGTHS, *curves, strict=True):
+            got = spec.achievable_attention_flops_per_s("bf16", kernel, length)
+            assert got == pytest.approx((forward * scale * 1e12, backward * scale * 1e12),
+                                        rel=2e-3)  # fmt: skip
+    if accelerator == "gb200":
+        fa2 = [spec.achievable_attention_flops_per_s("bf16", "flash-attention-2", n)[0]
+               for n in BLACKWELL_LENGTHS]  # fmt: skip
+        assert fa2 == pytest.approx([x * 1e12 for x in TORCH_FA2_GB200_FORWARD], rel=2e-3)
+    for name in spec.attention_curves:
+        source = spec.source_of(f"attention_curves.{name}")
+        assert "cudnn-frontend @d48a60eb146e" in source
+        assert (accelerator == measured_on) == (not source.startswith("default:"))
+
+
 def test_between_lengths_the_rate_is_log_interpolated_and_held_beyond():
     spec = load_accelerator("h100-sxm")
     forward = [

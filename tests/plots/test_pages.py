@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import cli
 from planner.results import page_sample, pareto_front_mask
+from tests.cli_runner import run_llmplan
 
 PAGE_LIMIT_BYTES = 5 * 2**20
 BROWSER = next(
@@ -139,14 +140,18 @@ def test_plan_page_marks_a_published_and_a_named_layout(capsys, tmp_path):
      "--pp", "16", "--cp", "1,2")],
     ids=["estimate", "topology", "plan"],
 )  # fmt: skip
-def test_png_pages_are_written(tmp_path, capsys, argv):
+def test_png_pages_are_written(tmp_path, argv):
+    """Each command writes its PNG in its own process, as a user runs it, and ends: kaleido's
+    browser (and the threads that read its log) stay out of the test run's process, and a
+    browser that hangs fails the test at the limit rather than holding the run open."""
     pytest.importorskip("kaleido")
     if BROWSER is None:
         pytest.skip("no Chromium for kaleido")
     path = tmp_path / "page.png"
-    assert cli.main([*argv, "--png", str(path)]) == 0
+    done = run_llmplan(*argv, "--png", str(path))
+    assert done.returncode == 0, done.stderr[-2000:]
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"wrote {path}" in capsys.readouterr().out
+    assert f"wrote {path}" in done.stdout
 
 
 def test_png_flag_needs_a_png_path(capsys):

@@ -11,6 +11,7 @@ from hwspecs.errors import PlanError
 from planner.pipeline.report import schedule_report
 from plots.schedule import schedule_figure, write_figure
 from plots.schedule_chart import schedule_chart, summary_line
+from tests.cli_runner import run_llmplan
 
 
 def render(text) -> str:
@@ -66,10 +67,14 @@ def _browser_available() -> bool:
 
 @pytest.mark.skipif(not _browser_available(), reason="no Chromium: .ci/run installs Debian's")
 def test_png_is_written_with_a_browser(tmp_path):
+    """``schedule --png`` in its own process, as a user runs it (the browser's threads stay
+    out of the test run's process; a hung browser fails at the limit)."""
     pytest.importorskip("kaleido")
-    fig = schedule_figure([schedule_report("1f1b", 2, 2)])
-    write_figure(fig, png_path=tmp_path / "x.png")
-    assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    path = tmp_path / "x.png"
+    done = run_llmplan("schedule", "--schedule", "1f1b", "--pp", "2", "--microbatches", "2",
+                       "--png", str(path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_png_without_a_browser_says_how_to_enable_it(tmp_path, monkeypatch):

@@ -53,36 +53,34 @@ def test_a_process_ended_early_delivers_its_output_files_and_code(tmp_path):
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field"] == "--gpus"
 
 
+def _catalog_list_with(*setup: str) -> subprocess.CompletedProcess:
+    """``llmplan catalog list`` run as ``cli.main()`` ends a process, after ``setup`` (lines
+    of Python) and an exit handler that prints "exit handler ran" to stderr."""
+    program = "\n".join([
+        "import atexit, sys, threading", *setup,
+        "atexit.register(lambda: print('exit handler ran', file=sys.stderr))",
+        "import cli", "cli.END_THREADS_S = 0.5", "sys.argv = ['llmplan', 'catalog', 'list']",
+        "sys.exit(cli.main())",
+    ])  # fmt: skip
+    return subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
 def test_a_process_ended_early_runs_its_exit_handlers():
-    program = (
-        "import atexit, sys\n"
-        "atexit.register(lambda: print('exit handler ran', file=sys.stderr))\n"
-        "import cli\n"
-        "sys.argv = ['llmplan', 'catalog', 'list']\n"
-        "sys.exit(cli.main())\n"
-    )
-    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = _catalog_list_with()
     assert done.returncode == 0, done.stderr
     assert "llama3-405b" in done.stdout
     assert done.stderr.strip().endswith("exit handler ran")
+    assert "still running" not in done.stderr
 
 
 def test_a_process_whose_threads_do_not_end_still_ends_with_its_code():
     """A thread left running (kaleido's browser-log reader waiting on a leftover helper)
     does not hold the command open: after ``cli.END_THREADS_S`` the process names it in
     one line, runs its exit handlers and ends with the command's own code."""
-    program = (
-        "import atexit, sys, threading\n"
-        "threading.Thread(target=threading.Event().wait, name='left-waiting').start()\n"
-        "atexit.register(lambda: print('exit handler ran', file=sys.stderr))\n"
-        "import cli\n"
-        "cli.END_THREADS_S = 0.5\n"
-        "sys.argv = ['llmplan', 'catalog', 'list']\n"
-        "sys.exit(cli.main())\n"
+    done = _catalog_list_with(
+        "threading.Thread(target=threading.Event().wait, name='left-waiting').start()"
     )
-    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "llama3-405b" in done.stdout
     assert "1 thread(s) still running 0.5 s after the command (left-waiting)" in done.stderr

@@ -177,10 +177,13 @@ def _end_process(code: int) -> int:
         sys.stderr.flush()
     except (OSError, ValueError):
         return code
-    watchdog = threading.Timer(END_THREADS_S, _end_without_threads, args=(code,))
+    ending = threading.Lock()  # held by whichever of this thread and the watchdog ends it
+    watchdog = threading.Timer(END_THREADS_S, _end_without_threads, args=(code, ending))
     watchdog.daemon = True  # not among the threads the join below waits for
     watchdog.start()
     threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx runs first
+    if not ending.acquire(blocking=False):  # the watchdog fired as the join returned
+        threading.Event().wait()  # it runs the exit handlers and ends the process
     watchdog.cancel()
     atexit._run_exitfuncs()
     try:
@@ -191,13 +194,16 @@ def _end_process(code: int) -> int:
     os._exit(code)
 
 
-def _end_without_threads(code: int) -> None:
+def _end_without_threads(code: int, ending) -> None:
     """The end of a process whose threads did not end within :data:`END_THREADS_S`: one
     line naming them, the exit handlers, then ``os._exit(code)`` (the command's own code:
-    its output is complete)."""
+    its output is complete). Nothing where the main thread holds ``ending`` (its join
+    returned first: it ends the process itself)."""
     import atexit
     import threading
 
+    if not ending.acquire(blocking=False):
+        return
     left = [thread.name for thread in threading.enumerate()
             if not thread.daemon and thread is not threading.main_thread()]  # fmt: skip
     sys.stderr.write(f"llmplan: {len(left)} thread(s) still running {END_THREADS_S:g} s after "

@@ -20,6 +20,7 @@ value.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 #: Two recorded rates count as the same measurement within this (four-decimal fractions).
@@ -33,12 +34,10 @@ def log_length_interpolation(seq_len: float, seq_lens, values) -> float:
         return float(values[0])
     if seq_len >= seq_lens[-1]:
         return float(values[-1])
-    x = math.log2(seq_len)
-    for low, high, left, right in zip(seq_lens, seq_lens[1:], values, values[1:], strict=False):
-        if seq_len <= high:
-            share = (x - math.log2(low)) / (math.log2(high) - math.log2(low))
-            return float(left + share * (right - left))
-    return float(values[-1])  # unreachable: seq_len < seq_lens[-1] was handled above
+    high = bisect.bisect_left(seq_lens, seq_len)  # seq_lens[high - 1] < seq_len <= seq_lens[high]
+    low = high - 1
+    share = math.log2(seq_len / seq_lens[low]) / math.log2(seq_lens[high] / seq_lens[low])
+    return float(values[low] + share * (values[high] - values[low]))
 
 
 def curve_at(curve, seq_len: float) -> tuple[float, float]:

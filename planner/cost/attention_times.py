@@ -1,6 +1,6 @@
 """Attention's core (scores, softmax, the weighted sum) on one GPU: a fused kernel at its
 measured rates (FlashAttention, cuDNN; by sequence length where the catalog records it,
-:class:`hwspecs.attention.AttentionCurves`), or the unfused kernels as batched GEMMs and
+:mod:`hwspecs.attention`), or the unfused kernels as batched GEMMs and
 memory traffic over the score matrix."""
 
 from __future__ import annotations

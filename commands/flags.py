@@ -244,6 +244,7 @@ class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp8_mixed = "fp8-mixed"
+    fp4_mixed = "fp4-mixed"
 
 
 class MeasureSet(str, Enum):

@@ -167,8 +167,9 @@ def fit(
     out: Annotated[Path | None, typer.Option(help="write the profile TOML here")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Fit an efficiency profile (at most 8 bounded terms) to measured runs by robust least squares
-    on log throughput; report in-sample, k-fold and leave-one-source-out errors."""
+    """Fit an efficiency profile (at most 8 of 9 bounded terms) to measured runs by robust
+    least squares on log throughput; report in-sample, k-fold and leave-one-source-out
+    errors."""
     import shlex
     import sys
 

@@ -268,6 +268,13 @@ class Accelerator(SourcedSpec):
         if dtype not in self.matmul_efficiency:
             from hwspecs.errors import PlanError
 
+            if self.peak_tflops(dtype) is None:
+                units = ", ".join(d for d in DTYPES if self.peak_tflops(d) is not None)
+                raise PlanError(
+                    f"accelerator '{self.id}' has no {dtype} units (its spec lists {units}): "
+                    f"choose a precision whose GEMMs run in one of them, or an accelerator "
+                    f"with {dtype}"
+                )
             recorded = ", ".join(sorted(self.matmul_efficiency)) or "none"
             raise PlanError(
                 f"accelerator '{self.id}' has no matmul_efficiency for {dtype} "

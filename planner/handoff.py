@@ -181,6 +181,8 @@ def _megatron(lay: dict, job, layers: list[int]) -> Emitted:
         args.append("--fp16")
     elif recipe.startswith("fp8"):
         args.append("--bf16 --fp8-format hybrid")
+    elif recipe.startswith("fp4"):  # TransformerEngine's NVFP4BlockScaling
+        args.append("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4")
     return Emitted(trainer="megatron", text=" \\\n  ".join(args), notes=notes)
 
 

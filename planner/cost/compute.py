@@ -25,10 +25,14 @@ from planner.spec.model import ModelSpec
 from planner.spec.precision import DTYPE_BYTES
 from planner.structure.linears import expert_fold, kv_heads_per_rank
 
+#: GEMM dtypes whose recipes quantize their operands online and keep some work in BF16.
+LOW_PRECISION_GEMM_DTYPES = ("fp8", "fp4")
+
 
 def attention_dtype(gemm_dtype: str) -> str:
-    """The dtype attention runs in: FP8 recipes keep attention in BF16 (DeepSeek-V3 §3.3.1)."""
-    return "bf16" if gemm_dtype in ("fp8", "fp4") else gemm_dtype
+    """The dtype attention runs in: FP8 recipes keep attention in BF16 (DeepSeek-V3 §3.3.1),
+    and so does NVFP4's (TransformerEngine quantizes its linear layers only)."""
+    return "bf16" if gemm_dtype in LOW_PRECISION_GEMM_DTYPES else gemm_dtype
 
 
 #: Output tile of one GEMM thread block: 128 × 256, the default Hopper tile of CUTLASS 3.x
@@ -61,6 +65,9 @@ class GpuRates(BaseModel):
     #: Bytes per element of the gradient buffer weight-gradient GEMMs accumulate into (the
     #: job's gradient dtype); None: W is timed as a plain write of its output.
     gradient_bytes: float | None = None
+    #: The dtype the GEMMs run in (the recipe's :attr:`PrecisionSpec.gemm_dtype`): which
+    #: online quantization its operands pay (:func:`planner.cost.recipe_ops.quantization_time`).
+    gemm_dtype: str = "bf16"
 
     @classmethod
     def of(
@@ -90,6 +97,7 @@ class GpuRates(BaseModel):
             ),
             functional_collective_overhead_s=accelerator.functional_collective_overhead_s or 0.0,
             gradient_bytes=gradient_bytes,
+            gemm_dtype=gemm_dtype,
         )
 
     @classmethod
@@ -146,12 +154,13 @@ class GpuRates(BaseModel):
 
 
 def job_rates(accelerator: Accelerator, job) -> tuple[GpuRates, GpuRates | None]:
-    """(the rates of ``job``'s GEMM dtype, BF16 rates under FP8 GEMMs or None), with W's
-    accumulation at the job's gradient dtype (:attr:`GpuRates.gradient_bytes`)."""
+    """(the rates of ``job``'s GEMM dtype, BF16 rates under FP8 or FP4 GEMMs or None), with
+    W's accumulation at the job's gradient dtype (:attr:`GpuRates.gradient_bytes`)."""
     gradient_bytes = DTYPE_BYTES[job.precision.gradient_dtype]
     kernel, gemm_dtype = job.attention_kernel, job.precision.gemm_dtype
     rates = GpuRates.of(accelerator, gemm_dtype, kernel, gradient_bytes)
-    bf16 = GpuRates.of(accelerator, "bf16", kernel, gradient_bytes) if gemm_dtype == "fp8" else None
+    low = gemm_dtype in LOW_PRECISION_GEMM_DTYPES
+    bf16 = GpuRates.of(accelerator, "bf16", kernel, gradient_bytes) if low else None
     return rates, bf16
 
 

@@ -5,10 +5,11 @@ rate, everything else at roofline and collectives by alpha-beta. An
 :class:`~hwspecs.profile.EfficiencyProfile` adds the few terms micro-benchmarks cannot
 show, each its own line of the step's breakdown:
 
-* ``compute_efficiency_bf16`` / ``compute_efficiency_fp8`` (fraction of the ideal rate,
-  0.3–1 / 0.2–1): the sustained share of the ideal compute rate a whole model reaches
-  (norms and glue kernels, power and clocks under load); FP8 has its own since its
-  scaling, casts and amax reductions cost what BF16's do not.
+* ``compute_efficiency_bf16`` / ``compute_efficiency_fp8`` / ``compute_efficiency_fp4``
+  (fraction of the ideal rate, 0.3–1 / 0.2–1 / 0.2–1): the sustained share of the ideal
+  compute rate a whole model reaches (norms and glue kernels, power and clocks under load);
+  FP8 and NVFP4 have their own since their scaling, casts and amax reductions cost what
+  BF16's do not, and no FP4 GEMM rate is measured (the catalog's is FP8's share of peak).
 * ``expert_gemm_half_width`` (elements, 0–8192): the routed experts' grouped GEMMs below
   the best shape: their size ``x`` is the geometric mean of the tokens one expert receives
   and ``moe_ffn/etp`` (:func:`expert_gemm_size`), their efficiency ``x / (x + half_width)``
@@ -69,6 +70,9 @@ TERMS: dict[str, Term] = {
     ),
     "compute_efficiency_fp8": Term(
         "fraction", 0.2, 1.0, 1.0, "sustained share of the ideal FP8 compute rate"
+    ),
+    "compute_efficiency_fp4": Term(
+        "fraction", 0.2, 1.0, 1.0, "sustained share of the ideal NVFP4 compute rate"
     ),
     "expert_gemm_half_width": Term(
         "elements", 0.0, 8192.0, 0.0, "routed-expert GEMM size at half rate"
@@ -150,6 +154,7 @@ def profile_inputs(
         "overlapped_comm_s": np.maximum(comm_s - exposed_comm_s, 0.0),
         "num_gpus": num_gpus * 1.0,
         "fp8": np.full(np.shape(tp), job.precision.gemm_dtype == "fp8"),
+        "fp4": np.full(np.shape(tp), job.precision.gemm_dtype == "fp4"),
         "stack_overlaps_tp": np.full(np.shape(tp), bool(job.tp_comm_overlap)),
     }
 
@@ -169,6 +174,17 @@ def hideable_tp_s(columns: dict, sustained) -> np.ndarray:
     return np.minimum(columns["tp_exposed_time_s"], busy * gemm_share / sustained)
 
 
+def sustained_compute_efficiency(columns: dict, values: dict[str, float]) -> np.ndarray:
+    """Each row's sustained compute term: its GEMM dtype's (``fp8`` and ``fp4``: the rows'
+    boolean columns, the rest BF16's or FP16's)."""
+    fp4 = columns.get("fp4", np.zeros_like(columns["fp8"]))
+    return np.where(
+        columns["fp8"],
+        values["compute_efficiency_fp8"],
+        np.where(fp4, values["compute_efficiency_fp4"], values["compute_efficiency_bf16"]),
+    )
+
+
 def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarray]:
     """Seconds each term adds to a step, per row. ``columns``: the ideal step's
     ``compute_s``, ``recompute_s``, ``pipeline_time_s``, ``exposed_comm_s``,
@@ -179,7 +195,7 @@ def profile_parts(columns: dict, values: dict[str, float]) -> dict[str, np.ndarr
     busy = columns["compute_s"] + columns["recompute_s"]
     with np.errstate(divide="ignore", invalid="ignore"):
         stretch = np.where(busy > 0, columns["pipeline_time_s"] / busy, 1.0)
-    sustained = np.where(columns["fp8"], v["compute_efficiency_fp8"], v["compute_efficiency_bf16"])
+    sustained = sustained_compute_efficiency(columns, v)
     attention, experts = columns["attention_share"], columns["expert_share"]
     expert = _saturating(columns["expert_width"], v["expert_gemm_half_width"])
     slowdown = (

@@ -85,6 +85,29 @@ QUANTIZE_BYTES = 3.0
 REQUANTIZE_BYTES = 2.0
 
 
+def quantized_operand_elements(
+    model: ModelSpec, tokens: float, tp: int, ep: int, moe_layer: bool, etp=None, linears=None
+) -> tuple[float, float]:
+    """(elements of the layer's GEMM inputs ``X``, of their output gradients ``dY``) on one
+    rank for one micro-batch, over the GEMMs a low-precision recipe quantizes (the router and
+    the output head stay BF16, :data:`KEPT_IN_BF16`). Elements per module: the rank's rows
+    (tokens × token share × copies, routed experts balanced over EP) × its local in / out
+    features; modules that read one tensor (Q/K/V, MLA's two down projections, gate and up)
+    quantize it once. ``linears``: the layer's linear modules at this tp, when the caller
+    has them."""
+    inputs: dict[tuple, float] = {}  # modules reading one tensor (Q/K/V, gate/up) share it
+    dy_elements = 0.0
+    for linear in linears if linears is not None else layer_linears(model, moe_layer, tp):
+        if linear.name in KEPT_IN_BF16 or linear.block == "router":
+            continue
+        width_in, width_out = linear.local_shape(tp, etp)
+        rows = token_rows(linear, model, tokens, ep, expert_fold(tp, etp))
+        shared = (linear.block, linear.prefix, linear.in_features)  # column-parallel siblings
+        inputs[linear.path if linear.tp_split == "row" else shared] = rows * width_in
+        dy_elements += rows * width_out
+    return sum(inputs.values()), dy_elements
+
+
 def fp8_quantization_time(
     model: ModelSpec,
     tokens: float,
@@ -96,29 +119,18 @@ def fp8_quantization_time(
     linears=None,
 ) -> OpTime:
     """The online FP8 quantization around one layer's FP8 GEMMs, for one micro-batch
-    (``linears``: the layer's linear modules at this tp, when the caller has them).
+    (elements: :func:`quantized_operand_elements`).
 
     DeepSeek-V3 §3.3.2 (fine-grained quantization, Figure 6): each FP8 GEMM reads operands
     quantized on the fly, per 1×128 activation tile. Forward quantizes the input ``X``;
     the input gradient quantizes ``dY``; the weight gradient needs both transposed: ``dY``
     quantized again along the other axis and the cached FP8 ``X`` re-tiled. Memory-bound at
     HBM rate: ``3·|X|``, ``3·|dY|`` and ``3·|dY| + 2·|X|`` bytes. Weights are quantized
-    once per step (left out), the router and the output head stay BF16
-    (:data:`KEPT_IN_BF16`). Elements per module: the rank's rows (tokens × token share ×
-    copies, routed experts balanced over EP) × its local in / out features; modules that
-    read one tensor (Q/K/V, MLA's two down projections, gate and up) quantize it once.
+    once per step (left out).
     """
-    inputs: dict[tuple, float] = {}  # modules reading one tensor (Q/K/V, gate/up) share it
-    dy_elements = 0.0
-    for linear in linears if linears is not None else layer_linears(model, moe_layer, tp):
-        if linear.name in KEPT_IN_BF16 or linear.block == "router":
-            continue
-        width_in, width_out = linear.local_shape(tp, etp)
-        rows = token_rows(linear, model, tokens, ep, expert_fold(tp, etp))
-        shared = (linear.block, linear.prefix, linear.in_features)  # column-parallel siblings
-        inputs[linear.path if linear.tp_split == "row" else shared] = rows * width_in
-        dy_elements += rows * width_out
-    x_elements = sum(inputs.values())
+    x_elements, dy_elements = quantized_operand_elements(
+        model, tokens, tp, ep, moe_layer, etp, linears
+    )
     hbm = rates.hbm_bytes_per_s
     return OpTime(
         name="fp8.quantize",
@@ -128,3 +140,63 @@ def fp8_quantization_time(
         forward_flops=0.0,
         bound="memory",
     )
+
+
+#: Bytes moved per element to quantize a 16-bit operand to NVFP4 for both of its GEMMs at
+#: once: read 2; write the row-wise and the column-wise E2M1 copies, half a byte each, and
+#: one E4M3 scale per 16-element block of each (2/16). TransformerEngine's NVFP4BlockScaling
+#: computes both copies from the high-precision tensor in one pass (its docstring: the
+#: quantized tensor and its transpose are not equivalent, so both come from the input).
+NVFP4_QUANTIZE_BYTES = 2.0 + 2 * 0.5 + 2 / 16
+
+
+def nvfp4_quantization_time(
+    model: ModelSpec,
+    tokens: float,
+    tp: int,
+    ep: int,
+    moe_layer: bool,
+    rates: GpuRates,
+    etp: int | None = None,
+    linears=None,
+) -> OpTime:
+    """The online NVFP4 quantization around one layer's FP4 GEMMs, for one micro-batch
+    (elements: :func:`quantized_operand_elements`).
+
+    TransformerEngine's NVFP4BlockScaling (NVIDIA, arXiv 2509.25149): the forward quantizes
+    ``X`` row-wise for its GEMM and column-wise, after a 16×16 random Hadamard transform, for
+    the weight gradient; the backward quantizes ``dY`` both ways (stochastic rounding), and
+    the weight gradient reads the two cached copies. Memory-bound at HBM rate (the Hadamard
+    transform is 32 FLOPs per element, fused): :data:`NVFP4_QUANTIZE_BYTES` per element of
+    ``X`` in the forward and of ``dY`` in the input gradient. Weights are quantized once
+    per step (left out).
+    """
+    x_elements, dy_elements = quantized_operand_elements(
+        model, tokens, tp, ep, moe_layer, etp, linears
+    )
+    hbm = rates.hbm_bytes_per_s
+    return OpTime(
+        name="fp4.quantize",
+        forward_s=NVFP4_QUANTIZE_BYTES * x_elements / hbm,
+        input_grad_s=NVFP4_QUANTIZE_BYTES * dy_elements / hbm,
+        weight_grad_s=0.0,
+        forward_flops=0.0,
+        bound="memory",
+    )
+
+
+def quantization_time(
+    model: ModelSpec,
+    tokens: float,
+    tp: int,
+    ep: int,
+    moe_layer: bool,
+    rates: GpuRates,
+    etp: int | None = None,
+    linears=None,
+) -> OpTime:
+    """The online quantization of one layer's low-precision GEMM operands under ``rates``'
+    GEMM dtype (:attr:`GpuRates.gemm_dtype`): NVFP4's for FP4
+    (:func:`nvfp4_quantization_time`), else FP8's (:func:`fp8_quantization_time`)."""
+    quantize = nvfp4_quantization_time if rates.gemm_dtype == "fp4" else fp8_quantization_time
+    return quantize(model, tokens, tp, ep, moe_layer, rates, etp, linears)

@@ -24,10 +24,10 @@ from planner.cost.compute import (
 )
 from planner.cost.head_times import head_op_times, mtp_named, mtp_op_times
 from planner.cost.recipe_ops import (
-    fp8_quantization_time,
     keep_in_bf16,
     measures_recompute_s,
     module_rerun_s,
+    quantization_time,
 )
 from planner.spec.finetune import FinetuneSpec
 from planner.spec.model import ModelSpec
@@ -130,9 +130,10 @@ def shape_times(
     its GEMMs keep their forward and input gradient but lose the weight gradient, the
     embedding's backward (a scatter-add into the frozen table) goes, and each layer gains
     its adapters' GEMMs and QLoRA's dequantization (:func:`planner.cost.adapter_times.adapter_op_times`).
-    ``bf16_rates`` (under FP8 GEMMs): the rates of the operations DeepSeek-V3 keeps in BF16
-    (:data:`planner.cost.recipe_ops.KEPT_IN_BF16`), and each layer pays the online quantization of
-    its FP8 GEMMs' operands (:func:`planner.cost.recipe_ops.fp8_quantization_time`); ``measures``: the job's memory measures, whose
+    ``bf16_rates`` (under FP8 or FP4 GEMMs): the rates of the operations DeepSeek-V3 keeps in
+    BF16 (:data:`planner.cost.recipe_ops.KEPT_IN_BF16`), and each layer pays the online
+    quantization of its low-precision GEMMs' operands
+    (:func:`planner.cost.recipe_ops.quantization_time`); ``measures``: the job's memory measures, whose
     recomputation each layer pays (:func:`planner.cost.recipe_ops.measures_recompute_s`).
 
     ``memo``: a dict kept over calls of one job and one set of rates (the search's shape
@@ -178,7 +179,7 @@ def shape_times(
             ops = keep_in_bf16(ops, at_bf16)
             tokens = seq_len * micro_batch_size / cp
             linears = None if memo is None else memo_linears(memo, model, moe_layer, tp)
-            quantize = fp8_quantization_time(model, tokens, tp, ep, moe_layer, rates, etp, linears)
+            quantize = quantization_time(model, tokens, tp, ep, moe_layer, rates, etp, linears)
             ops = [*ops, quantize]
         return ops
 

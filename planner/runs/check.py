@@ -24,6 +24,7 @@ from planner.runs.rows import (
     run_cluster,
     run_job,
     search_space,
+    sharded_further,
     stack_label,
 )
 from planner.search import LAYOUT_COLUMNS, search
@@ -44,8 +45,12 @@ FEATURE_COLUMNS = (
     "expert_share",
     "num_gpus",
     "fp8",
+    "fp4",
     "stack_overlaps_tp",
 )
+#: Feature values rows written before a feature existed take (``runs check --json`` output
+#: of an earlier version): no NVFP4 GEMMs.
+FEATURE_DEFAULTS = {"fp4": 0.0}
 
 
 class RowPrediction(BaseModel):
@@ -165,6 +170,8 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
         job = job.model_copy(update={"efficiency_profile": profile})
     accelerator = load_accelerator(cluster.accelerator)
     found = search(job, cluster, accelerator, row.hardware.num_gpus, space, mem_headroom=0.0)
+    if found.feasible == 0 and (wider := sharded_further(row, space)) is not None:
+        found = search(job, cluster, accelerator, row.hardware.num_gpus, wider, mem_headroom=0.0)
     if found.feasible == 0:
         reason = _no_layout_reason(found.rejected)
         if found.smallest_memory is not None:  # how far the least memory-hungry layout is off

@@ -19,13 +19,14 @@ import numpy as np
 from pydantic import BaseModel
 
 from planner.cost.profile import TERMS, profiled_step_time
-from planner.runs.check import FEATURE_COLUMNS, RowPrediction
+from planner.runs.check import FEATURE_COLUMNS, FEATURE_DEFAULTS, RowPrediction
 from planner.runs.ratio_error import ratio_error_fields
 
 #: Interior start of each term (the ideal values sit on their bounds).
 START = {
     "compute_efficiency_bf16": 0.8,
     "compute_efficiency_fp8": 0.7,
+    "compute_efficiency_fp4": 0.7,
     "expert_gemm_half_width": 256.0,
     "attention_efficiency": 0.8,
     "kernel_overhead_s": 2e-6,
@@ -33,6 +34,8 @@ START = {
     "sync_per_doubling_s": 1e-3,
     "tp_comm_overlap": 0.3,
 }
+#: The most terms one profile fits (per accelerator and stack): the selection stops there.
+MAX_FITTED_TERMS = 8
 #: Soft-L1 scale on log throughput: residuals beyond ~15% count linearly, not squared.
 ROBUST_SCALE = 0.15
 NUM_FOLDS = 5
@@ -67,8 +70,12 @@ class FitResult(BaseModel):
 
 
 def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
-    cols = {key: np.array([r.features[key] for r in rows]) for key in FEATURE_COLUMNS}
+    cols = {
+        key: np.array([r.features.get(key, FEATURE_DEFAULTS.get(key)) for r in rows])
+        for key in FEATURE_COLUMNS
+    }
     cols["fp8"] = cols["fp8"].astype(bool)
+    cols["fp4"] = cols["fp4"].astype(bool)
     cols["ideal_tokens"] = np.array([r.predicted_tokens_per_s_per_gpu for r in rows])
     cols["measured_tokens"] = np.array([r.measured_tokens_per_s_per_gpu for r in rows])
     cols["model"] = np.array([r.model for r in rows])
@@ -91,13 +98,15 @@ MIN_MODELS_PER_DTYPE = 2
 
 
 def informed_terms(cols: dict) -> list[str]:
-    """Terms the rows can inform: FP8 efficiency only with FP8 rows, BF16's with BF16 rows,
-    of :data:`MIN_MODELS_PER_DTYPE` models or more where the rows cover several (a user's
-    runs of one model fit it for that model)."""
+    """Terms the rows can inform: FP8 efficiency only with FP8 rows, FP4's with FP4 rows,
+    BF16's with BF16 rows, of :data:`MIN_MODELS_PER_DTYPE` models or more where the rows
+    cover several (a user's runs of one model fit it for that model)."""
     names = list(TERMS)
     models = set(cols["model"])
+    fp4 = cols.get("fp4", np.zeros_like(cols["fp8"]))
     for term, rows in (("compute_efficiency_fp8", cols["fp8"]),
-                       ("compute_efficiency_bf16", ~cols["fp8"])):  # fmt: skip
+                       ("compute_efficiency_fp4", fp4),
+                       ("compute_efficiency_bf16", ~(cols["fp8"] | fp4))):  # fmt: skip
         in_dtype = set(cols["model"][rows])
         if not in_dtype or len(in_dtype) < MIN_MODELS_PER_DTYPE <= len(models):
             names.remove(term)
@@ -169,9 +178,9 @@ def terms_that_earn_their_place(cols, weights, names: list[str], families) -> li
     it by less than :data:`MIN_CV_GAIN`); a greedy walk can stop at a local minimum, so
     forward selection is run too (from the best single term, add the one whose presence
     lowers the held-out MAPE most while it lowers it by more than :data:`MIN_CV_GAIN`), and
-    the set with the lower held-out MAPE is kept (the smaller one on a tie). The CV errors
-    reported afterwards are measured on the same folds, so they are slightly optimistic (no
-    nested CV)."""
+    the set with the lower held-out MAPE is kept (the smaller one on a tie); neither walk
+    keeps more than :data:`MAX_FITTED_TERMS`. The CV errors reported afterwards are
+    measured on the same folds, so they are slightly optimistic (no nested CV)."""
     if len(names) <= 1:
         return list(names)
     score = {}
@@ -187,14 +196,14 @@ def terms_that_earn_their_place(cols, weights, names: list[str], families) -> li
     while len(backward) > 1:
         trials = {n: held_out([k for k in backward if k != n]) for n in backward}
         name = min(trials, key=trials.get)
-        if trials[name] > best + MIN_CV_GAIN:
+        if trials[name] > best + MIN_CV_GAIN and len(backward) <= MAX_FITTED_TERMS:
             break
         backward.remove(name)
         best = min(best, trials[name])
     singles = {n: held_out([n]) for n in names}
     forward = [min(singles, key=singles.get)]
     best = singles[forward[0]]
-    while len(forward) < len(names):
+    while len(forward) < min(len(names), MAX_FITTED_TERMS):
         trials = {n: held_out([*forward, n]) for n in names if n not in forward}
         name = min(trials, key=trials.get)
         if trials[name] >= best - MIN_CV_GAIN:
@@ -305,7 +314,8 @@ def profile_toml(result: FitResult, command: str, date: str) -> str:
     note = "terms left at their ideal values: " + "; ".join(notes)
     out.append(line("notes", note if notes else "every term fitted"))
     out.append("")
-    for name, term in TERMS.items():
+    for name in result.fitted_terms:  # the rest sit at their ideal values (the notes say why)
+        term = TERMS[name]
         out += [f"[terms.{name}]", line("value", float(result.values[name])),
                 line("unit", term.unit), line("lower", term.lower), line("upper", term.upper),
                 ""]  # fmt: skip

@@ -51,12 +51,15 @@ class Uncovered(Exception):
 
 
 def precision_recipe(text: str) -> str:
-    """The planner's precision recipe for a row's precision text (FP4 is not modelled)."""
+    """The planner's precision recipe for a row's precision text: NVFP4 (``fp4-mixed``, the
+    only FP4 recipe published runs name), FP8, FP16 or BF16 mixed precision."""
     lower = text.lower()
     if lower.split(" ")[0] == "fp32":  # a local run (llmplan validate --out): FP32 throughout
         return "fp32"
     if "fp4" in lower:
-        raise Uncovered("FP4 training is not modelled")
+        if "nvfp4" not in lower:
+            raise Uncovered("FP4 training other than NVFP4 is not modelled")
+        return "fp4-mixed"
     if "fp8" in lower:
         return "fp8-mixed"
     if "fp16" in lower and "bf16" not in lower:
@@ -247,6 +250,18 @@ def _zero_pins(zero, fsdp) -> dict:
     if "fsdp" in text or "full_shard" in text:
         return {"zero_stage": [3]}
     return {}
+
+
+def sharded_further(row: RunRow, space: SearchSpace) -> SearchSpace | None:
+    """Where no layout fits under a row's ZeRO stage and that stage is the source's inference
+    (``training.zero_stage`` in its ``inferred_fields``: "the trainer's default"), the stages
+    above it, searched: the run ran, so it sharded at least that much (Megatron-Bridge's
+    recipes switch some configurations to Megatron-FSDP, which the summary tables do not
+    print). None where the stage was published or nothing is above it."""
+    pinned = space.zero_stage
+    if "training.zero_stage" not in row.inferred_fields or len(pinned) != 1 or pinned[0] >= 3:
+        return None
+    return space.model_copy(update={"zero_stage": list(range(pinned[0] + 1, 4))})
 
 
 def _recompute_pins(text: str | None) -> dict:

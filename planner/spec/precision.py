@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict
 
 from hwspecs.errors import PlanError
 
-DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5, "none": 0}
 
-PrecisionName = Literal["bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8-mixed"]
+PrecisionName = Literal["bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8-mixed", "fp4-mixed"]
 OptimizerName = Literal["adamw", "sgd-momentum", "lion", "adafactor", "muon", "sgd"]
 
 #: name -> (weight dtype, default gradient dtype, master dtype, optimizer-state dtype, GEMM dtype)
@@ -34,6 +34,11 @@ PRECISION_RECIPES: dict[str, tuple[str, str, str, str, str]] = {
     # DeepSeek-V3 §3.3: FP8 GEMMs, BF16 working weights, FP32 master weights and gradient
     # accumulation, BF16 AdamW moments.
     "fp8-mixed": ("bf16", "fp32", "fp32", "bf16", "fp8"),
+    # NVFP4 GEMMs (TransformerEngine's NVFP4BlockScaling: E2M1 values in 16-element blocks
+    # with E4M3 scales, forward and both backward GEMMs; NVIDIA, arXiv 2509.25149) on
+    # Megatron-Bridge's bf16_with_nvfp4_mixed: BF16 working weights, FP32 main gradients,
+    # FP32 master weights and AdamW states. Attention and the other non-linear work stay BF16.
+    "fp4-mixed": ("bf16", "fp32", "fp32", "fp32", "fp4"),
 }
 
 #: optimizer -> number of per-parameter state tensors for a large 2-D weight matrix.

@@ -147,6 +147,19 @@ def test_expert_tp_is_named(trainer):
     assert expected[trainer] in text
 
 
+def test_megatron_settings_name_the_nvfp4_recipe(capsys):
+    """An NVFP4 plan's Megatron-LM settings turn on TransformerEngine's NVFP4 recipe with the
+    flags Megatron-LM has (--fp4-format e2m1, --fp4-recipe nvfp4)."""
+    pins = ("--model", "llama3-70b", "--cluster", "gb200-nvl72", "--gpus", "64",
+            "--tp", "2", "--pp", "4", "--global-batch-size", "64")  # fmt: skip
+    code, out, err = run(capsys, "plan", *pins, "--precision", "fp4-mixed", "--emit", "megatron")
+    assert code == 0, err
+    args = megatron_args(out)
+    assert set(args) <= MEGATRON_FLAGS
+    assert args["--fp4-format"] == "e2m1" and args["--fp4-recipe"] == "nvfp4"
+    assert "--bf16" in args and "--fp8-format" not in args
+
+
 def test_megatron_settings_carry_the_tp_overlap_the_plan_assumed(capsys):
     pins = ("--tp", "8", "--cp", "1", "--pp", "16", "--micro-batch-size", "1",
             "--sequence-parallel", "--schedule", "1f1b")  # fmt: skip

@@ -3,6 +3,7 @@
 import pytest
 
 from hwspecs.catalog import load_accelerator
+from hwspecs.errors import PlanError
 from hwspecs.schema import Accelerator
 from planner.api import build_job, build_layout, estimate
 from planner.cost.attention_times import attention_core_time, unfused_attention_time
@@ -177,3 +178,53 @@ def test_fp8_quantization_moves_each_operand_once_per_pass():
     assert op.forward_s == pytest.approx(3 * x / H100.hbm_bytes_per_s)
     assert op.input_grad_s == pytest.approx(3 * dy / H100.hbm_bytes_per_s)
     assert op.weight_grad_s == pytest.approx((3 * dy + 2 * x) / H100.hbm_bytes_per_s)
+
+
+def test_nvfp4_quantization_writes_both_copies_once_per_pass():
+    """The same Llama 3 8B layer under NVFP4: the forward reads X once (2 bytes) and writes
+    its row-wise and column-wise E2M1 copies (½ byte each) with one E4M3 scale per 16
+    elements of each; the backward does the same for dY; the weight gradient reads the
+    cached copies and quantizes nothing."""
+    from planner.cost.recipe_ops import quantization_time
+
+    model = load_model("llama3-8b")
+    h, f, q, kv = 4096, 14336, 4096, 1024
+    x = 4096 * (h + q + h + f)
+    dy = 4096 * (q + 2 * kv + h + 2 * f + h)
+    per_element = 2 + 2 * 0.5 + 2 * (1 / 16)
+    gb200 = GpuRates.of(load_accelerator("gb200"), "fp4")
+    op = quantization_time(model, 4096, 1, 1, False, gb200)
+    assert op.name == "fp4.quantize"
+    assert op.forward_s == pytest.approx(per_element * x / gb200.hbm_bytes_per_s)
+    assert op.input_grad_s == pytest.approx(per_element * dy / gb200.hbm_bytes_per_s)
+    assert op.weight_grad_s == 0.0
+    fp8 = quantization_time(model, 4096, 1, 1, False, GpuRates.of(load_accelerator("gb200"), "fp8"))
+    assert fp8.name == "fp8.quantize"
+
+
+def test_nvfp4_gemms_run_at_the_fp4_peak_at_fp8s_measured_share_and_attention_in_bf16():
+    accelerator = load_accelerator("gb200")
+    fp4, bf16 = GpuRates.of(accelerator, "fp4"), GpuRates.of(accelerator, "bf16")
+    share = accelerator.matmul_efficiency["fp8"]
+    assert fp4.matmul_flops_per_s == pytest.approx(10_000e12 * share)
+    assert accelerator.sources["matmul_efficiency.fp4"].startswith("default:")
+    assert attention_dtype("fp4") == "bf16"
+    assert fp4.attention_flops_per_s(8192) == bf16.attention_flops_per_s(8192)
+
+
+def test_an_nvfp4_step_is_faster_than_fp8_but_less_than_twice():
+    """FP4 GEMMs at twice FP8's rate on GB200, the attention, the kept-BF16 router and head,
+    the quantization and everything memory-bound as before: faster, but not 2x."""
+
+    def compute_s(precision):
+        job = build_job("llama3-70b", 8192, global_batch_size=64, precision=precision)
+        layout = build_layout(tp=2, pp=4, dp=8, num_microbatches=8)
+        return estimate(job, layout, "gb200-nvl72", profile="none").time_breakdown_s["compute"]
+
+    fp8, fp4 = compute_s("fp8-mixed"), compute_s("fp4-mixed")
+    assert fp8 / 2 < fp4 < fp8
+
+
+def test_a_precision_without_units_on_the_accelerator_says_so():
+    with pytest.raises(PlanError, match="has no fp4 units"):
+        GpuRates.of(load_accelerator("h100-sxm"), "fp4")

@@ -1,11 +1,18 @@
 """Bytes per parameter against ZeRO Figure 1 and Megatron-LM's figures."""
 
+from typing import get_args
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hwspecs.errors import PlanError
-from planner.spec.precision import PrecisionSpec, sharded_bytes_per_param, unsharded_bytes_per_param
+from planner.spec.precision import (
+    PrecisionName,
+    PrecisionSpec,
+    sharded_bytes_per_param,
+    unsharded_bytes_per_param,
+)
 
 MIXED = PrecisionSpec()
 
@@ -48,6 +55,16 @@ def test_deepseek_fp8_recipe_has_fp32_master_and_grads_and_bf16_moments():
     )
 
 
+def test_nvfp4_recipe_keeps_megatron_bridge_bf16_mixed_states():
+    """Megatron-Bridge's bf16_with_nvfp4_mixed is bf16_mixed with NVFP4 GEMMs: BF16 weights,
+    FP32 main gradients, master weights and AdamW moments (18 bytes)."""
+    recipe = PrecisionSpec(recipe="fp4-mixed")
+    parts = unsharded_bytes_per_param(recipe)
+    assert (parts.weights, parts.gradients, parts.master_weights) == (2, 4, 4)
+    assert parts.optimizer_states == 8 and parts.total == 18
+    assert recipe.gemm_dtype == "fp4" and recipe.activation_bytes == 2
+
+
 def test_optimizer_state_counts():
     def states(optimizer):
         return unsharded_bytes_per_param(PrecisionSpec(optimizer=optimizer)).optimizer_states
@@ -63,7 +80,7 @@ def test_bad_zero_stage():
 
 recipes = st.builds(
     PrecisionSpec,
-    recipe=st.sampled_from(["bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8-mixed"]),
+    recipe=st.sampled_from(get_args(PrecisionName)),
     optimizer=st.sampled_from(["adamw", "sgd-momentum", "lion", "muon", "adafactor"]),
 )
 

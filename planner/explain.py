@@ -128,9 +128,12 @@ def explain_estimate(result, job) -> list[str]:
             "(a host launch per kernel) is not charged"
         )
     flops = model_flops_per_token(job.model, job.seq_len, causal=False)
+    count = "6N + 12·L·h·s"
+    if job.model.num_sliding_window_layers:  # their scores inside the window only
+        count += f", {job.model.num_sliding_window_layers} layers' in a {job.model.sliding_window}-key window"
     lines.append(
         f"MFU = {result.tokens_per_s_per_gpu:,.0f} tokens/s × {flops / 1e9:,.1f} GFLOP/token "
-        f"(6N + 12·L·h·s) / {accelerator.peak_tflops(result.mfu_dtype)} TFLOP/s = {100 * result.mfu:.1f}%"
+        f"({count}) / {accelerator.peak_tflops(result.mfu_dtype)} TFLOP/s = {100 * result.mfu:.1f}%"
     )
     return lines
 

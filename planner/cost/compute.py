@@ -19,7 +19,12 @@ from pydantic import BaseModel, ConfigDict
 from hwspecs.attention import curve_at
 from hwspecs.schema import Accelerator
 from planner.cost.attention_times import attention_core_time, unfused_attention_time
-from planner.cost.flops import CAUSAL_FRACTION, attention_core_ops
+from planner.cost.flops import (
+    CAUSAL_FRACTION,
+    attention_core_ops,
+    attention_pair_fraction,
+    windowed_pair_fraction,
+)
 from planner.cost.op_time import OpTime
 from planner.spec.model import ModelSpec
 from planner.spec.precision import DTYPE_BYTES
@@ -321,14 +326,14 @@ def layer_op_times(
     core_flops = sum(op.forward for op in core) / tp
     core_bytes = tokens * (qkv_width + q_local) * e
     if flash_attention:
-        ops.append(attention_core_time(core_flops, core_bytes, rates, seq_len))
+        ops.append(fused_attention_core_time(model, core_flops, core_bytes, rates, seq_len))
     else:
-        # The unfused kernels compute every score, the causal mask's half too.
+        # The unfused kernels compute every score, the causal mask's half and the window's
+        # outside too (they mask a full score matrix).
+        every_score = core_flops / CAUSAL_FRACTION / attention_pair_fraction(model, seq_len)
         scores = model.num_attention_heads / tp * tokens * seq_len
         ops.append(
-            unfused_attention_time(
-                core_flops / CAUSAL_FRACTION, core_bytes, scores, model.dropout > 0, rates, e
-            )
+            unfused_attention_time(every_score, core_bytes, scores, model.dropout > 0, rates, e)
         )
     ops.extend(_mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e, etp))
     # Routed rows × etp/tp at width f/etp: the same elements whatever etp (expert_fold).
@@ -340,6 +345,32 @@ def layer_op_times(
     ops.append(elementwise_time("elementwise.rotary", rotary, rates))
     ops.append(elementwise_time("elementwise.mlp_activation", activation_bytes, rates))
     return ops
+
+
+def fused_attention_core_time(
+    model: ModelSpec, core_flops: float, core_bytes: float, rates: GpuRates, seq_len: float
+) -> OpTime:
+    """The average layer's fused attention core (``core_flops``: its FLOPs, the sliding-window
+    layers' smaller share averaged in, :func:`planner.cost.flops.attention_pair_fraction`):
+    full layers at the kernel's rate for ``seq_len`` keys, sliding-window layers at its rate
+    for their window's (each query block meets that many keys), averaged over the layers.
+    Without sliding-window layers, :func:`attention_core_time` at ``seq_len``."""
+    windowed = model.num_sliding_window_layers
+    if not windowed or model.sliding_window >= seq_len:
+        return attention_core_time(core_flops, core_bytes, rates, seq_len)
+    share = windowed / model.num_layers
+    local = windowed_pair_fraction(model.sliding_window, seq_len)
+    full_flops = core_flops / (1 - share + share * local)
+    full = attention_core_time(full_flops, core_bytes, rates, seq_len)
+    window = attention_core_time(full_flops * local, core_bytes, rates, model.sliding_window)
+    return OpTime(
+        name=full.name,
+        forward_s=(1 - share) * full.forward_s + share * window.forward_s,
+        input_grad_s=(1 - share) * full.input_grad_s + share * window.input_grad_s,
+        weight_grad_s=0.0,
+        forward_flops=core_flops,
+        bound=full.bound,
+    )
 
 
 def _activation_width(model: ModelSpec, moe_layer: bool, ep: int = 1) -> float:

@@ -46,14 +46,36 @@ def gemm_op(name: str, tokens: float, k: int, n: int) -> OpFlops:
     return OpFlops(name=name, forward=forward, input_grad=forward, weight_grad=forward)
 
 
+def windowed_pair_fraction(window: int, seq_len: float) -> float:
+    """Share of a causal layer's (query, key) pairs a sliding window of ``window`` keys leaves:
+    query i sees min(i + 1, w) keys, ``w·s − w²/2`` pairs against the causal ``s²/2``
+    (Beltagy et al. 2020, Longformer §3.1: local attention costs O(s·w), not O(s²)), so
+    ``2w/s − (w/s)²``, 1 once the window spans the sequence."""
+    ratio = min(window / seq_len, 1.0)
+    return 2 * ratio - ratio * ratio
+
+
+def attention_pair_fraction(model: ModelSpec, seq_len: float) -> float:
+    """The average layer's share of the (query, key) pairs full causal attention computes:
+    1 without sliding-window layers, else their :func:`windowed_pair_fraction` averaged with
+    the full layers' 1 (a fused kernel skips the blocks outside the window)."""
+    windowed = model.num_sliding_window_layers
+    if not windowed:
+        return 1.0
+    local = windowed_pair_fraction(model.sliding_window, seq_len)
+    return (model.num_layers - windowed + windowed * local) / model.num_layers
+
+
 def attention_core_ops(
     model: ModelSpec, seq_len: int, num_sequences: float, causal: bool
 ) -> list[OpFlops]:
-    """Score (Q·Kᵀ) and context (P·V) products: 2·s²·heads·dim each per sequence.
+    """Score (Q·Kᵀ) and context (P·V) products: 2·s²·heads·dim each per sequence, of the
+    average layer (:func:`attention_pair_fraction`: sliding-window layers compute the pairs
+    inside their window; ``causal=False``, the PaLM count, doubles every layer's).
 
     Backward recomputes nothing here; it is 2× forward (gradients of both operands), all B.
     """
-    fraction = CAUSAL_FRACTION if causal else 1.0
+    fraction = (CAUSAL_FRACTION if causal else 1.0) * attention_pair_fraction(model, seq_len)
     pairs = num_sequences * seq_len * seq_len * fraction
     heads = model.num_attention_heads
     scores = 2.0 * pairs * heads * model.head_dim

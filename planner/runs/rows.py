@@ -76,6 +76,24 @@ def mlp_is_gated(mlp: str) -> bool:
     return "glu" in lower or "gated" in lower
 
 
+#: A sliding window an architecture note states ("alternating full / 128-token sliding-window
+#: attention").
+SLIDING_WINDOW = re.compile(r"(\d[\d,]*)-token sliding[- ]window", re.IGNORECASE)
+
+
+def sliding_window_fields(num_layers: int, arch_notes: str | None) -> dict:
+    """The sliding window a row's architecture note states: on every other layer where it
+    says "alternating" (GPT-OSS: 18 of 36), else on every layer."""
+    found = SLIDING_WINDOW.search(arch_notes or "")
+    if found is None:
+        return {}
+    alternating = "alternating" in (arch_notes or "").lower()
+    return {
+        "sliding_window": int(found[1].replace(",", "")),
+        "num_sliding_window_layers": num_layers // 2 if alternating else num_layers,
+    }
+
+
 #: A row's configuration label trained with multi-token prediction ("DeepSeekV3 (w/ MTP)").
 WITH_MTP = re.compile(r"\bw/\s*MTP\b", re.IGNORECASE)
 #: The MTP depth an architecture note states ("MTP depth 1").
@@ -123,6 +141,7 @@ def model_spec(row: RunRow) -> ModelSpec:
         raise Uncovered("MLA model without its ranks (model.mla)")
     if mtp_modules(row):
         fields["num_mtp_modules"] = mtp_modules(row)
+    fields |= sliding_window_fields(m.layers, m.arch_notes)
     if m.moe is not None:
         shared_ffn = m.moe.shared_expert_ffn or m.moe.expert_ffn
         fields.update(

@@ -2,7 +2,7 @@
 
 Field names follow the ``transformers`` configuration classes of each model type
 (``LlamaConfig``, ``MixtralConfig``, ``Qwen3MoeConfig``, ``DeepseekV3Config``,
-``GPT2Config``, ``GPTNeoXConfig``, ...). Only the architecture facts are read; training
+``GptOssConfig``, ``GPT2Config``, ``GPTNeoXConfig``, ...). Only the architecture facts are read; training
 hyper-parameters are ignored.
 """
 
@@ -43,7 +43,25 @@ def _llama_like(config: dict, source: str) -> dict:
         spec["qk_norm"] = True
     if config.get("attention_bias"):
         spec["qkv_bias"] = True
-    return spec
+    return spec | _sliding_window(config, spec["num_layers"])
+
+
+def _sliding_window(config: dict, num_layers: int) -> dict:
+    """Sliding-window layers: those ``layer_types`` names ``sliding_attention`` (GPT-OSS,
+    and newer ``transformers`` configurations); under Qwen2's ``use_sliding_window`` the
+    layers from ``max_window_layers`` on; Mistral's ``sliding_window`` on every layer."""
+    window = config.get("sliding_window")
+    if not window:
+        return {}
+    if config.get("layer_types"):
+        count = sum(kind == "sliding_attention" for kind in config["layer_types"])
+    elif config["model_type"] in ("qwen2", "qwen3", "qwen3_moe"):
+        used = config.get("use_sliding_window")
+        count = num_layers - min(config.get("max_window_layers", num_layers), num_layers)
+        count = count if used else 0
+    else:
+        count = num_layers if config["model_type"] in ("mistral", "mixtral") else 0
+    return {"sliding_window": window, "num_sliding_window_layers": count} if count else {}
 
 
 def _mixtral(config: dict, source: str) -> dict:
@@ -145,6 +163,7 @@ HF_MODEL_TYPES: dict[str, Callable[[dict, str], dict]] = {
     "qwen2": _llama_like,
     "qwen3": _llama_like,
     "mixtral": _mixtral,
+    "gpt_oss": _mixtral,
     "qwen3_moe": _qwen3_moe,
     "deepseek_v3": _deepseek_v3,
     "gpt2": _gpt2,

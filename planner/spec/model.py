@@ -51,6 +51,13 @@ class ModelSpec(BaseModel):
     position_embedding: Literal["rope", "learned"] = "rope"
     max_position_embeddings: int | None = Field(None, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout probability (GPT-style)")
+    # Sliding-window (local) attention on some layers (Mistral 7B: all; GPT-OSS: every other).
+    sliding_window: int | None = Field(
+        None, gt=0, description="keys a query of a sliding-window layer sees (itself included)"
+    )
+    num_sliding_window_layers: int = Field(
+        0, ge=0, description="layers with sliding-window attention; the others see every key"
+    )
     # MLA (DeepSeek-V2/V3): low-rank query and KV compression with decoupled rotary dims.
     q_lora_rank: int | None = Field(None, gt=0)
     kv_lora_rank: int | None = Field(None, gt=0)
@@ -152,6 +159,10 @@ class ModelSpec(BaseModel):
             )
         if self.training_memory_measures not in (None, *MEASURE_SETS):
             raise ValueError(f"training_memory_measures must be one of: {', '.join(MEASURE_SETS)}")
+        if bool(self.sliding_window) != bool(self.num_sliding_window_layers):
+            raise ValueError("give sliding_window and num_sliding_window_layers together")
+        if self.num_sliding_window_layers > self.num_layers:
+            raise ValueError("num_sliding_window_layers exceeds num_layers")
         if self.position_embedding == "learned" and not self.max_position_embeddings:
             raise ValueError("learned position embeddings need max_position_embeddings")
         return self

@@ -228,3 +228,34 @@ def test_an_nvfp4_step_is_faster_than_fp8_but_less_than_twice():
 def test_a_precision_without_units_on_the_accelerator_says_so():
     with pytest.raises(PlanError, match="has no fp4 units"):
         GpuRates.of(load_accelerator("h100-sxm"), "fp4")
+
+
+def test_sliding_window_layers_run_at_the_kernels_rate_for_their_window():
+    """GB200's cuDNN curve: full layers at 8K keys, windowed ones at 512 (their 512-key window),
+    the average layer between; unfused attention masks a full score matrix (every score)."""
+    from planner.cost.compute import fused_attention_core_time
+    from planner.cost.flops import windowed_pair_fraction
+
+    rates = GpuRates.of(load_accelerator("gb200"), "bf16")
+    full = load_model("llama3-8b")
+    local = full.model_copy(update={"sliding_window": 512, "num_sliding_window_layers": 16})
+    share = windowed_pair_fraction(512, 8192)
+    per_full_layer = 1e12
+    average = per_full_layer * (1 + share) / 2
+    op = fused_attention_core_time(local, average, 0.0, rates, 8192)
+    forward_8k, backward_8k = rates.attention_flops_per_s(8192)
+    forward_512, backward_512 = rates.attention_flops_per_s(512)
+    assert op.forward_s == pytest.approx(
+        (per_full_layer / forward_8k + per_full_layer * share / forward_512) / 2
+    )
+    assert op.input_grad_s == pytest.approx(
+        2.5 * (per_full_layer / backward_8k + per_full_layer * share / backward_512) / 2
+    )
+    assert op.forward_flops == average
+
+    def core(model, flash):
+        ops = layer_op_times(model, 8192, 1, 1, 1, 1, False, flash, False, rates, 2.0)
+        return next(o for o in ops if o.name == "attention.core")
+
+    assert core(local, True).forward_s < core(full, True).forward_s
+    assert core(local, False).forward_s == pytest.approx(core(full, False).forward_s)

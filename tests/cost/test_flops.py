@@ -108,3 +108,34 @@ def test_flops_scale_linearly_with_layers_apart_from_the_head(layers, heads, seq
 def test_mfu_palm_definition():
     # 400 TFLOP/s of model FLOPs on a 989.4 TFLOP/s peak is 40.4 %.
     assert flops.mfu(1000.0, 400e9, 989.4e12) == pytest.approx(0.4043, abs=1e-4)
+
+
+@pytest.mark.parametrize(("window", "seq_len"), [(128, 4096), (4096, 32768), (1024, 1536)])
+def test_a_sliding_window_keeps_the_pairs_inside_it(window, seq_len):
+    """Query i sees min(i + 1, w) keys: summed over the sequence, against the causal count,
+    the closed form 2w/s − (w/s)² (continuous, as the causal s²/2 is)."""
+    pairs = sum(min(i + 1, window) for i in range(seq_len))
+    causal = seq_len * (seq_len + 1) / 2
+    assert flops.windowed_pair_fraction(window, seq_len) == pytest.approx(pairs / causal, rel=2e-3)
+    assert flops.windowed_pair_fraction(seq_len, seq_len) == 1.0
+    assert flops.windowed_pair_fraction(2 * seq_len, seq_len) == 1.0
+
+
+def test_sliding_window_layers_compute_their_windows_share_of_the_scores():
+    """Half the layers windowed at 128 keys: the attention products are the full layers' half
+    plus the windowed layers' share; the other operations do not change."""
+    full = load_model("llama3-8b")
+    local = full.model_copy(update={"sliding_window": 128, "num_sliding_window_layers": 16})
+    share = flops.windowed_pair_fraction(128, 8192)
+    for causal in (True, False):
+        ops = {op.name: op.total for op in flops.model_ops_per_sequence(local, 8192, causal)}
+        ref = {op.name: op.total for op in flops.model_ops_per_sequence(full, 8192, causal)}
+        for name, total in ops.items():
+            factor = (
+                (1 + share) / 2
+                if name.startswith("attention.s") or name == "attention.context"
+                else 1
+            )
+            assert total == pytest.approx(ref[name] * factor)
+    with pytest.raises(ValueError, match="together"):
+        ModelSpec(**{**full.model_dump(), "sliding_window": 128})

@@ -873,3 +873,12 @@ def test_an_inferred_zero_stage_that_cannot_fit_is_sharded_further():
     assert "training.zero_stage" not in published.inferred_fields
     space = search_space(published, model_spec(published))
     assert space.zero_stage == [1] and sharded_further(published, space) is None
+
+
+def test_gpt_oss_rows_attend_over_their_sliding_window_on_every_other_layer():
+    """The rows' architecture note: "alternating full / 128-token sliding-window attention"."""
+    row = next(r for r in load_runs("train") if r.model.name == "gpt-oss-120b")
+    model = model_spec(row)
+    assert (model.sliding_window, model.num_sliding_window_layers) == (128, 18)
+    llama = next(r for r in load_runs("train") if r.model.name.startswith("Llama 3"))
+    assert model_spec(llama).num_sliding_window_layers == 0

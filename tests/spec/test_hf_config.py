@@ -182,3 +182,58 @@ def test_missing_field_names_it(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(PlanError, match="file not found"):
         load_model(str(tmp_path / "nope" / "config.json"))
+
+
+# openai/gpt-oss-120b config.json's architecture fields (18 of its 36 layers attend over a
+# 128-token sliding window, alternating with full attention).
+GPT_OSS_120B = {
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+    "num_experts_per_tok": 4,
+    "vocab_size": 201088,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "attention_bias": True,
+    "tie_word_embeddings": False,
+}
+
+
+def test_gpt_oss_reads_its_sliding_window_layers(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GPT_OSS_120B))
+    model = load_model(str(path))
+    assert (model.sliding_window, model.num_sliding_window_layers) == (128, 18)
+    # The model card's 116.8B parameters (also the shared runs catalog's params_b).
+    assert model.num_params() == pytest.approx(116.8e9, rel=0.002)
+
+
+QWEN2_WINDOWED_FROM_LAYER_16 = {
+    "model_type": "qwen2",
+    "sliding_window": 4096,
+    "use_sliding_window": True,
+    "max_window_layers": 16,
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "windowed"),
+    [
+        ({"model_type": "mistral", "sliding_window": 4096}, 24),  # Mistral 7B v0.1: every layer
+        ({"model_type": "mistral", "sliding_window": None}, 0),
+        ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False}, 0),
+        (QWEN2_WINDOWED_FROM_LAYER_16, 8),
+    ],
+)
+def test_sliding_window_layers_follow_each_model_types_fields(tmp_path, extra, windowed):
+    path = tmp_path / "config.json"
+    shape = {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "num_hidden_layers": 24, "vocab_size": 32000}  # fmt: skip
+    config = shape | extra
+    path.write_text(json.dumps(config))
+    assert load_model(str(path)).num_sliding_window_layers == windowed

@@ -25,6 +25,7 @@ from planner.cost.flops import (
     attention_pair_fraction,
     windowed_pair_fraction,
 )
+from planner.cost.moe_times import moe_permutation_time
 from planner.cost.op_time import OpTime
 from planner.spec.model import ModelSpec
 from planner.spec.precision import DTYPE_BYTES
@@ -384,7 +385,9 @@ def _activation_width(model: ModelSpec, moe_layer: bool, ep: int = 1) -> float:
 
 def _mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e, etp=None) -> list[OpTime]:
     """The dense MLP's GEMM, or the router, routed experts (grouped GEMM, width m·f/etp over
-    rows tokens·k·load·etp/tp: :func:`planner.structure.linears.expert_fold`) and shared experts."""
+    rows tokens·k·load·etp/tp: :func:`planner.structure.linears.expert_fold`), the token
+    dispatcher's permutations of their copies (:func:`moe_permutation_time`) and shared
+    experts."""
     h, m = model.hidden_size, model.mlp_matrices
     if not moe_layer:
         return [gemm_time("mlp", tokens, h, m * model.ffn_hidden_size / tp, rates, e)]
@@ -406,6 +409,8 @@ def _mlp_op_times(model, tokens, tp, ep, moe_layer, rates, e, etp=None) -> list[
         count=local_experts,
     )
     ops = [gemm_time("moe.router", tokens, h, model.num_routed_experts, rates, e), routed]
+    sent = routed_tokens / model.routed_load_factor(ep)  # the rank's own tokens' copies
+    ops.append(moe_permutation_time(model, sent, routed_tokens, local_experts, rates, e))
     if model.num_shared_experts:
         ops.append(
             gemm_time(

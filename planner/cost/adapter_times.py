@@ -5,7 +5,7 @@ Dettmers et al. 2023 QLoRA; Liu et al. 2024 DoRA; Kopiczko et al. 2024 VeRA)."""
 from __future__ import annotations
 
 from planner.cost.compute import GpuRates, gemm_time
-from planner.cost.op_time import OpTime
+from planner.cost.op_time import OpTime, memory_op
 from planner.spec.finetune import (
     FinetuneSpec,
     dequantization_bytes_per_weight,
@@ -71,15 +71,6 @@ def adapter_op_times(
             )
     if spec.quantized:
         weights = sum(layer_quantized_params(model, spec, moe_layer, tp, ep, etp))
-        dequantize_s = weights * dequantization_bytes_per_weight(spec, e) / rates.hbm_bytes_per_s
-        ops.append(
-            OpTime(
-                name="qlora.dequantize",
-                forward_s=dequantize_s,
-                input_grad_s=dequantize_s,
-                weight_grad_s=0.0,
-                forward_flops=0.0,
-                bound="memory",
-            )
-        )
+        moved = weights * dequantization_bytes_per_weight(spec, e)
+        ops.append(memory_op("qlora.dequantize", moved, moved, 0.0, rates.hbm_bytes_per_s))
     return ops

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.cost.op_time import OpTime
+from planner.cost.op_time import OpTime, memory_op
 from planner.spec.model import ModelSpec
 
 if TYPE_CHECKING:
@@ -41,12 +41,5 @@ def moe_permutation_time(
     HBM rate, the backward as much as the forward."""
     passes = sent_copies * (MOE_PERMUTE_PASSES + 1 / model.num_experts_per_token)
     passes += received_copies * MOE_SORT_PASSES if local_experts > 1 else 0.0
-    seconds = passes * model.hidden_size * e / rates.hbm_bytes_per_s
-    return OpTime(
-        name="moe.permutation",
-        forward_s=seconds,
-        input_grad_s=seconds,
-        weight_grad_s=0.0,
-        forward_flops=0.0,
-        bound="memory",
-    )
+    moved = passes * model.hidden_size * e
+    return memory_op("moe.permutation", moved, moved, 0.0, rates.hbm_bytes_per_s)

@@ -31,3 +31,18 @@ class OpTime(BaseModel):
         """W when the gradient buffer is accumulated into."""
         accumulate = self.weight_grad_accumulate_s
         return self.weight_grad_s if accumulate is None else accumulate
+
+
+def memory_op(
+    name: str, forward_bytes: float, input_grad_bytes: float, weight_grad_bytes: float,
+    bytes_per_s: float,
+) -> OpTime:  # fmt: skip
+    """A memory-bound operation: each pass's HBM bytes at ``bytes_per_s``, no FLOPs."""
+    return OpTime(
+        name=name,
+        forward_s=forward_bytes / bytes_per_s,
+        input_grad_s=input_grad_bytes / bytes_per_s,
+        weight_grad_s=weight_grad_bytes / bytes_per_s,
+        forward_flops=0.0,
+        bound="memory",
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from planner.cost.compute import NORM_PASSES, RESIDUAL_PASSES, GpuRates
 from planner.cost.head_times import MTP_PREFIX
-from planner.cost.op_time import OpTime
+from planner.cost.op_time import OpTime, memory_op
 from planner.spec.model import ModelSpec
 from planner.structure.linears import expert_fold, layer_linears, token_rows
 
@@ -108,18 +108,9 @@ def quantized_operand_elements(
     return sum(inputs.values()), dy_elements
 
 
-def fp8_quantization_time(
-    model: ModelSpec,
-    tokens: float,
-    tp: int,
-    ep: int,
-    moe_layer: bool,
-    rates: GpuRates,
-    etp: int | None = None,
-    linears=None,
-) -> OpTime:
-    """The online FP8 quantization around one layer's FP8 GEMMs, for one micro-batch
-    (elements: :func:`quantized_operand_elements`).
+def fp8_quantization_time(x_elements: float, dy_elements: float, hbm_bytes_per_s: float) -> OpTime:
+    """The online FP8 quantization around one layer's FP8 GEMMs, for one micro-batch, of
+    its operands' ``x_elements`` and ``dy_elements`` (:func:`quantized_operand_elements`).
 
     DeepSeek-V3 §3.3.2 (fine-grained quantization, Figure 6): each FP8 GEMM reads operands
     quantized on the fly, per 1×128 activation tile. Forward quantizes the input ``X``;
@@ -128,17 +119,12 @@ def fp8_quantization_time(
     HBM rate: ``3·|X|``, ``3·|dY|`` and ``3·|dY| + 2·|X|`` bytes. Weights are quantized
     once per step (left out).
     """
-    x_elements, dy_elements = quantized_operand_elements(
-        model, tokens, tp, ep, moe_layer, etp, linears
-    )
-    hbm = rates.hbm_bytes_per_s
-    return OpTime(
-        name="fp8.quantize",
-        forward_s=QUANTIZE_BYTES * x_elements / hbm,
-        input_grad_s=QUANTIZE_BYTES * dy_elements / hbm,
-        weight_grad_s=(QUANTIZE_BYTES * dy_elements + REQUANTIZE_BYTES * x_elements) / hbm,
-        forward_flops=0.0,
-        bound="memory",
+    return memory_op(
+        "fp8.quantize",
+        QUANTIZE_BYTES * x_elements,
+        QUANTIZE_BYTES * dy_elements,
+        QUANTIZE_BYTES * dy_elements + REQUANTIZE_BYTES * x_elements,
+        hbm_bytes_per_s,
     )
 
 
@@ -151,17 +137,10 @@ NVFP4_QUANTIZE_BYTES = 2.0 + 2 * 0.5 + 2 / 16
 
 
 def nvfp4_quantization_time(
-    model: ModelSpec,
-    tokens: float,
-    tp: int,
-    ep: int,
-    moe_layer: bool,
-    rates: GpuRates,
-    etp: int | None = None,
-    linears=None,
+    x_elements: float, dy_elements: float, hbm_bytes_per_s: float
 ) -> OpTime:
-    """The online NVFP4 quantization around one layer's FP4 GEMMs, for one micro-batch
-    (elements: :func:`quantized_operand_elements`).
+    """The online NVFP4 quantization around one layer's FP4 GEMMs, for one micro-batch, of
+    its operands' ``x_elements`` and ``dy_elements`` (:func:`quantized_operand_elements`).
 
     TransformerEngine's NVFP4BlockScaling (NVIDIA, arXiv 2509.25149): the forward quantizes
     ``X`` row-wise for its GEMM and column-wise, after a 16×16 random Hadamard transform, for
@@ -171,17 +150,12 @@ def nvfp4_quantization_time(
     ``X`` in the forward and of ``dY`` in the input gradient. Weights are quantized once
     per step (left out).
     """
-    x_elements, dy_elements = quantized_operand_elements(
-        model, tokens, tp, ep, moe_layer, etp, linears
-    )
-    hbm = rates.hbm_bytes_per_s
-    return OpTime(
-        name="fp4.quantize",
-        forward_s=NVFP4_QUANTIZE_BYTES * x_elements / hbm,
-        input_grad_s=NVFP4_QUANTIZE_BYTES * dy_elements / hbm,
-        weight_grad_s=0.0,
-        forward_flops=0.0,
-        bound="memory",
+    return memory_op(
+        "fp4.quantize",
+        NVFP4_QUANTIZE_BYTES * x_elements,
+        NVFP4_QUANTIZE_BYTES * dy_elements,
+        0.0,
+        hbm_bytes_per_s,
     )
 
 
@@ -195,8 +169,10 @@ def quantization_time(
     etp: int | None = None,
     linears=None,
 ) -> OpTime:
-    """The online quantization of one layer's low-precision GEMM operands under ``rates``'
-    GEMM dtype (:attr:`GpuRates.gemm_dtype`): NVFP4's for FP4
+    """The online quantization of one layer's low-precision GEMM operands, for one
+    micro-batch (``linears``: the layer's linear modules at this tp, when the caller has
+    them), under ``rates``' GEMM dtype (:attr:`GpuRates.gemm_dtype`): NVFP4's for FP4
     (:func:`nvfp4_quantization_time`), else FP8's (:func:`fp8_quantization_time`)."""
+    elements = quantized_operand_elements(model, tokens, tp, ep, moe_layer, etp, linears)
     quantize = nvfp4_quantization_time if rates.gemm_dtype == "fp4" else fp8_quantization_time
-    return quantize(model, tokens, tp, ep, moe_layer, rates, etp, linears)
+    return quantize(*elements, rates.hbm_bytes_per_s)

@@ -168,13 +168,15 @@ def test_unfused_attention_stays_in_bf16_under_fp8_gemms():
 def test_fp8_quantization_moves_each_operand_once_per_pass():
     """Llama 3 8B layer, 4096 tokens: Q/K/V read one input, gate/up one, o and down their own
     (X = 4096·(h + q + h + f) elements); dY = every module's output."""
-    from planner.cost.recipe_ops import fp8_quantization_time
+    from planner.cost.recipe_ops import quantization_time
 
     model = load_model("llama3-8b")
     h, f, q, kv = 4096, 14336, 4096, 1024
     x = 4096 * (h + q + h + f)
     dy = 4096 * (q + 2 * kv + h + 2 * f + h)
-    op = fp8_quantization_time(model, 4096, 1, 1, False, H100)
+    fp8 = GpuRates.of(load_accelerator("h100-sxm"), "fp8")
+    op = quantization_time(model, 4096, 1, 1, False, fp8)
+    assert op.name == "fp8.quantize"
     assert op.forward_s == pytest.approx(3 * x / H100.hbm_bytes_per_s)
     assert op.input_grad_s == pytest.approx(3 * dy / H100.hbm_bytes_per_s)
     assert op.weight_grad_s == pytest.approx((3 * dy + 2 * x) / H100.hbm_bytes_per_s)

@@ -99,7 +99,8 @@ def explain_estimate(result, job) -> list[str]:
         f"({accelerator.source_of(f'matmul_efficiency.{dtype}')})",
         _attention_line(
             accelerator, dtype, job.flash_attention, result.attention_kernel, job.seq_len
-        ),
+        )
+        + _window_note(accelerator, job, result.attention_kernel),
         f"HBM {accelerator.hbm_bytes_per_s / 1e12:.2f} TB/s × {accelerator.hbm_bandwidth_efficiency} for memory-bound ops",
         f"busiest rank per micro-batch: F {stage['forward'] * 1e3:.2f} ms, B {stage['input_grad'] * 1e3:.2f} ms, "
         f"W {stage['weight_grad'] * 1e3:.2f} ms, recompute {stage['recompute'] * 1e3:.2f} ms",
@@ -373,6 +374,26 @@ def _attention_line(
     return (
         f"attention (fused, {dtype}): forward {forward / 1e12:.0f}, backward {backward / 1e12:.0f} "
         f"TFLOP/s{at} on {FLASH_BACKWARD_FLOPS_RATIO}× the forward FLOPs ({where})"
+    )
+
+
+def _window_note(accelerator, job, kernel) -> str:
+    """Where the model's sliding-window layers run their own rates (a fused kernel, a window
+    shorter than the sequence): how many, at which window, at which rates."""
+    from planner.cost.compute import attention_dtype
+
+    model = job.model
+    windowed = model.num_sliding_window_layers
+    if not (windowed and job.flash_attention and model.sliding_window < job.seq_len):
+        return ""
+    dtype = attention_dtype(job.precision.gemm_dtype)
+    forward, backward = accelerator.achievable_attention_flops_per_s(
+        dtype, kernel, model.sliding_window
+    )
+    return (
+        f"; its {windowed} sliding-window layers at their {model.sliding_window:,}-key window: "
+        f"forward {forward / 1e12:.0f}, backward {backward / 1e12:.0f} TFLOP/s on the pairs "
+        f"inside it"
     )
 
 

@@ -74,6 +74,14 @@ def _mixtral(config: dict, source: str) -> dict:
     return spec
 
 
+def _gpt_oss(config: dict, source: str) -> dict:
+    """GPT-OSS: a Mixtral-like MoE whose attention, router and expert projections all carry
+    biases (``attention_bias`` and the experts' ``*_bias`` tensors)."""
+    spec = _mixtral(config, source)
+    spec.pop("qkv_bias", None)
+    return spec | {"linear_bias": True}
+
+
 def _qwen3_moe(config: dict, source: str) -> dict:
     spec = _llama_like(config, source)
     sparse_step = config.get("decoder_sparse_step", 1)
@@ -163,7 +171,7 @@ HF_MODEL_TYPES: dict[str, Callable[[dict, str], dict]] = {
     "qwen2": _llama_like,
     "qwen3": _llama_like,
     "mixtral": _mixtral,
-    "gpt_oss": _mixtral,
+    "gpt_oss": _gpt_oss,
     "qwen3_moe": _qwen3_moe,
     "deepseek_v3": _deepseek_v3,
     "gpt2": _gpt2,

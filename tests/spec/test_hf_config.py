@@ -204,13 +204,14 @@ GPT_OSS_120B = {
 }
 
 
-def test_gpt_oss_reads_its_sliding_window_layers(tmp_path):
+def test_gpt_oss_reads_its_sliding_window_layers_as_the_catalog_has_them(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(GPT_OSS_120B))
-    model = load_model(str(path))
+    model, catalog = load_model(str(path)), load_model("gpt-oss-120b")
     assert (model.sliding_window, model.num_sliding_window_layers) == (128, 18)
-    # The model card's 116.8B parameters (also the shared runs catalog's params_b).
-    assert model.num_params() == pytest.approx(116.8e9, rel=0.002)
+    assert model.num_params() == catalog.num_params()
+    assert model.num_active_params() == catalog.num_active_params()
+    assert model.linear_bias and model.attention_kind == catalog.attention_kind == "gqa"
 
 
 QWEN2_WINDOWED_FROM_LAYER_16 = {

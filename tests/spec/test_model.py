@@ -28,8 +28,18 @@ def test_parameter_count_matches_published(name, total, active, tolerance):
     assert model.num_active_params() == pytest.approx(active, rel=max(tolerance, 0.015))
 
 
+def test_gpt_oss_120b_counts_as_its_model_card():
+    """116.83B total and 5.13B active per token (OpenAI's gpt-oss model card, Table 1),
+    whose active count leaves out the 201,088 × 2,880 embedding table (a lookup)."""
+    model = load_model("gpt-oss-120b")
+    assert model.num_params() == pytest.approx(116.83e9, rel=0.001)
+    assert model.num_active_params() - model.embedding_params() == pytest.approx(5.13e9, rel=0.002)
+    assert (model.sliding_window, model.num_sliding_window_layers) == (128, 18)
+
+
 def test_every_catalog_model_is_checked():
-    assert sorted(name for name, *_ in PUBLISHED) == catalog_model_names()
+    checked = [name for name, *_ in PUBLISHED] + ["gpt-oss-120b"]
+    assert sorted(checked) == catalog_model_names()
 
 
 def test_deepseek_v3_total_is_671b_without_and_about_685b_with_mtp():

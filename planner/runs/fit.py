@@ -70,10 +70,10 @@ class FitResult(BaseModel):
 
 
 def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
-    cols = {
-        key: np.array([r.features.get(key, FEATURE_DEFAULTS.get(key)) for r in rows])
-        for key in FEATURE_COLUMNS
-    }
+    def feature(row: RowPrediction, key: str) -> float:
+        return row.features[key] if key in row.features else FEATURE_DEFAULTS[key]
+
+    cols = {key: np.array([feature(r, key) for r in rows]) for key in FEATURE_COLUMNS}
     cols["fp8"] = cols["fp8"].astype(bool)
     cols["fp4"] = cols["fp4"].astype(bool)
     cols["ideal_tokens"] = np.array([r.predicted_tokens_per_s_per_gpu for r in rows])

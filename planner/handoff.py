@@ -239,6 +239,12 @@ def _torchtitan(lay: dict, job, layers: list[int]) -> Emitted:
                 f"layers per stage {layers} are not one size with a smaller first/last stage: "
                 "set parallelism.module_fqns_per_model_part in the config to match"
             )
+    if job.precision.gemm_dtype in ("fp8", "fp4"):
+        notes.append(
+            f"precision {job.precision.recipe}: the plan timed {job.precision.gemm_dtype.upper()} "
+            "GEMMs; torchtitan converts its linear layers by the config's model converters, "
+            "which these settings do not set"
+        )
     if lay["recompute"] != "none":
         notes.append(
             f"recompute {lay['recompute']}: torchtitan chooses activation checkpointing by the "

@@ -160,6 +160,18 @@ def test_megatron_settings_name_the_nvfp4_recipe(capsys):
     assert "--bf16" in args and "--fp8-format" not in args
 
 
+def test_torchtitan_settings_say_the_low_precision_gemms_are_not_set(capsys):
+    """torchtitan's fields carry no GEMM dtype: an FP8 or NVFP4 plan says so in its notes."""
+    from planner import api
+    from planner.spec.layout import Layout
+
+    entry = {"layout": Layout(tp=1, dp=8, num_microbatches=1).model_dump()}
+    for precision, named in (("fp8-mixed", "FP8"), ("fp4-mixed", "FP4"), ("bf16-mixed", None)):
+        job = api.build_job("llama3-8b", 4096, global_batch_size=64, precision=precision)
+        notes = " ".join(api.emit_settings(entry, "torchtitan", job).notes)
+        assert (f"timed {named} GEMMs" in notes) if named else ("GEMMs" not in notes)
+
+
 def test_megatron_settings_carry_the_tp_overlap_the_plan_assumed(capsys):
     pins = ("--tp", "8", "--cp", "1", "--pp", "16", "--micro-batch-size", "1",
             "--sequence-parallel", "--schedule", "1f1b")  # fmt: skip

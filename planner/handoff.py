@@ -20,6 +20,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from hwspecs.errors import PlanError
+from planner.spec.precision import LOW_PRECISION_GEMM_DTYPES
 from planner.spec.recompute import MEGATRON_MODULES, recompute_modules
 
 #: llmplan schedule → the trainer's name for it; a schedule not listed is one it cannot run.
@@ -239,7 +240,7 @@ def _torchtitan(lay: dict, job, layers: list[int]) -> Emitted:
                 f"layers per stage {layers} are not one size with a smaller first/last stage: "
                 "set parallelism.module_fqns_per_model_part in the config to match"
             )
-    if job.precision.gemm_dtype in ("fp8", "fp4"):
+    if job.precision.gemm_dtype in LOW_PRECISION_GEMM_DTYPES:
         notes.append(
             f"precision {job.precision.recipe}: the plan timed {job.precision.gemm_dtype.upper()} "
             "GEMMs; torchtitan converts its linear layers by the config's model converters, "

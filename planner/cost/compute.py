@@ -26,13 +26,10 @@ from planner.cost.flops import (
     windowed_pair_fraction,
 )
 from planner.cost.moe_times import moe_permutation_time
-from planner.cost.op_time import OpTime
+from planner.cost.op_time import OpTime, memory_op
 from planner.spec.model import ModelSpec
-from planner.spec.precision import DTYPE_BYTES
+from planner.spec.precision import DTYPE_BYTES, LOW_PRECISION_GEMM_DTYPES
 from planner.structure.linears import expert_fold, kv_heads_per_rank
-
-#: GEMM dtypes whose recipes quantize their operands online and keep some work in BF16.
-LOW_PRECISION_GEMM_DTYPES = ("fp8", "fp4")
 
 
 def attention_dtype(gemm_dtype: str) -> str:
@@ -258,15 +255,7 @@ def dispatch_time(name: str, ops, rates: GpuRates, sharded=None, collectives=Non
 
 def elementwise_time(name: str, forward_bytes: float, rates: GpuRates) -> OpTime:
     """Memory-bound work: forward traffic once, backward twice (all of it input gradient)."""
-    seconds = forward_bytes / rates.hbm_bytes_per_s
-    return OpTime(
-        name=name,
-        forward_s=seconds,
-        input_grad_s=2 * seconds,
-        weight_grad_s=0.0,
-        forward_flops=0.0,
-        bound="memory",
-    )
+    return memory_op(name, forward_bytes, 2 * forward_bytes, 0.0, rates.hbm_bytes_per_s)
 
 
 #: Passes over ``[tokens, h]`` of a layer's two norms (each reads its input and writes its
@@ -324,14 +313,16 @@ def layer_op_times(
         qkv_width = q_local + 2 * kv_local
     # Attention core: each rank's local queries against all keys; heads split by TP.
     core = attention_core_ops(model, seq_len, micro_batch_size / cp, causal=True)
+    # The average layer's (sliding-window layers' pairs averaged in), and a full layer's.
     core_flops = sum(op.forward for op in core) / tp
+    full_layer_flops = core_flops / attention_pair_fraction(model, seq_len)
     core_bytes = tokens * (qkv_width + q_local) * e
     if flash_attention:
-        ops.append(fused_attention_core_time(model, core_flops, core_bytes, rates, seq_len))
+        ops.append(fused_attention_core_time(model, full_layer_flops, core_bytes, rates, seq_len))
     else:
         # The unfused kernels compute every score, the causal mask's half and the window's
         # outside too (they mask a full score matrix).
-        every_score = core_flops / CAUSAL_FRACTION / attention_pair_fraction(model, seq_len)
+        every_score = full_layer_flops / CAUSAL_FRACTION
         scores = model.num_attention_heads / tp * tokens * seq_len
         ops.append(
             unfused_attention_time(every_score, core_bytes, scores, model.dropout > 0, rates, e)
@@ -349,28 +340,26 @@ def layer_op_times(
 
 
 def fused_attention_core_time(
-    model: ModelSpec, core_flops: float, core_bytes: float, rates: GpuRates, seq_len: float
+    model: ModelSpec, full_layer_flops: float, core_bytes: float, rates: GpuRates, seq_len: float
 ) -> OpTime:
-    """The average layer's fused attention core (``core_flops``: its FLOPs, the sliding-window
-    layers' smaller share averaged in, :func:`planner.cost.flops.attention_pair_fraction`):
-    full layers at the kernel's rate for ``seq_len`` keys, sliding-window layers at its rate
-    for their window's (each query block meets that many keys), averaged over the layers.
+    """The average layer's fused attention core, from a full-attention layer's forward FLOPs:
+    full layers at the kernel's rate for ``seq_len`` keys, sliding-window layers on the pairs
+    inside their window (:func:`planner.cost.flops.windowed_pair_fraction`) at its rate for
+    the window's length (each query block meets that many keys), averaged over the layers.
     Without sliding-window layers, :func:`attention_core_time` at ``seq_len``."""
     windowed = model.num_sliding_window_layers
+    full = attention_core_time(full_layer_flops, core_bytes, rates, seq_len)
     if not windowed or model.sliding_window >= seq_len:
-        return attention_core_time(core_flops, core_bytes, rates, seq_len)
+        return full
+    local = full_layer_flops * windowed_pair_fraction(model.sliding_window, seq_len)
+    window = attention_core_time(local, core_bytes, rates, model.sliding_window)
     share = windowed / model.num_layers
-    local = windowed_pair_fraction(model.sliding_window, seq_len)
-    full_flops = core_flops / (1 - share + share * local)
-    full = attention_core_time(full_flops, core_bytes, rates, seq_len)
-    window = attention_core_time(full_flops * local, core_bytes, rates, model.sliding_window)
-    return OpTime(
-        name=full.name,
-        forward_s=(1 - share) * full.forward_s + share * window.forward_s,
-        input_grad_s=(1 - share) * full.input_grad_s + share * window.input_grad_s,
-        weight_grad_s=0.0,
-        forward_flops=core_flops,
-        bound=full.bound,
+
+    def mean(key: str) -> float:
+        return (1 - share) * getattr(full, key) + share * getattr(window, key)
+
+    return full.model_copy(
+        update={key: mean(key) for key in ("forward_s", "input_grad_s", "forward_flops")}
     )
 
 

@@ -177,11 +177,12 @@ def hideable_tp_s(columns: dict, sustained) -> np.ndarray:
 def sustained_compute_efficiency(columns: dict, values: dict[str, float]) -> np.ndarray:
     """Each row's sustained compute term: its GEMM dtype's (``fp8`` and ``fp4``: the rows'
     boolean columns, the rest BF16's or FP16's)."""
-    fp4 = columns.get("fp4", np.zeros_like(columns["fp8"]))
     return np.where(
         columns["fp8"],
         values["compute_efficiency_fp8"],
-        np.where(fp4, values["compute_efficiency_fp4"], values["compute_efficiency_bf16"]),
+        np.where(
+            columns["fp4"], values["compute_efficiency_fp4"], values["compute_efficiency_bf16"]
+        ),
     )
 
 

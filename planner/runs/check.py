@@ -48,9 +48,6 @@ FEATURE_COLUMNS = (
     "fp4",
     "stack_overlaps_tp",
 )
-#: Feature values rows written before a feature existed take (``runs check --json`` output
-#: of an earlier version): no NVFP4 GEMMs.
-FEATURE_DEFAULTS = {"fp4": 0.0}
 
 
 class RowPrediction(BaseModel):

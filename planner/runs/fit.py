@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from planner.cost.profile import TERMS, profiled_step_time
-from planner.runs.check import FEATURE_COLUMNS, FEATURE_DEFAULTS, RowPrediction
+from planner.runs.check import FEATURE_COLUMNS, RowPrediction
 from planner.runs.ratio_error import ratio_error_fields
 
 #: Interior start of each term (the ideal values sit on their bounds).
@@ -70,10 +70,7 @@ class FitResult(BaseModel):
 
 
 def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
-    def feature(row: RowPrediction, key: str) -> float:
-        return row.features[key] if key in row.features else FEATURE_DEFAULTS[key]
-
-    cols = {key: np.array([feature(r, key) for r in rows]) for key in FEATURE_COLUMNS}
+    cols = {key: np.array([r.features[key] for r in rows]) for key in FEATURE_COLUMNS}
     cols["fp8"] = cols["fp8"].astype(bool)
     cols["fp4"] = cols["fp4"].astype(bool)
     cols["ideal_tokens"] = np.array([r.predicted_tokens_per_s_per_gpu for r in rows])
@@ -103,10 +100,9 @@ def informed_terms(cols: dict) -> list[str]:
     cover several (a user's runs of one model fit it for that model)."""
     names = list(TERMS)
     models = set(cols["model"])
-    fp4 = cols.get("fp4", np.zeros_like(cols["fp8"]))
-    for term, rows in (("compute_efficiency_fp8", cols["fp8"]),
-                       ("compute_efficiency_fp4", fp4),
-                       ("compute_efficiency_bf16", ~(cols["fp8"] | fp4))):  # fmt: skip
+    fp8, fp4 = cols["fp8"], cols["fp4"]
+    for term, rows in (("compute_efficiency_fp8", fp8), ("compute_efficiency_fp4", fp4),
+                       ("compute_efficiency_bf16", ~(fp8 | fp4))):  # fmt: skip
         in_dtype = set(cols["model"][rows])
         if not in_dtype or len(in_dtype) < MIN_MODELS_PER_DTYPE <= len(models):
             names.remove(term)

@@ -19,6 +19,9 @@ from hwspecs.errors import PlanError
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5, "none": 0}
 
+#: GEMM dtypes whose recipes quantize their operands online and keep some work in BF16.
+LOW_PRECISION_GEMM_DTYPES = ("fp8", "fp4")
+
 PrecisionName = Literal["bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8-mixed", "fp4-mixed"]
 OptimizerName = Literal["adamw", "sgd-momentum", "lion", "adafactor", "muon", "sgd"]
 

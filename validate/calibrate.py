@@ -62,6 +62,7 @@ from validate.host_costs import (
     measure_wrapper_overheads,
 )
 from validate.local_specs import accelerator_spec, cluster_spec, link_spec, write_specs
+from validate.run import reap
 from validate.spec import Workload
 from validate.timing import compute_burst, throughput_seconds, timed_calls
 
@@ -439,11 +440,7 @@ def measure_world(
                     raise RuntimeError(f"calibration rank {rank} failed:\n{payload}")
                 per_rank[rank] = json.loads(payload)
         finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-            for process in context.processes:
-                process.join(timeout=10)
+            reap(context.processes)
     if len(per_rank) < world_size:
         raise RuntimeError(f"calibration on {world_size} ranks did not finish in {timeout_s:.0f} s")
     compute = slowest_rank(world_size, [per_rank[r].pop("compute") for r in sorted(per_rank)])

@@ -15,8 +15,10 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
+import time
 from contextlib import nullcontext
 
+from validate.run import reap
 from validate.spec import RunSpec
 
 PHASES = ("forward", "backward", "optimizer")
@@ -43,7 +45,12 @@ def census(spec: RunSpec, timeout_s: float = 120.0) -> dict[str, dict[str, int]]
         try:
             status, payload = reports.get(timeout=timeout_s)
         finally:
-            context.join(timeout=timeout_s)
+            # The ranks end once rank 0 has reported; one stuck in a gloo wait whose peer has
+            # gone would hold the caller (a test run) for ever: kill what is left.
+            deadline = time.monotonic() + timeout_s
+            for process in context.processes:
+                process.join(timeout=max(0.0, deadline - time.monotonic()))
+            reap(context.processes)
     if status != "ok":
         raise RuntimeError(f"census of {spec.name} failed:\n{payload}")
     return payload

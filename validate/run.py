@@ -142,7 +142,7 @@ def run_layout(spec: RunSpec, timeout_s: float = 120.0) -> RunResult:
             start_method="spawn",
         )
         results, failures = _collect(context.processes, reports, world, start + timeout_s)
-        _reap(context.processes)
+        reap(context.processes)
     status = "ok"
     if failures:
         hung_only = all(f.kind == "hung" for f in failures)
@@ -194,7 +194,7 @@ def _collect(processes, reports, world: int, deadline: float):
     return results, failures
 
 
-def _reap(processes) -> None:
+def reap(processes) -> None:
     """Kill every rank still alive and wait for all of them."""
     for process in processes:
         if process.is_alive():

@@ -135,6 +135,17 @@ class RunTraining(RunSpecModel):
         "(Megatron-Core's moe_a2a_overlap / overlap_moe_expert_parallel_comm: combined 1F1B); "
         "None: not stated",
     )
+    lora_rank: int | None = Field(
+        None, ge=1, description="LoRA adapter rank r (task lora); None: not stated"
+    )
+    lora_targets: str | None = Field(
+        None,
+        description="the linears the adapters sit on, in the planner's module names joined by "
+        "',' (q_proj, …; the supplement's quote keeps the source's own); None: not stated",
+    )
+    lora_dropout: float | None = Field(
+        None, ge=0, lt=1, description="dropout on the adapter input (task lora); None: not stated"
+    )
     framework: str | None = None
     framework_version: str | None = None
 

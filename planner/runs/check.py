@@ -57,7 +57,7 @@ class RowPrediction(BaseModel):
     source: str
     source_family: str
     group: str
-    #: The job a row trains (model, precision, sequence length): rows of one job in two
+    #: The job a row trains (model, task, precision, sequence length): rows of one job in two
     #: configuration groups compare two layouts (:mod:`planner.runs.ratio_error`).
     job: str = ""
     #: The model the row trains (its name in the runs catalog).
@@ -146,7 +146,7 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
         "source": row.source,
         "source_family": source_family(row),
         "group": row.group_key,
-        "job": f"{row.model.name} {precision_label(row)} {row.training.seq_len}",
+        "job": f"{row.model.name} {row.training.task} {precision_label(row)} {row.training.seq_len}",
         "model": row.model.name,
         "accelerator": row.hardware.accelerator,
         "precision": precision_label(row),

@@ -4,8 +4,9 @@ A choice between two layouts of one job reads the ratio of their predicted times
 times themselves: an error both share (a kernel the model times too fast on that chip, a
 framework's fixed cost) cancels in the ratio. It is measured on pairs of runs that stand for
 two layouts of one job: rows of one source family (one benchmark harness) on one
-accelerator (a fit is per accelerator) training the same job — the same model, precision
-and sequence length — in different configuration groups (another GPU count or layout; two
+accelerator (a fit is per accelerator) training the same job — the same model, task
+(pre-training, full fine-tuning or LoRA: a frozen base is another job), precision and
+sequence length — in different configuration groups (another GPU count or layout; two
 releases of one configuration are not two layouts). For a pair ``(i, j)`` the error is
 
     d_ij = | log(predicted_i / measured_i) − log(predicted_j / measured_j) |
@@ -33,7 +34,7 @@ RATIO_COVERAGE = 0.8
 UNIT = "fraction of the step-time ratio of two layouts"
 METHOD = (
     "weighted 80th percentile of |log(predicted/measured ratio)| over pairs of rows of one "
-    "source family and one job (model, precision, sequence length) in different "
+    "source family and one job (model, task, precision, sequence length) in different "
     "configuration groups, pairs weighted 1/(group size) per row; band = exp(q) - 1"
 )
 

@@ -19,12 +19,17 @@ from hwspecs.runs import RunRow
 from hwspecs.schema import Cluster, ClusterTier
 from planner.candidates import SearchSpace
 from planner.runs.kernels import attention_kernel, cross_entropy_kernel, ran_flash_attention
+from planner.spec.finetune import FinetuneSpec
 from planner.spec.job import Job
 from planner.spec.measures import memory_measures
 from planner.spec.model import ModelSpec
 from planner.spec.precision import PrecisionSpec
 from planner.spec.recompute import module_policies
-from planner.spec.stack import framework_on_transformer_engine, framework_overlaps_tp
+from planner.spec.stack import (
+    framework_adapter_dtypes,
+    framework_on_transformer_engine,
+    framework_overlaps_tp,
+)
 
 #: The catalog cluster a run on each accelerator is predicted on, grown to the run's GPU
 #: count with its outermost link where the run is larger (rows rarely print their network).
@@ -391,9 +396,8 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
     (``training.cuda_graphs``) and overlapped its EP all-to-alls with another micro-batch
     (``training.ep_comm_overlap``), both filled from the release's recipe where the table
     says nothing."""
-    if row.training.task == "lora":
-        raise Uncovered("LoRA rank and targets not published")
     t = row.training
+    finetune = run_finetune(row)
     # RMSNorm and MLA up-projection recomputation is DeepSeek-V3's measure set (§3.2.3),
     # which a row names by its recompute text (planner.spec.measures).
     partial = model.attention_kind == "mla" and "rmsnorm" in (t.recompute or "").lower()
@@ -410,11 +414,31 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             cross_entropy=cross_entropy_kernel(row),
             cuda_graphs=bool(t.cuda_graphs),
             ep_comm_overlap=bool(t.ep_comm_overlap),
+            finetune=finetune,
         )
     except ValidationError as error:
         raise Uncovered(f"job not expressible: {error.errors()[0]['msg']}") from None
     except PlanError as error:
         raise Uncovered(f"job not expressible: {error}") from None
+
+
+def run_finetune(row: RunRow) -> FinetuneSpec | None:
+    """A LoRA row's adapters: its rank, targets and dropout (``training.lora_*``, filled
+    from the release's recipe where the table prints none, ``supplements.json``), in the
+    dtypes its framework keeps them (:func:`planner.spec.stack.framework_adapter_dtypes`).
+    None for full training; a LoRA row without rank or targets is not covered."""
+    t = row.training
+    if t.task != "lora":
+        return None
+    if t.lora_rank is None or t.lora_targets is None:
+        raise Uncovered("LoRA rank and targets not published")
+    return FinetuneSpec(
+        recipe="lora",
+        lora_rank=t.lora_rank,
+        lora_targets=t.lora_targets,
+        lora_dropout=t.lora_dropout or 0.0,
+        **framework_adapter_dtypes(t.framework),
+    )
 
 
 def precision_label(row: RunRow) -> str:

@@ -82,6 +82,18 @@ def framework_on_transformer_engine(framework: str | None) -> bool:
     return _megatron_core(framework)
 
 
+def framework_adapter_dtypes(framework: str | None) -> dict[str, str]:
+    """The adapter weight and master dtypes a published run's framework kept (the
+    :class:`planner.spec.finetune.FinetuneSpec` fields), where they differ from PEFT's FP32
+    adapters without a master copy: Megatron-Core's adapters are model parameters, in the
+    model's 16-bit dtype (NVIDIA-NeMo/Megatron-Bridge ``src/megatron/bridge/peft/lora.py``:
+    ``lora_dtype`` "Default None (will use model's dtype)"), whose FP32 main copies its
+    distributed optimizer keeps. Other frameworks: none (the spec's defaults)."""
+    if _megatron_core(framework):
+        return {"adapter_dtype": "bf16", "adapter_master_dtype": "fp32"}
+    return {}
+
+
 def framework_overlaps_tp(framework: str | None, accelerator_kind: str | None = None) -> bool:
     """Whether a published run's framework overlapped TP communication: Megatron-Core's
     (NeMo, Megatron-Bridge) performance recipes, which the published tables ran, and

@@ -432,13 +432,16 @@ def run_finetune(row: RunRow) -> FinetuneSpec | None:
         return None
     if t.lora_rank is None or t.lora_targets is None:
         raise Uncovered("LoRA rank and targets not published")
-    return FinetuneSpec(
-        recipe="lora",
-        lora_rank=t.lora_rank,
-        lora_targets=t.lora_targets,
-        lora_dropout=t.lora_dropout or 0.0,
-        **framework_adapter_dtypes(t.framework),
-    )
+    try:
+        return FinetuneSpec(
+            recipe="lora",
+            lora_rank=t.lora_rank,
+            lora_targets=t.lora_targets,
+            lora_dropout=t.lora_dropout or 0.0,
+            **framework_adapter_dtypes(t.framework),
+        )
+    except ValidationError as error:  # a user's runs file naming an unknown target
+        raise Uncovered(f"LoRA not expressible: {error.errors()[0]['msg']}") from None
 
 
 def precision_label(row: RunRow) -> str:

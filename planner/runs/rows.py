@@ -18,18 +18,15 @@ from hwspecs.errors import PlanError
 from hwspecs.runs import RunRow
 from hwspecs.schema import Cluster, ClusterTier
 from planner.candidates import SearchSpace
+from planner.runs.finetune import run_finetune
 from planner.runs.kernels import attention_kernel, cross_entropy_kernel, ran_flash_attention
-from planner.spec.finetune import FinetuneSpec
+from planner.runs.uncovered import Uncovered
 from planner.spec.job import Job
 from planner.spec.measures import memory_measures
 from planner.spec.model import ModelSpec
 from planner.spec.precision import PrecisionSpec
 from planner.spec.recompute import module_policies
-from planner.spec.stack import (
-    framework_adapter_dtypes,
-    framework_on_transformer_engine,
-    framework_overlaps_tp,
-)
+from planner.spec.stack import framework_on_transformer_engine, framework_overlaps_tp
 
 #: The catalog cluster a run on each accelerator is predicted on, grown to the run's GPU
 #: count with its outermost link where the run is larger (rows rarely print their network).
@@ -49,10 +46,6 @@ REFERENCE_CLUSTERS = {
     "tpu-v5e": "tpu-v5e",
     "tpu-v6e": "tpu-v6e",
 }
-
-
-class Uncovered(Exception):
-    """A row the model cannot express; the message is the coverage reason."""
 
 
 def precision_recipe(text: str) -> str:
@@ -420,28 +413,6 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
         raise Uncovered(f"job not expressible: {error.errors()[0]['msg']}") from None
     except PlanError as error:
         raise Uncovered(f"job not expressible: {error}") from None
-
-
-def run_finetune(row: RunRow) -> FinetuneSpec | None:
-    """A LoRA row's adapters: its rank, targets and dropout (``training.lora_*``, filled
-    from the release's recipe where the table prints none, ``supplements.json``), in the
-    dtypes its framework keeps them (:func:`planner.spec.stack.framework_adapter_dtypes`).
-    None for full training; a LoRA row without rank or targets is not covered."""
-    t = row.training
-    if t.task != "lora":
-        return None
-    if t.lora_rank is None or t.lora_targets is None:
-        raise Uncovered("LoRA rank and targets not published")
-    try:
-        return FinetuneSpec(
-            recipe="lora",
-            lora_rank=t.lora_rank,
-            lora_targets=t.lora_targets,
-            lora_dropout=t.lora_dropout or 0.0,
-            **framework_adapter_dtypes(t.framework),
-        )
-    except ValidationError as error:  # a user's runs file naming an unknown target
-        raise Uncovered(f"LoRA not expressible: {error.errors()[0]['msg']}") from None
 
 
 def precision_label(row: RunRow) -> str:

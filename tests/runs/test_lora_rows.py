@@ -8,7 +8,9 @@ import pytest
 
 from hwspecs.catalog import load_runs
 from planner.runs.check import predict_row
-from planner.runs.rows import Uncovered, model_spec, run_finetune, run_job
+from planner.runs.finetune import run_finetune
+from planner.runs.rows import model_spec, run_job
+from planner.runs.uncovered import Uncovered
 
 #: Megatron-Bridge 26.06's Llama 3 70B LoRA recipes (llama3_70b_peft_config: dim 16, alpha
 #: 32; the performance configs override the targets to linear_qkv) and NeMo 24.07's PEFT
@@ -49,6 +51,17 @@ def test_a_lora_row_without_its_recipe_stays_uncovered():
     assert row.training.lora_rank is None
     with pytest.raises(Uncovered, match="LoRA rank and targets not published"):
         run_finetune(row)
+
+
+def test_a_lora_row_naming_an_unknown_module_is_uncovered_by_name():
+    """A user's runs file may name its trainer's module (Megatron's fused ``linear_qkv``):
+    the row is left out with the allowed names, not an error."""
+    row = _row("nemo2407-h100-llama2-7b-lora-8g")
+    named = row.model_copy(
+        update={"training": row.training.model_copy(update={"lora_targets": "linear_qkv"})}
+    )
+    with pytest.raises(Uncovered, match=r"unknown target 'linear_qkv'.*q_proj"):
+        run_finetune(named)
 
 
 def test_pretraining_rows_have_no_adapters():

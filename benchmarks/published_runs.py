@@ -134,6 +134,8 @@ def main() -> None:
             )
             ok = first and close and abs(mfu - published) <= 0.03
             rule = str(winner["preference"])
+            rules = api.PREFERENCE_RULES
+            rule = f"rule {rules.index(rule)}" if rule in rules else rule
             print(
                 f"{name:>8} {gpus:>6} {seq:>7} {f'{tp}/{cp}/{pp}/{dp}':>11} {published:>4.0%} "
                 f"{place['rank'] or '-':>4} {place['time_rank'] or '-':>4} "
@@ -147,7 +149,8 @@ def main() -> None:
             gaps.append(f"{name:>8} {gpus:>6} {seq:>7}: {gap_text(table, degrees)}")
     print(
         "#: the published degrees' first row in the robust ranking; t#: their place among "
-        "distinct tp/cp/pp/dp by predicted time; tie: inside the equivalent set; slower: "
+        "distinct tp/cp/pp/dp by predicted time; tie: inside the equivalent set; rule: the "
+        "preference rule that chose the winner (planner/rank.py, 0-6); slower: "
         "their best predicted step time over the fastest layout's; target: "
         "published first, t# <= 3 or a tie, winner MFU within 3 points (MFU at the ranked, "
         "simulated step time)"

@@ -400,7 +400,12 @@ def profile_line(entry: dict, prefix: str = "", auto: bool = False) -> str:
     graphs = "; CUDA graphs" if entry.get("cuda_graphs") else ""
     kernel = entry.get("attention_kernel")
     attention = f"; attention kernel {kernel}" if kernel else ""
-    return f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}{ep}{graphs}{attention}"
+    outside = entry.get("outside_measured_layouts")
+    beyond = f"; beyond the profile's runs: {', '.join(outside)}" if outside else ""
+    return (
+        f"{_profile_text(entry, prefix, auto)}; TP comm overlap {overlap}{ep}{graphs}{attention}"
+        f"{beyond}"
+    )
 
 
 def _profile_text(entry: dict, prefix: str, auto: bool) -> str:

@@ -217,6 +217,8 @@ def fit(
     for name, value in f["in_sample_mape_by_source"].items():
         table.add_row(name, pct(value), pct(f["loso_mape_by_source"].get(name)))
     console.print(table)
+    if f.get("layout_range"):
+        console.print(f"layouts measured: {api.describe_layout_range(f['layout_range'])}")
     if report.excluded_rows:
         console.print(f"{report.excluded_rows} rows left out (listed by --exclude)")
     if out is not None:

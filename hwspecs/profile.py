@@ -46,6 +46,23 @@ class RatioErrorFit(BaseModel):
     method: str = ""
 
 
+class LayoutRange(BaseModel):
+    """How far the training runs reached (``planner.layout_range``): each parallel degree's
+    largest value over the runs' layouts, the fewest tokens of its sequence a CP rank held
+    (None: no run used CP), the most GPUs. Outside it, no measured error speaks for a
+    layout."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    tp: int = Field(ge=1)
+    cp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    ep: int = Field(ge=1)
+    cp_tokens_per_rank: int | None = Field(None, ge=1)
+    num_gpus: int = Field(ge=1)
+    num_runs: int = Field(ge=1)
+
+
 class ProfileFit(BaseModel):
     """How a profile was fitted and how well it predicts rows it was not fitted on (fields a
     later ``llmplan fit`` adds are kept, so an older checkout still reads a newer profile)."""
@@ -71,6 +88,9 @@ class ProfileFit(BaseModel):
     #: (``planner.runs.fit.term_ranges_one_model_out``): a wide span marks a term resting on
     #: few models. Empty with one model, or in a profile fitted before it was measured.
     term_range_one_model_out: dict[str, list[float]] = Field(default_factory=dict)
+    #: The layouts the training runs covered; None in a profile fitted before it was
+    #: recorded (no layout is then marked outside).
+    layout_range: LayoutRange | None = None
 
 
 class EfficiencyProfile(BaseModel):

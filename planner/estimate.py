@@ -27,6 +27,7 @@ from planner.cost.goodput import TimeToTrain
 from planner.cost.memory import DEFAULT_MEM_HEADROOM, MEMORY_PARTS
 from planner.cost.profile import PROFILE_PARTS, profile_intervals
 from planner.evaluate import evaluate_columns, layout_columns
+from planner.layout_range import measured_layout_range, outside_reasons
 from planner.memory_report import StageMemory, memory_report
 from planner.spec.job import Job
 from planner.spec.layout import Layout
@@ -91,6 +92,10 @@ class Estimate(BaseModel):
     step_time_interval_s: tuple[float, float] | None = None
     tokens_per_s_per_gpu_interval: tuple[float, float] | None = None
     mfu_interval: tuple[float, float] | None = None
+    #: The axes on which the layout lies beyond the runs the profile (the ideal model: the
+    #: accelerator's shipped profile) was measured on, e.g. ``pp 64 > 16``: no measured
+    #: error speaks for it there (:mod:`planner.layout_range`); empty inside them.
+    outside_measured_layouts: list[str] = []
     #: Weights, master weights and optimizer states the busiest-writing rank saves per
     #: checkpoint (replicas split over the data-parallel group; :mod:`planner.cost.goodput`).
     checkpoint_bytes_per_rank: float = 0.0
@@ -206,8 +211,15 @@ def _estimate(
         usable_bytes=memory.usable_bytes,
         fits=memory.fits,
         **profile_intervals(job.efficiency_profile, value, _gemm_peak(accelerator, job)),
+        outside_measured_layouts=_outside_measured_layouts(job, layout, accelerator.id),
         checkpoint_bytes_per_rank=float(value["checkpoint_bytes_per_rank"]),
     )
+
+
+def _outside_measured_layouts(job: Job, layout: Layout, accelerator: str) -> list[str]:
+    """The axes ``layout`` leaves the runs the job's profile was measured on."""
+    measured = measured_layout_range(job.efficiency_profile, accelerator)
+    return outside_reasons(layout.model_dump(), measured, job.seq_len)
 
 
 def _gemm_peak(accelerator, job: Job) -> float | None:

@@ -8,6 +8,11 @@ else the closed form) is at most ``(1 + band)`` times the fastest row's. Equival
 come first, ordered by these rules, in this order (each key: lower is preferred); rows
 all rules tie keep their order by time, and rows outside the band follow in time order:
 
+0. inside the layouts the profile was measured on: how many axes a row leaves the
+   training runs' range on (:mod:`planner.layout_range`: a deeper pipeline, a higher TP,
+   CP or EP degree, fewer tokens per CP rank than any run's). The band was measured on
+   layouts like the runs'; beyond them no measured error speaks for a prediction, so of two
+   layouts the model cannot tell apart, the one like the runs is preferred.
 1. fewer axes above 1: the count of tp, cp, pp, dp, ep above 1.
 2. TP within the scale-up domain before CP or PP: with cp·pp > 1, log2(T / tp), where T is
    the scale-up domain or the largest TP any feasible row has, whichever is smaller; plus
@@ -34,13 +39,16 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
+from hwspecs.profile import LayoutRange
 from planner.columns.codes import Labels, distinct_rows
+from planner.layout_range import count_outside, describe, outside_reasons
 from planner.pipeline.schedules import SCHEDULES
 
 GIB = 2**30
 RANK_MODES = ("robust", "time")
 #: The preference rules, in the order they are read (see the module docstring).
 RULES = (
+    "inside the layouts the profile was measured on",
     "fewer axes above 1",
     "TP within the scale-up domain before CP or PP",
     "PP only as deep as memory needs",
@@ -62,6 +70,10 @@ class RankSettings(BaseModel):
     mode: Literal["robust", "time"] = "robust"
     band: float | None = None
     band_source: str = ""
+    #: The layouts the band was measured on (rule 0) and the job's sequence length (tokens
+    #: per CP rank); None: no range recorded, no row outside it.
+    layout_range: LayoutRange | None = None
+    seq_len: int | None = None
 
 
 def schedule_complexity(name: str, vpp) -> np.ndarray:
@@ -115,7 +127,7 @@ def over_every_row(columns, distinct=None) -> tuple[np.ndarray, np.ndarray, int]
 
 def preference_keys(
     columns, scale_up_domain: int, usable_bytes: float, rows: np.ndarray | None = None,
-    every_row: tuple | None = None,
+    every_row: tuple | None = None, settings: RankSettings | None = None,
 ) -> np.ndarray:  # fmt: skip
     """Rows × rules: each rule's key per row (lower preferred), in :data:`RULES` order; with
     ``rows`` (indices), those rows' only.
@@ -123,30 +135,33 @@ def preference_keys(
     ``columns``: a dict of :data:`RANK_INPUTS`, or a function giving one by name (each is
     then asked for when it is read and released after: a few are alive at once).
     ``every_row``: :func:`over_every_row` of the same columns, when the caller has it (the
-    keys of some rows still read every row: the same keys, ``rows`` or not)."""
+    keys of some rows still read every row: the same keys, ``rows`` or not). ``settings``:
+    the profile's layout range for rule 0 (None: every row inside)."""
     get = columns if callable(columns) else columns.__getitem__
     least_pp, least_cp, tp_max = every_row or over_every_row(get)
     at = slice(None) if rows is None else rows
-    tp, cp, pp = (np.asarray(get(k))[at] for k in ("tp", "cp", "pp"))
+    tp, cp, pp, ep = (np.asarray(get(k))[at] for k in ("tp", "cp", "pp", "ep"))
     keys = np.empty((len(tp), len(RULES)))  # filled in place: no stacked copy
-    axes = (tp > 1).astype(int) + (cp > 1) + (pp > 1)
-    for key in ("dp", "ep"):
-        axes += np.asarray(get(key))[at] > 1
-    keys[:, 0] = axes
+    settings = settings or RankSettings()
+    degrees = {"tp": tp, "cp": cp, "pp": pp, "ep": ep}
+    keys[:, 0] = count_outside(degrees, settings.layout_range, settings.seq_len)
+    axes = (tp > 1).astype(int) + (cp > 1) + (pp > 1) + (ep > 1)
+    axes += np.asarray(get("dp"))[at] > 1
+    keys[:, 1] = axes
     reference = min(scale_up_domain, tp_max)
     tp_short = np.where(cp * pp > 1, np.log2(np.maximum(reference / tp, 1)), 0.0)
-    keys[:, 1] = tp_short + np.log2(np.maximum(tp / scale_up_domain, 1))
-    keys[:, 2] = np.log2(pp / least_pp[at])
-    keys[:, 3] = np.log2(cp / least_cp[at])
+    keys[:, 2] = tp_short + np.log2(np.maximum(tp / scale_up_domain, 1))
+    keys[:, 3] = np.log2(pp / least_pp[at])
+    keys[:, 4] = np.log2(cp / least_cp[at])
     memory = np.asarray(get("memory_per_gpu_bytes"))[at]
-    keys[:, 4] = -np.floor((usable_bytes - memory) / GIB)
+    keys[:, 5] = -np.floor((usable_bytes - memory) / GIB)
     schedule = Labels.of(get("schedule"))[at]
     vpp = np.asarray(get("vpp"))[at]
     simple = np.zeros(len(keys))
     for code, name in enumerate(schedule.values):  # one pass per schedule name
         held = schedule.codes == code
         simple[held] = schedule_complexity(name, vpp[held])
-    keys[:, 5] = simple
+    keys[:, 6] = simple
     return keys
 
 
@@ -273,7 +288,7 @@ def rank_order(
     every_row = over_every_row(column) if every_row is None else every_row()
 
     def keys_of(rows: np.ndarray) -> np.ndarray:
-        return preference_keys(column, scale_up_domain, usable_bytes, rows, every_row)
+        return preference_keys(column, scale_up_domain, usable_bytes, rows, every_row, settings)
 
     order = robust_order(
         effective_step_time({"step_time_s": step_time_s, **simulated}), keys_of, band,
@@ -315,7 +330,8 @@ def explain_ranking(columns: dict, settings: RankSettings, objective: str) -> li
     band = f"{settings.band:.1%} ratio error ({settings.band_source})"
     if settings.mode == "time":
         return [f"ranked by predicted step time (--rank time); {within:,} layouts are within "
-                f"the model's {band} of the fastest"]  # fmt: skip
+                f"the model's {band} of the fastest",
+                *measured_range_lines(columns, settings, within)]  # fmt: skip
     if objective != "step_time":
         return [f"--rank robust orders the step-time objective; ranked by {objective}"]
     time_s = effective_step_time(columns)
@@ -326,12 +342,39 @@ def explain_ranking(columns: dict, settings: RankSettings, objective: str) -> li
     )
     rule = str(columns["preference"][0])
     head = f"{within:,} layouts within the model's {band} of the fastest; "
+    measured = measured_range_lines(columns, settings, within)
     if rule == FASTEST:
-        return [head + f"chose the fastest, {layout_name(winner)} (no rule needed)"]
+        return [head + f"chose the fastest, {layout_name(winner)} (no rule needed)", *measured]
     times = time_s[[0, fastest_row]].astype(float)
     gain = times[0] / times[1] - 1
     return [
         head + f"chose {layout_name(winner)} (rule: {rule}); the fastest by the model, "
         f"{layout_name(fastest)}, is {gain:.1%} faster ({times[1]:.3f} s vs {times[0]:.3f} s), "
-        f"inside the band"
+        f"inside the band",
+        *measured,
     ]
+
+
+def measured_range_lines(columns: dict, settings: RankSettings, within: int) -> list[str]:
+    """Where the ranked layouts stand against the runs the band was measured on: the range,
+    how many of the layouts within the band lie inside it, the axes the winner leaves, and
+    a plan on more GPUs than any run (every layout extrapolated in scale)."""
+    found = settings.layout_range
+    if found is None:
+        return []
+    degrees = {axis: columns[axis][:within] for axis in ("tp", "cp", "pp", "ep")}
+    inside = int((count_outside(degrees, found, settings.seq_len) == 0).sum())
+    lines = [
+        f"the band was measured on runs with {describe(found)}: {inside:,} of the {within:,} "
+        "layouts within it lie inside them"
+    ]
+    winner = {axis: columns[axis][0] for axis in ("tp", "cp", "pp", "ep")}
+    reasons = outside_reasons(winner, found, settings.seq_len)
+    if reasons:
+        lines.append(f"the winner lies outside them ({'; '.join(reasons)}): no measured error "
+                     "speaks for it")  # fmt: skip
+    gpus = int(np.prod([columns[axis][0] for axis in ("tp", "cp", "pp", "dp")]))
+    if gpus > found.num_gpus:
+        lines.append(f"{gpus:,} GPUs are more than any run's ({found.num_gpus:,}): every "
+                     "layout's synchronisation and collectives are extrapolated in scale")  # fmt: skip
+    return lines

@@ -73,6 +73,8 @@ _EXPORTS = {
     "generate_schedule": "planner.pipeline.schedules.registry",
     "SCHEDULES": "planner.pipeline.schedules.registry",
     "SearchSpace": "planner.candidates",
+    "PREFERENCE_RULES": "planner.rank",
+    "describe_layout_range": "planner.layout_range",
     "TopologyReport": "planner.comm.topology",
     "FLASH_BACKWARD_FLOPS_RATIO": "planner.cost.attention_times",
     "attention_core_ops": "planner.cost.flops",
@@ -97,5 +99,7 @@ def __getattr__(name: str):
     import importlib
 
     module = importlib.import_module(_EXPORTS[name])
-    attribute = {"estimate_layout": "estimate", "PROGRESS_PHASES": "PHASES"}.get(name, name)
+    attribute = {"estimate_layout": "estimate", "PROGRESS_PHASES": "PHASES",
+                 "PREFERENCE_RULES": "RULES", "describe_layout_range": "describe",
+                 }.get(name, name)  # fmt: skip
     return getattr(module, attribute)

@@ -22,16 +22,21 @@ from planner.explain import (
 from planner.rank import RANK_MODES, RankSettings, explain_ranking
 
 
-def rank_settings(rank: str, accelerator: str, profile) -> RankSettings:
+def rank_settings(rank: str, accelerator: str, profile, seq_len: int) -> RankSettings:
     """``--rank`` checked, with the band measured for ``profile`` on ``accelerator``
-    (:func:`planner.runs.ratio_error.ranking_band`)."""
+    (:func:`planner.runs.ratio_error.ranking_band`) and the layouts it was measured on
+    (the profile's, or the ideal model's band's: the shipped profile's runs)."""
+    from planner.layout_range import measured_layout_range
     from planner.runs.ratio_error import ranking_band
 
     if rank not in RANK_MODES:
         raise PlanError(f"unknown rank '{rank}'; choose one of: {', '.join(RANK_MODES)}",
                         field="rank", allowed=list(RANK_MODES), got=rank)  # fmt: skip
     band, source = ranking_band(accelerator, profile)
-    return RankSettings(mode=rank, band=band, band_source=source)
+    layouts = measured_layout_range(profile, accelerator)
+    return RankSettings(
+        mode=rank, band=band, band_source=source, layout_range=layouts, seq_len=seq_len
+    )
 
 
 class PlanResult(BaseModel):
@@ -107,7 +112,7 @@ def plan(
         raise PlanError(f"--gpus {gpus} exceeds cluster {spec.id}'s {spec.num_gpus} GPUs")
     accelerator = load_accelerator(spec.accelerator)
     job = with_profile(job, spec.accelerator, profile, stack)
-    ranking = rank_settings(rank, spec.accelerator, job.efficiency_profile)
+    ranking = rank_settings(rank, spec.accelerator, job.efficiency_profile, job.seq_len)
     mesh = resolve_order(order) if order else None
     from planner.refine import DEFAULT_REFINE_TOP
 
@@ -152,6 +157,9 @@ def plan(
         "rank": ranking.mode,
         "ratio_error_band": ranking.band,
         "ratio_error_source": ranking.band_source,
+        "measured_layout_range": (
+            ranking.layout_range.model_dump() if ranking.layout_range is not None else None
+        ),
         "mem_headroom": mem_headroom,
         "precision": job.precision.recipe,
         "optimizer": job.precision.optimizer,

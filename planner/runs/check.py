@@ -66,6 +66,8 @@ class RowPrediction(BaseModel):
     precision: str
     stack: str
     num_gpus: int
+    #: The row's sequence length (tokens per sequence).
+    seq_len: int | None = None
     covered: bool
     reason: str | None = None
     layout: dict | None = None
@@ -152,6 +154,7 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
         "precision": precision_label(row),
         "stack": stack_label(row),
         "num_gpus": row.hardware.num_gpus,
+        "seq_len": row.training.seq_len,
         "measured_step_time_s": row.measured.step_time_s,
         "published_mfu": row.measured.mfu,
         "measured_memory_gib": row.measured.memory_gb_per_gpu,

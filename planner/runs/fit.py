@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from planner.cost.profile import TERMS, profiled_step_time
+from planner.layout_range import layout_range_of
 from planner.runs.check import FEATURE_COLUMNS, RowPrediction
 from planner.runs.ratio_error import ratio_error_fields
 
@@ -67,6 +68,8 @@ class FitResult(BaseModel):
     #: Each fitted term's [lowest, highest] value over refits leaving one model's rows out
     #: (:func:`term_ranges_one_model_out`); {} with one model.
     term_range_one_model_out: dict[str, list[float]] = {}
+    #: How far the rows' layouts reached (:func:`planner.layout_range.layout_range_of`).
+    layout_range: dict = {}
 
 
 def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
@@ -283,7 +286,16 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
         ideal_mape=_mape(cols["ideal_tokens"], measured),
         ratio_error=ratio_fields,
         term_range_one_model_out=term_ranges_one_model_out(cols, weights, names),
+        layout_range=_layout_range(rows),
     )
+
+
+def _layout_range(rows: list[RowPrediction]) -> dict:
+    """The rows' layout range as the profile stores it ({} when no row has a layout)."""
+    found = layout_range_of(
+        [r.layout for r in rows], [r.seq_len for r in rows], [r.num_gpus for r in rows]
+    )
+    return found.model_dump() if found is not None else {}
 
 
 def profile_toml(result: FitResult, command: str, date: str) -> str:
@@ -331,6 +343,9 @@ def profile_toml(result: FitResult, command: str, date: str) -> str:
     if result.ratio_error:  # the band the search ranks under (planner/runs/ratio_error.py)
         out += ["", "[fit.ratio_error]"]
         out += [line(key, value) for key, value in result.ratio_error.items()]
+    if result.layout_range:  # the layouts the error speaks for (planner/layout_range.py)
+        out += ["", "[fit.layout_range]"]
+        out += [line(key, value) for key, value in result.layout_range.items() if value is not None]
     if result.term_range_one_model_out:
         out += ["", "[fit.term_range_one_model_out]"]
         out += [line(name, [float(f"{v:.4g}") for v in span])

@@ -10,12 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwspecs.catalog import load_profile, profile_names
+from hwspecs.profile import LayoutRange
+from planner.layout_range import layout_range_of, outside_reasons
 from planner.rank import (
     BY_TIME,
     FASTEST,
     OUTSIDE,
     PREFERENCES,
     RULES,
+    RankSettings,
     equivalent_to_best,
     placing_rules,
     preference_keys,
@@ -99,16 +102,64 @@ def ranked(columns: dict, time_s: list[float], band: float = 0.1):
     return order.tolist(), [PREFERENCES[c] for c in codes]
 
 
+H100_RUNS = LayoutRange(tp=8, cp=32, pp=16, ep=64, cp_tokens_per_rank=4096, num_gpus=6144,
+                        num_runs=258)  # fmt: skip
+
+
+def test_rule_0_prefers_a_tie_inside_the_measured_layouts():
+    # 16,384 GPUs at 8K: TP1 CP16 PP64 (3 axes) against TP8 CP2 PP8 (4 axes), equal by time.
+    columns = rows({"tp": 1, "cp": 16, "pp": 64, "dp": 16}, {"tp": 8, "cp": 2, "pp": 8, "dp": 128})
+    settings = RankSettings(layout_range=H100_RUNS, seq_len=8192)
+    keys = preference_keys(columns, 8, USABLE, settings=settings)
+    assert keys[:, 0].tolist() == [2, 0]  # pp 64 > 16; 512 tokens per CP rank < 4,096
+    time_s = np.array([1.00, 1.05])
+    order = robust_order(time_s, keys, 0.1, np.argsort(time_s))
+    assert order.tolist() == [1, 0]
+    assert placing_rules(keys[order], np.array([True, True]), 1)[0] == 0
+    # Without a range (a profile fitted before it was recorded) rule 1 decides: 3 axes first.
+    assert (
+        robust_order(time_s, preference_keys(columns, 8, USABLE), 0.1, np.argsort(time_s))[0] == 0
+    )
+    # Never across the band: 30% faster outside the runs stays first.
+    assert robust_order(np.array([1.0, 1.3]), keys, 0.1, np.arange(2))[0] == 0
+
+
+def test_the_measured_range_is_the_runs_largest_degrees_and_fewest_tokens_per_cp_rank():
+    layouts = [{"tp": 8, "cp": 2, "pp": 8, "ep": 1}, {"tp": 4, "cp": 4, "pp": 16, "ep": 8},
+               {"tp": 1, "cp": 1, "pp": 1, "ep": 64}, None]  # fmt: skip
+    found = layout_range_of(layouts, [8192, 131072, 4096, 2048], [512, 64, 128, 9999])
+    assert (found.tp, found.cp, found.pp, found.ep) == (8, 4, 16, 64)
+    assert found.cp_tokens_per_rank == 4096 and found.num_gpus == 512 and found.num_runs == 3
+    assert layout_range_of([None], [8192], [8]) is None
+    reasons = outside_reasons({"tp": 1, "cp": 16, "pp": 64, "ep": 1}, H100_RUNS, 8192)
+    assert reasons == ["pp 64 > 16", "cp 16: 512 tokens per rank < 4,096"]
+    assert outside_reasons({"tp": 8, "cp": 16, "pp": 16, "ep": 1}, H100_RUNS, 131072) == []
+    assert outside_reasons({"tp": 8, "cp": 16, "pp": 16, "ep": 1}, None, 8192) == []
+
+
+def test_every_shipped_profile_records_the_range_of_its_training_rows():
+    from hwspecs.catalog import load_runs
+
+    runs = {row.id: row for row in load_runs("train")}
+    for name in profile_names():
+        found = load_profile(name).fit
+        assert found.layout_range is not None, name
+        trained = [runs[i].training for i in found.training_ids]
+        published = [t.pp for t in trained if t.pp is not None]
+        assert max(published, default=1) <= found.layout_range.pp, name
+        assert found.layout_range.num_runs == len(found.training_ids), name
+
+
 def test_rule_1_fewer_axes_above_one():
     columns = rows({"tp": 2, "cp": 8, "pp": 32, "dp": 32}, {"tp": 8, "pp": 16, "dp": 128})
     order, why = ranked(columns, [1.00, 1.05])
-    assert order == [1, 0] and why[0] == RULES[0]
+    assert order == [1, 0] and why[0] == RULES[1]
 
 
 def test_rule_2_tp_within_the_scale_up_domain_before_cp_or_pp():
     columns = rows({"tp": 2, "pp": 64, "dp": 128}, {"tp": 8, "pp": 16, "dp": 128})
     order, why = ranked(columns, [1.00, 1.05])
-    assert order == [1, 0] and why[0] == RULES[1]
+    assert order == [1, 0] and why[0] == RULES[2]
 
 
 def test_rule_2_reads_only_rows_with_cp_or_pp():
@@ -121,41 +172,41 @@ def test_rule_3_pp_only_as_deep_as_memory_needs():
     # The same tp, cp and memory measures fit at pp 8: pp 16 is deeper than memory needs.
     columns = rows({"pp": 16, "dp": 128}, {"pp": 8, "dp": 256}, {"pp": 32, "dp": 64})
     order, why = ranked(columns, [1.00, 1.05, 0.99])
-    assert order[0] == 1 and why[0] == RULES[2]
+    assert order[0] == 1 and why[0] == RULES[3]
 
 
 def test_rule_4_cp_only_when_the_sequence_needs_it():
     # cp 2 fits with these degrees: cp 8 splits the sequence further than memory needs.
     columns = rows({"cp": 8, "dp": 16}, {"cp": 2, "dp": 64})
     order, why = ranked(columns, [1.00, 1.05])
-    assert order == [1, 0] and why[0] == RULES[3]
+    assert order == [1, 0] and why[0] == RULES[4]
 
 
 def test_cp_is_an_axis_first():
     columns = rows({"cp": 2, "dp": 64}, {"cp": 1, "dp": 128})
     order, why = ranked(columns, [1.00, 1.05])
-    assert order == [1, 0] and why[0] == RULES[0]
+    assert order == [1, 0] and why[0] == RULES[1]
 
 
 def test_rule_4_keeps_the_cp_memory_needs():
     # Nothing fits below cp 2 with these degrees: cp 2 is what the sequence needs.
     columns = rows({"cp": 2, "dp": 64}, {"cp": 4, "dp": 32})
     order, why = ranked(columns, [1.05, 1.00])
-    assert order == [0, 1] and why[0] == RULES[3]
+    assert order == [0, 1] and why[0] == RULES[4]
 
 
 def test_rule_5_more_memory_headroom():
     columns = rows({"memory_per_gpu_bytes": 70 * GIB, "zero_stage": 1},
                    {"memory_per_gpu_bytes": 50 * GIB, "zero_stage": 1})  # fmt: skip
     order, why = ranked(columns, [1.00, 1.05])
-    assert order == [1, 0] and why[0] == RULES[4]
+    assert order == [1, 0] and why[0] == RULES[5]
 
 
 def test_rule_5_reads_whole_gib_then_rule_6_the_simpler_schedule():
     columns = rows({"schedule": "zbv", "vpp": 2, "memory_per_gpu_bytes": 60.2 * GIB},
                    {"schedule": "1f1b", "memory_per_gpu_bytes": 60.4 * GIB})  # fmt: skip
     order, why = ranked(columns, [1.00, 1.05])
-    assert order == [1, 0] and why[0] == RULES[5]
+    assert order == [1, 0] and why[0] == RULES[6]
 
 
 def test_schedule_complexity_counts_rules_chunks_split_backward_and_copies():
@@ -183,7 +234,7 @@ def test_the_keys_of_some_rows_are_those_rows_keys_of_all():
                    {"tp": 4, "pp": 32, "dp": 64, "schedule": "zbv", "vpp": 2},
                    {"cp": 4, "pp": 4, "dp": 64, "memory_per_gpu_bytes": 70 * GIB})  # fmt: skip
     every = preference_keys(columns, 8, USABLE)
-    assert every[1, 2] == 1.0 and every[3, 2] == 0.0  # pp 16 against pp 8 on the same rest
+    assert every[1, 3] == 1.0 and every[3, 3] == 0.0  # pp 16 against pp 8 on the same rest
     for chosen in ([1], [4, 0], [3, 1, 2]):
         some = preference_keys(columns.__getitem__, 8, USABLE, np.array(chosen))
         np.testing.assert_array_equal(some, every[chosen])
@@ -241,6 +292,28 @@ def test_plan_json_carries_the_rank_fields(capsys):
         assert entry["rank_by_time"] >= 1
     assert data["results"][0]["equivalent_to_best"]
     assert any("within the model's" in line for line in data["explanation"])
+
+
+def test_plan_and_estimate_name_the_axes_beyond_the_measured_layouts(capsys):
+    # Llama 3 8B on 64 H100s: the shipped profile's runs reach pp 16, so pp 32 is beyond.
+    code, out, _ = run(capsys, *SMALL, "--pp", "32", "--profile", "shipped", "--json")
+    assert code == 0
+    data = json.loads(out)
+    measured = load_profile("h100-sxm").fit.layout_range
+    assert data["query"]["measured_layout_range"] == measured.model_dump()
+    assert all(e["outside_measured_layouts"] == ["pp 32 > 16"] for e in data["results"])
+    assert any("lie inside them" in line for line in data["explanation"])
+    assert any("the winner lies outside them (pp 32 > 16)" in line for line in data["explanation"])
+    layout = ["--tp", "1", "--cp", "2", "--pp", "32", "--dp", "1", "--seq-len", "4096"]
+    code, out, _ = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                       *layout, "--global-batch-size", "64", "--json")  # fmt: skip
+    assert code == 0
+    assert json.loads(out)["outside_measured_layouts"] == [
+        "pp 32 > 16", "cp 2: 2,048 tokens per rank < 4,096"
+    ]  # fmt: skip
+    code, out, _ = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                       *layout, "--global-batch-size", "64")  # fmt: skip
+    assert code == 0 and "beyond the profile's runs: pp 32 > 16" in " ".join(out.split())
 
 
 def test_rank_time_is_the_time_ranking(capsys):

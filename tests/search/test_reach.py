@@ -43,7 +43,7 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize(("mode", "top"), [("robust", 5), ("time", 1)])
 def test_the_rows_within_reach_are_the_first_rows_of_the_whole_ranking(name, mode, top):
     job, cluster, accelerator, gpus = _job(name)
-    settings = rank_settings(mode, cluster.accelerator, job.efficiency_profile)
+    settings = rank_settings(mode, cluster.accelerator, job.efficiency_profile, job.seq_len)
     every, reached = (
         search(
             job,

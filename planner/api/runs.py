@@ -106,3 +106,21 @@ def fit(
         uncovered=uncovered,
         profile_toml=profile_toml(result, command, date),
     )
+
+
+def extrapolation(accelerator: str, runs: list[str] | None = None) -> list:
+    """How ``accelerator``'s profile error holds beyond the layouts it was fitted on, on its
+    runs (default: the shipped catalog): :func:`planner.runs.extrapolation.
+    extrapolation_errors` of the rows ``fit`` takes."""
+    from hwspecs.catalog import load_runs
+    from planner.runs.check import predict_row
+    from planner.runs.extrapolation import extrapolation_errors
+
+    rows = [row for name in (runs or ["train"]) for row in load_runs(name)]
+    rows = [row for row in rows if row.hardware.accelerator == accelerator]
+    covered = [p for p in (predict_row(row) for row in rows) if p.covered]
+    if len(covered) < 8:
+        raise PlanError(
+            f"--accelerator {accelerator}: {len(covered)} runs the model covers; a fit needs ≥ 8"
+        )
+    return extrapolation_errors(covered, accelerator)

@@ -144,8 +144,23 @@ def _group_weights(groups: np.ndarray) -> np.ndarray:
     return 1.0 / counts[inverse]
 
 
-def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Mean absolute percentage error of ``predicted`` against ``measured``."""
     return float(np.mean(np.abs(predicted / measured - 1)))
+
+
+def predicted_tokens_of(rows: list[RowPrediction], values: dict[str, float]) -> np.ndarray:
+    """Tokens/s per GPU of ``rows`` (ideal-model predictions) under the profile ``values``."""
+    return predicted_tokens(_columns(rows), values)
+
+
+def held_out_predictions(rows: list[RowPrediction], names: list[str], by) -> np.ndarray:
+    """Each row's prediction from a fit of ``names`` on the rows of every other value of
+    ``by`` (sources: leave-one-source-out), weighted as :func:`fit_profile` weights them."""
+    weights = _group_weights(np.array([r.group for r in rows]))
+    by = np.asarray(by)
+    folds = [np.array([value]) for value in sorted(set(by))]
+    return _held_out(_columns(rows), weights, names, by, folds)
 
 
 def _held_out(cols, weights, names, families, folds: list[np.ndarray]) -> np.ndarray:
@@ -167,7 +182,7 @@ MIN_CV_GAIN = 0.002
 
 def _loso_mape(cols, weights, names, families) -> float:
     folds = [np.array([f]) for f in sorted(set(families))]
-    return _mape(_held_out(cols, weights, names, families, folds), cols["measured_tokens"])
+    return mape(_held_out(cols, weights, names, families, folds), cols["measured_tokens"])
 
 
 def terms_that_earn_their_place(cols, weights, names: list[str], families) -> list[str]:
@@ -247,20 +262,20 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
     predicted = predicted_tokens(cols, values)
     measured = cols["measured_tokens"]
     unique = sorted(set(families))
-    by_family = {f: _mape(predicted[families == f], measured[families == f]) for f in unique}
+    by_family = {f: mape(predicted[families == f], measured[families == f]) for f in unique}
     loso = kfold = None
     loso_by: dict[str, float] = {}
     rng = np.random.default_rng(0)
     if len(unique) > 1:
         held = _held_out(cols, weights, names, families, [np.array([f]) for f in unique])
-        loso = _mape(held, measured)
-        loso_by = {f: _mape(held[families == f], measured[families == f]) for f in unique}
+        loso = mape(held, measured)
+        loso_by = {f: mape(held[families == f], measured[families == f]) for f in unique}
         folds = np.array_split(rng.permutation(unique), min(NUM_FOLDS, len(unique)))
-        kfold = _mape(_held_out(cols, weights, names, families, folds), measured)
+        kfold = mape(_held_out(cols, weights, names, families, folds), measured)
     else:  # one source: k-fold over configuration groups (never over rows)
         folds = np.array_split(rng.permutation(sorted(set(groups))), NUM_FOLDS)
         held = _held_out(cols, weights, names, groups, folds)
-        kfold = _mape(held, measured)
+        kfold = mape(held, measured)
     ratio = held / measured  # held-out: measured over predicted step time
     jobs = np.array([r.job for r in rows])
     groups = np.array([r.group for r in rows])
@@ -276,14 +291,14 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
         training_ids=[r.id for r in rows],
         num_rows=len(rows),
         num_groups=len({r.group for r in rows}),
-        in_sample_mape=_mape(predicted, measured),
+        in_sample_mape=mape(predicted, measured),
         kfold_mape=kfold,
         loso_mape=loso,
         loso_mape_by_source=loso_by,
         in_sample_mape_by_source=by_family,
         step_time_ratio_p10=float(np.percentile(ratio, 10)),
         step_time_ratio_p90=float(np.percentile(ratio, 90)),
-        ideal_mape=_mape(cols["ideal_tokens"], measured),
+        ideal_mape=mape(cols["ideal_tokens"], measured),
         ratio_error=ratio_fields,
         term_range_one_model_out=term_ranges_one_model_out(cols, weights, names),
         layout_range=_layout_range(rows),

@@ -881,3 +881,50 @@ def test_gpt_oss_rows_attend_over_their_sliding_window_on_every_other_layer():
     assert (model.sliding_window, model.num_sliding_window_layers) == (128, 18)
     llama = next(r for r in load_runs("train") if r.model.name.startswith("Llama 3"))
     assert model_spec(llama).num_sliding_window_layers == 0
+
+
+def _synthetic_rows(measured_of, n: int = 120, seed: int = 3) -> list[RowPrediction]:
+    """Covered rows of synthetic features, four source families, layouts that vary in pp and
+    GPUs; measured tokens/s from ``measured_of(columns, ideal)``."""
+    rng = np.random.default_rng(seed)
+    cols = _synthetic_columns(rng, n)
+    ideal = rng.uniform(500, 20000, n)
+    measured = measured_of(cols, ideal)
+    pp = rng.choice([1, 2, 4, 8, 16], n)
+    return [
+        RowPrediction(
+            id=f"row{i}", source="s", source_family=f"family{i % 4}", group=f"g{i}",
+            model=f"model{i % 6}", accelerator="h100-sxm", precision="bf16", stack="megatron",
+            num_gpus=int(cols["num_gpus"][i]), seq_len=4096, covered=True,
+            layout={"tp": 1, "cp": 1, "pp": int(pp[i]), "ep": 1},
+            predicted_tokens_per_s_per_gpu=ideal[i], measured_tokens_per_s_per_gpu=measured[i],
+            features={k: float(v[i]) for k, v in cols.items()},
+        )
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_a_right_model_extrapolates_beyond_the_layouts_it_was_fitted_on():
+    from planner.runs.extrapolation import extrapolation_errors
+
+    def exact(cols, ideal):
+        return predicted_tokens({**cols, "ideal_tokens": ideal}, KNOWN)
+
+    found = {e.split: e for e in extrapolation_errors(_synthetic_rows(exact), "h100-sxm")}
+    assert {"pp", "gpus"} <= set(found) and "tp" not in found  # every row has tp 1
+    for split in ("pp", "gpus"):
+        assert found[split].num_inside + found[split].num_beyond == 120
+        assert found[split].extrapolated_mape < 0.01 and found[split].interpolated_mape < 0.01
+
+
+def test_an_effect_only_beyond_the_range_shows_as_extrapolation_error():
+    from planner.runs.extrapolation import extrapolation_errors
+
+    rows = _synthetic_rows(lambda cols, ideal: predicted_tokens({**cols, "ideal_tokens": ideal},
+                                                               KNOWN))  # fmt: skip
+    slow = [r.layout["pp"] > 4 for r in rows]  # a loss the features do not carry, past pp 4
+    rows = [r.model_copy(update={"measured_tokens_per_s_per_gpu":
+                                 r.measured_tokens_per_s_per_gpu * (0.7 if s else 1.0)})
+            for r, s in zip(rows, slow, strict=True)]  # fmt: skip
+    found = {e.split: e for e in extrapolation_errors(rows, "h100-sxm")}
+    assert found["pp"].extrapolated_median_error > 0.3  # the inside fit never saw the loss

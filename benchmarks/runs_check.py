@@ -78,8 +78,9 @@ def main() -> None:
     if not TARGETS.exists():
         print(f"(no {TARGETS}: the targets are not shipped)")
         return
-    print("| run | published MFU | ideal MFU | profile MFU | published tok/s | ideal | profile |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | published MFU | ideal MFU | profile MFU | published tok/s | ideal | profile "
+          "| beyond the profile's runs |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     from hwspecs.catalog import load_runs
 
     definition = {row.id: row.measured.mfu_definition or "" for row in load_runs(str(TARGETS))}
@@ -94,7 +95,8 @@ def main() -> None:
             print(f"| {row.id} | {row.published_mfu:.1%}{label} | {getattr(base, key):.1%} | "
                   f"{getattr(row, key):.1%} | {row.measured_tokens_per_s_per_gpu:,.0f} | "
                   f"{base.predicted_tokens_per_s_per_gpu:,.0f} | "
-                  f"{row.predicted_tokens_per_s_per_gpu:,.0f} |")  # fmt: skip
+                  f"{row.predicted_tokens_per_s_per_gpu:,.0f} | "
+                  f"{'; '.join(row.outside_measured_layouts) or '-'} |")  # fmt: skip
 
 
 if __name__ == "__main__":

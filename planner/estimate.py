@@ -219,7 +219,7 @@ def _estimate(
 def _outside_measured_layouts(job: Job, layout: Layout, accelerator: str) -> list[str]:
     """The axes ``layout`` leaves the runs the job's profile was measured on."""
     measured = measured_layout_range(job.efficiency_profile, accelerator)
-    return outside_reasons(layout.model_dump(), measured, job.seq_len)
+    return outside_reasons(layout.model_dump(), measured, job.seq_len, layout.num_gpus)
 
 
 def _gemm_peak(accelerator, job: Job) -> float | None:

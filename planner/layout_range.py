@@ -86,10 +86,13 @@ def count_outside(columns, layout_range: LayoutRange | None, seq_len: int | None
 
 
 def outside_reasons(
-    layout: dict, layout_range: LayoutRange | None, seq_len: int | None
-) -> list[str]:
+    layout: dict, layout_range: LayoutRange | None, seq_len: int | None,
+    num_gpus: int | None = None,
+) -> list[str]:  # fmt: skip
     """The axes one layout (tp, cp, pp, ep) leaves the runs' range on, each as a phrase:
-    ``pp 64 > 16``, ``cp 16: 512 tokens per rank < 4,096``."""
+    ``pp 64 > 16``, ``cp 16: 512 tokens per rank < 4,096``; with ``num_gpus``, also a scale
+    beyond every run's (``16,384 GPUs > 6,144``: every layout of that size shares it, so
+    the ranking's rule 0 does not read it)."""
     layout = {axis: int(layout.get(axis) or 1) for axis in AXES[:4]}  # ep unset: 1
     found = axes_outside({axis: [layout[axis]] for axis in AXES[:4]}, layout_range, seq_len)
     reasons = []
@@ -102,6 +105,8 @@ def outside_reasons(
             f"cp {layout['cp']}: {per_rank:,.0f} tokens per rank < "
             f"{layout_range.cp_tokens_per_rank:,}"
         )
+    if layout_range is not None and num_gpus is not None and num_gpus > layout_range.num_gpus:
+        reasons.append(f"{num_gpus:,} GPUs > {layout_range.num_gpus:,}")
     return reasons
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from hwspecs.catalog import load_accelerator
 from hwspecs.runs import RunRow
+from planner.layout_range import measured_layout_range, outside_reasons
 from planner.runs.measured import measured_tokens_per_s
 from planner.runs.rows import (
     Uncovered,
@@ -87,6 +88,10 @@ class RowPrediction(BaseModel):
     memory_capacity_gib: float | None = None
     measured_memory_gib: float | None = None
     features: dict[str, float] | None = None
+    #: Where the predicted layout lies beyond the runs its profile (the ideal model: the
+    #: accelerator's shipped profile) was fitted on (:func:`planner.layout_range.
+    #: outside_reasons`, GPUs included); empty inside them.
+    outside_measured_layouts: list[str] = []
 
 
 class ErrorStats(BaseModel):
@@ -191,6 +196,8 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
     mfu = float(best["mfu"])
     features = {key: float(best[key]) for key in FEATURE_COLUMNS if key in best}
     layout = {key: _plain(best[key]) for key in LAYOUT_COLUMNS}
+    measured_range = measured_layout_range(profile, accelerator.id)
+    seq_len, num_gpus = row.training.seq_len, row.hardware.num_gpus
     return RowPrediction(
         **{
             **base,
@@ -210,6 +217,7 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
         predicted_mfu_causal=float(best["mfu_causal"]),
         predicted_memory_gib=float(best["memory_per_gpu_bytes"]) / GIB,
         features=features,
+        outside_measured_layouts=outside_reasons(layout, measured_range, seq_len, num_gpus),
     )
 
 

@@ -135,6 +135,9 @@ def test_the_measured_range_is_the_runs_largest_degrees_and_fewest_tokens_per_cp
     assert reasons == ["pp 64 > 16", "cp 16: 512 tokens per rank < 4,096"]
     assert outside_reasons({"tp": 8, "cp": 16, "pp": 16, "ep": 1}, H100_RUNS, 131072) == []
     assert outside_reasons({"tp": 8, "cp": 16, "pp": 16, "ep": 1}, None, 8192) == []
+    assert outside_reasons({"tp": 8, "cp": 1, "pp": 16, "ep": 1}, H100_RUNS, 8192, 16384) == [
+        "16,384 GPUs > 6,144"
+    ]  # fmt: skip
 
 
 def test_every_shipped_profile_records_the_range_of_its_training_rows():

@@ -10,7 +10,7 @@ exist, the evidence behind the ranking's rule 0 (``planner/rank.py``) and the pl
 ``outside_measured_layouts``. Nothing here is fitted on the test targets.
 
 Run: ``python benchmarks/extrapolation.py [accelerator …]`` (default h100-sxm and gb200;
-about two minutes on 2 cores). Prints Markdown.
+about half a minute on 2 cores). Prints Markdown.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ MIN_BEYOND = 5
 MIN_SOURCES_INSIDE = 2
 
 
-class ExtrapolationError(BaseModel):
+class SplitExtrapolation(BaseModel):
     """One split: the rows beyond it, predicted by a fit on the rows inside (extrapolated)
     and by the fit on every row with their source left out (interpolated)."""
 
@@ -52,7 +52,7 @@ class ExtrapolationError(BaseModel):
 
 def extrapolation_errors(
     rows: list[RowPrediction], accelerator: str, splits: dict | None = None
-) -> list[ExtrapolationError]:
+) -> list[SplitExtrapolation]:
     """Each measurable split of ``rows`` (covered ideal-model predictions of one accelerator,
     as ``llmplan fit`` takes them): see the module docstring."""
     splits = SPLITS if splits is None else splits
@@ -71,7 +71,7 @@ def extrapolation_errors(
         predicted = predicted_tokens_of([rows[i] for i in beyond], fitted.values)
         errors = predicted / measured[beyond] - 1
         found.append(
-            ExtrapolationError(
+            SplitExtrapolation(
                 split=name,
                 description=description,
                 num_inside=len(kept),

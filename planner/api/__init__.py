@@ -38,7 +38,14 @@ from planner.api.layout import (  # noqa: F401
     topology,
 )
 from planner.api.page import PageMark, parse_mark, plan_page_marks, plan_page_rows  # noqa: F401
-from planner.api.runs import FitReport, extrapolation, fit, runs_check  # noqa: F401
+from planner.api.runs import (  # noqa: F401
+    FitReport,
+    LayoutRanksReport,
+    extrapolation,
+    fit,
+    published_layout_ranks,
+    runs_check,
+)
 from planner.api.search import (  # noqa: F401
     SWEEP_QUANTITIES,
     PlanResult,

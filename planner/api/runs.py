@@ -124,3 +124,50 @@ def extrapolation(accelerator: str, runs: list[str] | None = None) -> list:
             f"--accelerator {accelerator}: {len(covered)} runs the model covers; a fit needs ≥ 8"
         )
     return extrapolation_errors(covered, accelerator)
+
+
+class LayoutRanksReport(BaseModel):
+    """Where the published layouts of the runs' jobs rank (:mod:`planner.runs.layout_ranks`),
+    with every preference rule and without rule 0, per accelerator and over all."""
+
+    rows: list
+    summaries: list
+    summaries_without_rule_0: list
+
+
+def published_layout_ranks(
+    runs: list[str] | None = None, accelerator: str | None = None, min_gpus: int = 64,
+    limit: int | None = None,
+) -> LayoutRanksReport:  # fmt: skip
+    """Search each job of the runs (one row per job, at least ``min_gpus`` GPUs; the first
+    ``limit`` jobs) as ``plan`` would and find the published degrees in the ranking."""
+    from hwspecs.catalog import load_runs
+    from planner.api.search import rank_settings
+    from planner.runs.layout_ranks import (
+        one_row_per_job,
+        published_layout_rank,
+        summarize_ranks,
+    )
+
+    rows = [row for name in (runs or ["train"]) for row in load_runs(name)]
+    rows = [row for row in rows if row.hardware.num_gpus >= min_gpus]
+    if accelerator:
+        rows = [row for row in rows if row.hardware.accelerator == accelerator]
+    rows = one_row_per_job(rows)[:limit]
+
+    def settings_of(name, profile, seq_len):
+        return rank_settings("robust", name, profile, seq_len)
+
+    reports = {}
+    for with_range in (True, False):
+        found = [published_layout_rank(row, settings_of, with_range) for row in rows]
+        found = [f for f in found if f is not None]
+        names = sorted({f.accelerator for f in found})
+        reports[with_range] = (found, [summarize_ranks("all", found)] + [
+            summarize_ranks(name, [f for f in found if f.accelerator == name]) for name in names
+        ])  # fmt: skip
+    return LayoutRanksReport(
+        rows=reports[True][0],
+        summaries=reports[True][1],
+        summaries_without_rule_0=reports[False][1],
+    )

@@ -130,8 +130,8 @@ class LayoutRanksReport(BaseModel):
     """Where the published layouts of the runs' jobs rank (:mod:`planner.runs.layout_ranks`),
     with every preference rule and without rule 0, per accelerator and over all."""
 
-    rows: list
-    summaries: list
+    rows: list  # planner.runs.layout_ranks.PublishedLayoutRank
+    summaries: list  # planner.runs.layout_ranks.LayoutRankSummary, "all" first
     summaries_without_rule_0: list
 
 

@@ -14,6 +14,8 @@ DeepSeek-V3 targets are the held-out one). Memory is judged as for a run that ra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from pydantic import BaseModel
 
@@ -64,7 +66,9 @@ def one_row_per_job(rows: list[RunRow]) -> list[RunRow]:
     return list({job_key(row): row for row in reversed(rows)}.values())[::-1]
 
 
-def published_layout_rank(row: RunRow, settings_of, use_layout_range: bool = True):
+def published_layout_rank(
+    row: RunRow, settings_of: Callable[..., RankSettings], use_layout_range: bool = True
+) -> PublishedLayoutRank | None:
     """Search the whole layout space for ``row``'s job under its shipped profile (for its
     stack) and rank as ``plan`` does (``settings_of(accelerator, profile, seq_len)``: the
     :class:`planner.rank.RankSettings`; ``use_layout_range`` False: without rule 0). None
@@ -76,7 +80,7 @@ def published_layout_rank(row: RunRow, settings_of, use_layout_range: bool = Tru
         return None
     profile = profile_for(row.hardware.accelerator, None, stack_label(row))
     job = job.model_copy(update={"efficiency_profile": profile})
-    settings: RankSettings = settings_of(row.hardware.accelerator, profile, job.seq_len)
+    settings = settings_of(row.hardware.accelerator, profile, job.seq_len)
     if not use_layout_range:
         settings = settings.model_copy(update={"layout_range": None})
     accelerator = load_accelerator(cluster.accelerator)

@@ -64,6 +64,35 @@ class FitReport(BaseModel):
     profile_toml: str
 
 
+def _fit_rows(
+    runs: list[str] | None, accelerator: str, stack: str | None = None,
+    left_out: set[str] = frozenset(),
+) -> tuple[list, dict[str, int], int]:  # fmt: skip
+    """The rows ``fit`` takes: ``accelerator``'s runs (of ``stack``) but those ``left_out``,
+    predicted by the ideal model; (the covered ones, the others counted by reason, how many
+    were left out). Fewer than 8 covered: an error naming the accelerator."""
+    from hwspecs.catalog import load_runs
+    from planner.runs.check import predict_row
+    from planner.runs.rows import stack_label
+
+    rows = [row for name in (runs or ["train"]) for row in load_runs(name)]
+    rows = [row for row in rows if row.hardware.accelerator == accelerator]
+    if stack:
+        rows = [row for row in rows if stack_label(row) == stack]
+    excluded = sum(row.id in left_out for row in rows)
+    predictions = [predict_row(row) for row in rows if row.id not in left_out]
+    covered = [p for p in predictions if p.covered]
+    uncovered: dict[str, int] = {}
+    for p in predictions:
+        if not p.covered:
+            uncovered[p.reason] = uncovered.get(p.reason, 0) + 1
+    if len(covered) < 8:
+        raise PlanError(
+            f"--accelerator {accelerator}: {len(covered)} runs the model covers; a fit needs ≥ 8"
+        )
+    return covered, uncovered, excluded
+
+
 def fit(
     runs: list[str] | None,
     accelerator: str,
@@ -77,27 +106,10 @@ def fit(
     import datetime
 
     from hwspecs.catalog import load_runs
-    from planner.runs.check import predict_row
     from planner.runs.fit import fit_profile, profile_toml
-    from planner.runs.rows import stack_label
 
     left_out = {row.id for name in (exclude or []) for row in load_runs(name)}
-    rows = [row for name in (runs or ["train"]) for row in load_runs(name)]
-    rows = [row for row in rows if row.hardware.accelerator == accelerator]
-    if stack:
-        rows = [row for row in rows if stack_label(row) == stack]
-    excluded = sum(row.id in left_out for row in rows)
-    rows = [row for row in rows if row.id not in left_out]
-    predictions = [predict_row(row) for row in rows]
-    covered = [p for p in predictions if p.covered]
-    uncovered: dict[str, int] = {}
-    for p in predictions:
-        if not p.covered:
-            uncovered[p.reason] = uncovered.get(p.reason, 0) + 1
-    if len(covered) < 8:
-        raise PlanError(
-            f"--accelerator {accelerator}: {len(covered)} runs the model covers; a fit needs ≥ 8"
-        )
+    covered, uncovered, excluded = _fit_rows(runs, accelerator, stack, left_out)
     result = fit_profile(covered, accelerator, stack)
     date = datetime.date.today().isoformat()
     return FitReport(
@@ -112,17 +124,9 @@ def extrapolation(accelerator: str, runs: list[str] | None = None) -> list:
     """How ``accelerator``'s profile error holds beyond the layouts it was fitted on, on its
     runs (default: the shipped catalog): :func:`planner.runs.extrapolation.
     extrapolation_errors` of the rows ``fit`` takes."""
-    from hwspecs.catalog import load_runs
-    from planner.runs.check import predict_row
     from planner.runs.extrapolation import extrapolation_errors
 
-    rows = [row for name in (runs or ["train"]) for row in load_runs(name)]
-    rows = [row for row in rows if row.hardware.accelerator == accelerator]
-    covered = [p for p in (predict_row(row) for row in rows) if p.covered]
-    if len(covered) < 8:
-        raise PlanError(
-            f"--accelerator {accelerator}: {len(covered)} runs the model covers; a fit needs ≥ 8"
-        )
+    covered, _, _ = _fit_rows(runs, accelerator)
     return extrapolation_errors(covered, accelerator)
 
 

@@ -77,7 +77,7 @@ def extrapolation_errors(
                 num_inside=len(kept),
                 num_beyond=len(beyond),
                 sources_beyond=len({rows[i].source_family for i in beyond}),
-                extrapolated_mape=float(np.mean(np.abs(errors))),
+                extrapolated_mape=mape(predicted, measured[beyond]),
                 interpolated_mape=mape(interpolated[beyond], measured[beyond]),
                 extrapolated_median_error=float(np.median(errors)),
                 fitted_terms_inside=fitted.fitted_terms,

@@ -63,7 +63,10 @@ def job_key(row: RunRow) -> tuple:
 
 def one_row_per_job(rows: list[RunRow]) -> list[RunRow]:
     """The first row of each :func:`job_key`, in the rows' order."""
-    return list({job_key(row): row for row in reversed(rows)}.values())[::-1]
+    kept: dict[tuple, RunRow] = {}
+    for row in rows:
+        kept.setdefault(job_key(row), row)
+    return list(kept.values())
 
 
 def published_layout_rank(

@@ -48,6 +48,16 @@ SMALL = Workload(
     seq_len=256,
 )
 
+#: A vocabulary as large as a layer's working set: which of the two a full-recompute peak
+#: holds at the loss turn (:func:`planner.cost.activations.layer_working_beside_logits`).
+WIDE_VOCAB = Workload(
+    name="wide-vocab",
+    hidden_size=256,
+    ffn_hidden_size=768,
+    vocab_size=3072,
+    seq_len=512,
+)
+
 
 def _spec(name: str, workload: Workload = TINY, **layout) -> RunSpec:
     return RunSpec(name=name, workload=workload, layout=Layout(**layout))
@@ -94,6 +104,7 @@ FULL_LAYOUTS: list[RunSpec] = [
     _spec("cp-hierarchical", SMALL, cp=4, cp_algorithm="hierarchical", cp_inner=2, zero_stage=0),
     _spec("fsdp-tp", SMALL, dp=2, tp=2, zero_stage=3),
     _spec("pp-dp", SMALL, pp=2, dp=2, schedule="1f1b", num_microbatches=4, zero_stage=0),
+    _spec("dp-recompute", WIDE_VOCAB, dp=2, zero_stage=0, recompute="full", micro_batch_size=4),
 ]
 
 

@@ -127,6 +127,12 @@ class RunSpec(BaseModel):
             )
         if layout.cp > 1 and (layout.tp > 1 or layout.pp > 1):
             raise PlanError(f"{self.name}: the CP workload combines only with dp")
+        if layout.recompute not in ("none", "full"):
+            raise PlanError(
+                f"{self.name}: the workloads recompute none or full, got '{layout.recompute}'"
+            )
+        if layout.recompute == "full" and max(layout.pp, layout.tp, layout.cp, layout.ep) > 1:
+            raise PlanError(f"{self.name}: full recomputation runs on dp layouts only")
         if layout.tp > 1 and layout.pp > 1:
             raise PlanError(f"{self.name}: TP × PP is not among the workloads")
         if layout.zero_stage in (2, 3) and layout.pp > 1 and layout.dp > 1:

@@ -367,15 +367,23 @@ def backward_working_bytes(model: ModelSpec, shape: ActivationShape) -> float:
     return tokens * per_token * widest * e / t
 
 
-def backward_working_beside_logits(backward_working, logits_bytes, holds_head):
-    """The backward working bytes a rank adds on top of its logits buffers (numpy-friendly).
+def layer_working_beside_logits(layer_working, logits_bytes, holds_head):
+    """The working bytes of one layer's backward a rank adds on top of its logits buffers
+    (numpy-friendly): ``layer_working`` is what lives only inside a layer's backward, the
+    layer rebuilt by recomputation (:func:`recompute_working_bytes`, and the adapters' rebuilt
+    tensors and dequantized weights) plus the activation gradients at the backward's peak
+    (:func:`backward_working_bytes`).
 
     The loss turn (logits, FP32 probabilities and their gradient, :func:`logits_buffer_bytes`)
-    ends before the first layer's backward starts, so on the rank holding the head only
-    the larger of the two is alive at the peak: ``max(working, logits) − logits`` there,
-    the whole working set elsewhere.
+    ends before the last layer's backward starts: autograd frees the cross-entropy's saved
+    tensors when its backward has run and the logits' gradient once the LM head's backward
+    has consumed it, and only then does the last layer rebuild its activations (torch's
+    MemTracker on a checkpointed model: ``tests/validate/test_recompute_memory.py``). So on
+    the rank holding the head only the larger of the two is alive at the peak,
+    ``max(layer_working, logits) − logits`` on top of the logits there, the whole working
+    set elsewhere.
     """
-    return backward_working - holds_head * np.minimum(backward_working, logits_bytes)
+    return layer_working - holds_head * np.minimum(layer_working, logits_bytes)
 
 
 def first_stage_tensors(model: ModelSpec, shape: ActivationShape) -> dict[str, float]:

@@ -274,6 +274,19 @@ def adapter_working_max(
     return {key: max(parts.get(key, 0.0) for parts in found) for key in found[0]}
 
 
+def buffers_beside_logits(
+    buffers: dict[str, float], base_working: float, logits_bytes: float
+) -> dict[str, float]:
+    """The adapters' working buffers as a rank holds them on top of its logits buffers: the
+    loss turn hides a layer's working set up to the logits' size
+    (:func:`planner.cost.activations.layer_working_beside_logits`), the base's share
+    (``base_working``: rebuilt layer and activation gradients) first, then the adapters',
+    each buffer scaled down alike. Unchanged where ``logits_bytes`` is 0."""
+    total = math.fsum(buffers.values())
+    hidden = min(max(logits_bytes - base_working, 0.0), total) if logits_bytes > 0 else 0.0
+    return {k: v * (1 - hidden / total) for k, v in buffers.items()} if hidden else buffers
+
+
 def recipe_breakdown(
     states: FinetuneStateBytes,
     parts: dict[str, float],

@@ -164,8 +164,8 @@ def activation_columns(job: Job, c, S: dict, R: dict, schedule_groups) -> dict[s
         units[rows] = closed_form.peak_activation_units(sch, *per_row, slots, weight_ratio[rows])
     act_layers = R["dense_layers"] + _held(R, "moe_layers", 1.0)
     activations = layer_bytes * units
-    working = S["working"][:, None] + act.backward_working_beside_logits(
-        S["backward"][:, None], S["logits"][:, None], R["head"]
+    working = act.layer_working_beside_logits(
+        S["working"][:, None] + S["backward"][:, None], S["logits"][:, None], R["head"]
     )
     activations = activations + working * (act_layers > 0)
     activations = activations + inflight * (

@@ -25,7 +25,7 @@ from planner.spec.job import Job
 from planner.spec.measures import memory_measures
 from planner.spec.model import ModelSpec
 from planner.spec.precision import PrecisionSpec
-from planner.spec.recompute import module_policies
+from planner.spec.recompute import MEGATRON_MODULES, checked_recompute, module_policies
 from planner.spec.stack import framework_on_transformer_engine, framework_overlaps_tp
 
 #: The catalog cluster a run on each accelerator is predicted on, grown to the run's GPU
@@ -285,6 +285,9 @@ def _recompute_pins(text: str | None) -> dict:
     lower = (text or "").lower()
     if not lower or "rmsnorm" in lower:  # partial recompute: a memory measure (run_job)
         return {}
+    names = lower.replace(",", " ").replace("+", " ").split()
+    if names and all(name in MEGATRON_MODULES for name in names):  # --recompute-modules
+        return {"recompute": [checked_recompute("+".join(names))]}
     if lower.startswith("none"):
         return {"recompute": ["none"]}
     if "minimal" in lower:  # MaxText's: only the projections' outputs saved

@@ -91,6 +91,7 @@ def reference_ranks(job, layout, accelerator) -> list[dict]:
         act.recompute_working_bytes(model, shape, moe_layer=False),
         act.recompute_working_bytes(model, shape, moe_layer=True) if model.is_moe else 0.0,
     )
+    base_working = working + act.backward_working_bytes(model, shape)
     adapter_working = ft.adapter_working_max(model, tuned, shape)
     working += math.fsum(adapter_working.values())
 
@@ -100,8 +101,8 @@ def reference_ranks(job, layout, accelerator) -> list[dict]:
     holds_head[last_rank] = 1.0
     if layout.schedule in BIDIRECTIONAL_SCHEDULES:
         holds_head[first_rank] = 1.0
-    working = working + act.backward_working_beside_logits(
-        act.backward_working_bytes(model, shape), logits_bytes, holds_head
+    working = act.layer_working_beside_logits(
+        working + act.backward_working_bytes(model, shape), logits_bytes, holds_head
     )
     # Zero-bubble schedules: a micro-batch waiting only for W still holds M_W per layer.
     per_layer_w = (act_layers - act_moe_layers) * weight_pass_bytes_per_layer(
@@ -163,6 +164,7 @@ def reference_ranks(job, layout, accelerator) -> list[dict]:
             )
             parts |= states.memory_parts()
             buffers = {k: v * bool(act_layers[rank]) for k, v in adapter_working.items()}
+            buffers = ft.buffers_beside_logits(buffers, base_working, float(logits[rank]))
             recipe_parts.append(ft.recipe_breakdown(states, parts, adapter_acts[rank], buffers))
         stages.append(
             {

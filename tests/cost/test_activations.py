@@ -102,12 +102,12 @@ def test_backward_working_bytes_is_the_swiglu_gradients_at_its_peak():
     assert backward_working_bytes(model, shape) == 3 * 8192 * 53248 * 2 / 8
 
 
-def test_backward_working_beside_logits_counts_only_the_larger_on_the_head_rank():
+def test_layer_working_beside_logits_counts_only_the_larger_on_the_head_rank():
     import numpy as np
 
-    from planner.cost.activations import backward_working_beside_logits
+    from planner.cost.activations import layer_working_beside_logits
 
-    out = backward_working_beside_logits(10.0, np.array([4.0, 4.0, 30.0]), np.array([0, 1, 1]))
+    out = layer_working_beside_logits(10.0, np.array([4.0, 4.0, 30.0]), np.array([0, 1, 1]))
     assert out.tolist() == [10.0, 6.0, 0.0]
 
 

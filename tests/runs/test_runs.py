@@ -337,7 +337,7 @@ def test_published_tflops_are_read_as_the_publication_counts_them(row_id, causal
 
 
 def test_uncovered_rows_say_why():
-    row = next(r for r in load_runs("train") if r.id == "maxtext-v5e-32b-x2")
+    row = next(r for r in load_runs("train") if r.id == "maxtext-v5e-64b-x1")
     prediction = predict_row(row)
     assert not prediction.covered and prediction.reason == "no layout fits in memory"
     # By how much: the least memory a placeable layout needs, beside the capacity (XLA's
@@ -700,14 +700,30 @@ def test_runs_check_says_how_far_a_run_that_does_not_fit_is_off(tmp_path, capsys
     assert cli.main(["runs", "check", "--accelerator", "tpu-v5e", "--csv", str(path)]) == 0
     out = capsys.readouterr().out
     assert "no layout fits: the least memory a layout needs" in out
-    line = next(text for text in out.splitlines() if "maxtext-v5e-32b-x2" in text)
+    line = next(text for text in out.splitlines() if "maxtext-v5e-64b-x1" in text)
     assert "15.75" in line and max(len(text) for text in out.splitlines()) <= 80
     import csv
 
     rows = {row["id"]: row for row in csv.DictReader(path.open())}
-    short = rows["maxtext-v5e-32b-x2"]
+    short = rows["maxtext-v5e-64b-x1"]
     assert float(short["predicted_memory_gib"]) > float(short["memory_capacity_gib"]) == 15.75
     assert rows["maxtext-v5e-16b-x1"]["memory_capacity_gib"] == ""  # covered: no shortfall
+
+
+@pytest.mark.parametrize(
+    ("row_id", "policy"),
+    [
+        ("dgxc-2505-gb200-deepseek-v3-bf16-128g", "selective"),  # RM='core_attn'
+        ("dgxc-2505-h100-deepseek-v3-bf16-1024g", "mla_up_proj"),
+    ],
+)
+def test_published_recompute_modules_are_pinned(row_id, policy):
+    """A row whose launch script names Megatron-Core's ``--recompute_modules`` (dgxc-benchmarking
+    25.05's DeepSeek-V3 ``launch.sh``, a supplement) runs that policy, not a searched one."""
+    from planner.runs.rows import model_spec, search_space
+
+    row = next(r for r in load_runs("train") if r.id == row_id)
+    assert search_space(row, model_spec(row)).recompute == [policy]
 
 
 def test_maxtexts_minimal_remat_is_the_dots_policy():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from validate.spec import Workload
 
@@ -183,6 +184,9 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         #: Positions of this rank's tokens (set by context parallelism); None: all of them.
         self.positions: torch.Tensor | None = None
+        #: Full recomputation: each layer keeps only its input and reruns its forward in
+        #: backward (``torch.utils.checkpoint``, non-reentrant).
+        self.recompute_layers = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
@@ -192,7 +196,10 @@ class Transformer(nn.Module):
         else:
             cos, sin = self.rope_cos[self.positions], self.rope_sin[self.positions]
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            if self.recompute_layers and torch.is_grad_enabled():
+                h = checkpoint(layer, h, cos, sin, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h

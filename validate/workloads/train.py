@@ -47,6 +47,7 @@ class Trainer:
     def _build_whole_model(self) -> None:
         spec, groups, layout = self.spec, self.groups, self.layout
         model = build_model(spec.workload).to(self.device)
+        model.recompute_layers = layout.recompute == "full"
         if layout.tp > 1:
             from validate.workloads.tensor_parallel import apply_tensor_parallel
 

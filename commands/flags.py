@@ -346,6 +346,11 @@ class Recipe(str, Enum):
     vera = "vera"
 
 
+class DropoutPosition(str, Enum):  # planner.spec.finetune.FinetuneSpec.lora_dropout_position
+    pre = "pre"
+    post = "post"
+
+
 class AdapterDtype(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
@@ -560,7 +565,10 @@ JOB = FlagGroup(
         _flag("lora_targets", Name("attention, mlp, all or module names"),
               "attention, mlp, all (default) or module names, e.g. q_proj,v_proj"),
         _flag("lora_dropout", Number(0, 1, high_open=True),
-              "adapter dropout (stores input copies)"),
+              "adapter dropout (stores a mask, and before the adapter an input copy too)"),
+        _flag("lora_dropout_position", Choice(DropoutPosition),
+              "where adapter dropout applies: pre (the adapter's input, PEFT's; default) or "
+              "post (its output, NeMo AutoModel's)", show_allowed=True),
         _flag("adapter_dtype", Choice(AdapterDtype),
               "adapter weight dtype (default fp32; bf16 for qlora)", show_allowed=True),
         _switch("double_quant", "--double-quant/--no-double-quant",
@@ -723,6 +731,7 @@ def build_finetune(job: Values):
         lora_alpha=job.lora_alpha,
         lora_targets=job.lora_targets,
         lora_dropout=job.lora_dropout,
+        lora_dropout_position=value(job.lora_dropout_position),
         adapter_dtype=value(job.adapter_dtype),
         double_quant=job.double_quant,
     )

@@ -73,7 +73,7 @@ def bytes_per_param(
     """
     from planner import api
 
-    finetune = build_finetune(Values(adapters, lora_dropout=None))
+    finetune = build_finetune(Values(adapters, lora_dropout=None, lora_dropout_position=None))
     result = api.bytes_per_param(
         precision=value(precision),
         optimizer=value(optimizer),

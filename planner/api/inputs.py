@@ -25,6 +25,7 @@ def build_finetune(
     lora_alpha: float | None = None,
     lora_targets: str | None = None,
     lora_dropout: float | None = None,
+    lora_dropout_position: str | None = None,
     adapter_dtype: str | None = None,
     double_quant: bool | None = None,
 ):
@@ -38,6 +39,7 @@ def build_finetune(
         "lora_alpha": lora_alpha,
         "lora_targets": lora_targets,
         "lora_dropout": lora_dropout,
+        "lora_dropout_position": lora_dropout_position,
         "adapter_dtype": adapter_dtype,
         "double_quant": double_quant,
     }

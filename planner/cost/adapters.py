@@ -10,7 +10,8 @@ them into the quantities :mod:`planner.cost.memory` and the FLOP counts use.
   full training: the adapters need the same layer inputs, and the frozen GEMMs still pass
   input gradients, so this is the usual upper bound), plus each adapter's own: A's r-wide
   output, a dropped-out input copy and its mask when ``lora_dropout > 0`` (PEFT applies
-  dropout per adapter), DoRA's base and LoRA outputs, VeRA's B output. Under full
+  dropout per adapter, to its input; on its output, ``lora_dropout_position="post"``, only
+  the mask), DoRA's base and LoRA outputs, VeRA's B output. Under full
   recomputation (the QLoRA setup: gradient checkpointing) a layer keeps only its input and
   rebuilds the rest, adapters included, during its backward.
 * **Working buffers**: QLoRA dequantizes one weight at a time into a 16-bit copy; DoRA forms
@@ -212,9 +213,11 @@ def adapter_activation_tensors(
         if spec.recipe == "dora":
             tensors[f"{key}.base_output"] = rows * width_out * e
             tensors[f"{key}.lora_output"] = rows * width_out * e
-        if spec.lora_dropout > 0:
+        if spec.lora_dropout > 0 and spec.lora_dropout_position == "pre":
             tensors[f"{key}.dropout_output"] = rows * width_in * e
             tensors[f"{key}.dropout_mask"] = rows * width_in * DROPOUT_MASK_BYTES
+        elif spec.lora_dropout > 0:  # the backward of dropout on B's output needs its mask only
+            tensors[f"{key}.dropout_mask"] = rows * width_out * DROPOUT_MASK_BYTES
     return tensors
 
 

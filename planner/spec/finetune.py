@@ -81,7 +81,13 @@ class FinetuneSpec(BaseModel):
     lora_targets: tuple[str, ...] = Field(
         ("all",), description="groups (attention, mlp, all) and/or module names (q_proj, ...)"
     )
-    lora_dropout: float = Field(0.0, ge=0, lt=1, description="> 0 stores a dropped input copy")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="> 0 stores a dropout mask")
+    lora_dropout_position: Literal["pre", "post"] = Field(
+        "pre",
+        description="pre: dropout on the adapter's input, PEFT's lora_B(lora_A(dropout(x))), "
+        "which keeps the dropped copy and its mask; post: on the adapter's output (NeMo "
+        "AutoModel's PeftConfig default), which keeps only an output-wide mask",
+    )
     adapter_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     adapter_master_dtype: Literal["fp32", "none"] = "none"
     base_dtype: Literal["fp32", "bf16", "fp16", "fp8", "nf4"] | None = None

@@ -94,6 +94,14 @@ def framework_adapter_dtypes(framework: str | None) -> dict[str, str]:
     return {}
 
 
+def framework_lora_dropout_position(framework: str | None) -> str:
+    """Where a published run's framework applies LoRA dropout: NeMo AutoModel's
+    ``PeftConfig`` defaults ``dropout_position`` to ``post``, on the adapter's output
+    (NVIDIA-NeMo/Automodel @36044ad ``nemo_automodel/components/_peft/lora.py`` lines 54 and
+    333-351); PEFT's ``LoraLayer`` and the rest drop the adapter's input, ``pre``."""
+    return "post" if "automodel" in (framework or "").lower() else "pre"
+
+
 def framework_overlaps_tp(framework: str | None, accelerator_kind: str | None = None) -> bool:
     """Whether a published run's framework overlapped TP communication: Megatron-Core's
     (NeMo, Megatron-Bridge) performance recipes, which the published tables ran, and

@@ -1,6 +1,6 @@
 """LoRA runs: the adapters a published LoRA row trained are read from its release's recipe
-(``supplements.json``), the row is timed as that fine-tuning job, and rows whose recipe is
-not readable at the table's commit stay uncovered, by name."""
+(``supplements.json``), the row is timed as that fine-tuning job, and a row whose recipe is
+not readable stays uncovered, by name."""
 
 from __future__ import annotations
 
@@ -46,11 +46,32 @@ def test_a_lora_row_trains_the_adapters_its_recipe_names(run_id, rank):
     assert (spec.adapter_dtype, spec.adapter_master_dtype) == ("bf16", "fp32")
 
 
+#: NeMo AutoModel's LoRA benchmark configs at the table's commit (NVIDIA-NeMo/Automodel
+#: @36044ad ``examples/llm_benchmark``: ``dim: 16`` on ``'*_proj'``; dropout 0.1 in the Llama
+#: 3.1 8B one, 0.0 set or by ``PeftConfig``'s default elsewhere).
+AUTOMODEL_ROWS = {
+    "automodel-h100-llama3-8b-lora-1g": 0.1,
+    "automodel-h100-qwen2-5-7b-lora-1g": 0.0,
+    "automodel-h100-llama3-70b-lora-8g": 0.0,
+    "automodel-h100-qwen2-5-32b-2-node-lora-16g": 0.0,
+}
+
+
+@pytest.mark.parametrize("run_id, dropout", AUTOMODEL_ROWS.items())
+def test_automodel_lora_rows_train_every_projection_with_dropout_after_the_adapter(run_id, dropout):
+    spec = run_finetune(_row(run_id))
+    assert spec.lora_rank == 16 and spec.lora_dropout == dropout
+    projections = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert set(spec.lora_targets) == projections
+    assert spec.lora_dropout_position == "post"  # PeftConfig's default there
+    assert spec.adapter_master_dtype == "none"  # adapters as PEFT keeps them, not Megatron's
+
+
 def test_a_lora_row_without_its_recipe_stays_uncovered():
     row = _row("automodel-h100-llama3-70b-lora-8g")
-    assert row.training.lora_rank is None
+    bare = row.model_copy(update={"training": row.training.model_copy(update={"lora_rank": None})})
     with pytest.raises(Uncovered, match="LoRA rank and targets not published"):
-        run_finetune(row)
+        run_finetune(bare)
 
 
 def test_a_lora_row_naming_an_unknown_module_is_uncovered_by_name():

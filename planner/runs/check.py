@@ -134,6 +134,13 @@ def source_family(row: RunRow) -> str:
     return row.source
 
 
+def job_key(row: RunRow) -> str:
+    """The job a row trains (model, task, precision, sequence length): two rows of one job
+    and one source in different configuration groups are a pair of layouts
+    (:mod:`planner.runs.ratio_error`)."""
+    return f"{row.model.name} {row.training.task} {precision_label(row)} {row.training.seq_len}"
+
+
 def _uncovered(row: RunRow, base: dict, reason: str) -> RowPrediction:
     return RowPrediction(**base, covered=False, reason=reason)
 
@@ -153,7 +160,7 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
         "source": row.source,
         "source_family": source_family(row),
         "group": row.group_key,
-        "job": f"{row.model.name} {row.training.task} {precision_label(row)} {row.training.seq_len}",
+        "job": job_key(row),
         "model": row.model.name,
         "accelerator": row.hardware.accelerator,
         "precision": precision_label(row),

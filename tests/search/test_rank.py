@@ -271,9 +271,29 @@ def test_weighted_quantile_is_the_smallest_value_reaching_the_share():
 
 
 def test_every_shipped_profile_carries_its_measured_ratio_error():
+    """Every profile whose runs hold two layouts of one job (one source, one model, task,
+    precision and sequence length, two configuration groups) stores their ratio error; one
+    whose runs hold none stores none, and its plans rank by time and say so."""
+    import numpy as np
+
+    from hwspecs.catalog import load_runs
+    from planner.runs.check import job_key, source_family
+    from planner.runs.ratio_error import same_job_pairs
+
+    runs = {row.id: row for row in load_runs("train")}
     for name in profile_names():
-        found = load_profile(name).fit.ratio_error
-        assert found is not None and found.num_pairs >= 1, name
+        fit = load_profile(name).fit
+        rows = [runs[i] for i in fit.training_ids]
+        pairs, _ = same_job_pairs(
+            np.array([source_family(r) for r in rows]),
+            np.array([job_key(r) for r in rows]),
+            np.array([r.group_key for r in rows]),
+        )
+        found = fit.ratio_error
+        if not len(pairs):
+            assert found is None, name
+            continue
+        assert found is not None and found.num_pairs == len(pairs), name
         assert found.band >= 0 and found.ideal_band is not None, name
 
 

@@ -135,6 +135,12 @@ class RunTraining(RunSpecModel):
         "(Megatron-Core's moe_a2a_overlap / overlap_moe_expert_parallel_comm: combined 1F1B); "
         "None: not stated",
     )
+    grad_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None,
+        description="the gradient buffer's dtype, which the data-parallel reduction sends "
+        "and the optimizer reads (Megatron-Core's grad_reduce_in_fp32 false: the parameters' "
+        "bf16); None: not stated, the precision recipe's default",
+    )
     lora_rank: int | None = Field(
         None, ge=1, description="LoRA adapter rank r (task lora); None: not stated"
     )

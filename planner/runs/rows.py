@@ -402,7 +402,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             model=model,
             seq_len=t.seq_len,
             global_batch_tokens=t.global_batch_tokens,
-            precision=PrecisionSpec(recipe=precision_recipe(t.precision)),
+            precision=PrecisionSpec(recipe=precision_recipe(t.precision), grad_dtype=t.grad_dtype),
             memory_measures=memory_measures(run_measures(partial, t.framework)),
             tp_comm_overlap=framework_overlaps_tp(t.framework, _accelerator_kind(row)),
             attention_kernel=attention_kernel(row),

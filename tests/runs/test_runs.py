@@ -726,6 +726,21 @@ def test_published_recompute_modules_are_pinned(row_id, policy):
     assert search_space(row, model_spec(row)).recompute == [policy]
 
 
+def test_megatron_bridge_rows_reduce_gradients_in_bf16():
+    """Megatron-Bridge's performance recipes set ``grad_reduce_in_fp32 = False`` at every
+    release the catalog holds (a supplement per release and config file): the gradient
+    buffer is BF16 there, also under FP8 and NVFP4, whose recipes default to FP32 gradients.
+    Rows of other stacks keep their recipe's default."""
+    from planner.runs.rows import model_spec, run_job
+
+    bridge = [r for r in load_runs("train") if "bridge" in (r.training.framework or "").lower()]
+    assert bridge and all(r.training.grad_dtype == "bf16" for r in bridge)
+    fp8 = next(r for r in bridge if "fp8" in r.training.precision.lower())
+    assert run_job(fp8, model_spec(fp8)).precision.gradient_dtype == "bf16"
+    other = next(r for r in load_runs("train") if r.id == "korthikanti22-175b-selective-sp")
+    assert other.training.grad_dtype is None
+
+
 def test_maxtexts_minimal_remat_is_the_dots_policy():
     """MaxText's ``remat_policy=minimal`` saves the projections' outputs only
     (``checkpoint_dots_with_no_batch_dims`` at the rows' commit), not Megatron's selective
@@ -818,13 +833,17 @@ def test_megatron_bridge_rows_search_the_selective_modules_their_recipes_choose_
     """Megatron-Bridge's recipes pick ``recompute_modules`` per model and system
     (``perf_recipes/deepseek/gb200/deepseek_v3.py``: ``mla_up_proj``); an unpublished
     recompute setting is searched over every set of the model's modules, so DeepSeek-V3 on
-    GB200, which does not fit without any, no longer falls back to full recomputation. Rows
-    of older NeMo containers keep the whole-layer policies."""
+    GB200 with an FP32 gradient buffer (Megatron-Core's default), which does not fit without
+    a module, does not fall back to full recomputation (with the recipe's BF16 buffer it
+    fits without any). Rows of older NeMo containers keep the whole-layer policies."""
     rows = {row.id: row for row in load_runs()}
     row = rows["mbridge-26.08-gb200-deepseekv3-pretrain-mxfp8-256g-main"]
     assert ran_recompute_modules(row)
     searched = search_space(row, model_spec(row)).recompute
     assert len(searched) == 2 + 63 and searched[0] == "none" and searched[-1] == "full"
+    row = row.model_copy(
+        update={"training": row.training.model_copy(update={"grad_dtype": "fp32"})}
+    )
     found = predict_row(row)
     assert found.layout["recompute"] not in ("none", "full", "selective")
     assert found.predicted_memory_gib <= load_accelerator("gb200").hbm_bytes / 2**30

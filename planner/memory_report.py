@@ -202,9 +202,7 @@ def _recipe_parts(job, layout, tuned, shape, peak: StageMemory, held, m) -> dict
     adapter_acts = (own[0] * adapter_layer[False] + own[1] * adapter_layer[True]) * inflight[rank]
     working = ft.adapter_working_max(model, tuned, shape)
     buffers = {k: v * bool(sum(own)) for k, v in working.items()}
-    base_working = act.backward_working_bytes(model, shape) + max(
-        act.recompute_working_bytes(model, shape, moe) for moe in {False, model.is_moe}
-    )
+    base_working = act.rebuilt_layer_bytes(model, shape) + act.backward_working_bytes(model, shape)
     buffers = ft.buffers_beside_logits(buffers, base_working, peak.logits_buffers)
     parts = {part: getattr(peak, part) for part in MEMORY_PARTS}
     return ft.recipe_breakdown(states, parts, adapter_acts, buffers)

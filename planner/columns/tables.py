@@ -175,10 +175,7 @@ def _activation_entries(job: Job, tuned, shape: act.ActivationShape) -> tuple[fl
         act_moe + adapters[True] if model.is_moe else 0.0,
         sum(act.first_stage_tensors(model, shape).values()),
         sum(act.last_stage_tensors(model, shape).values()),
-        max(
-            act.recompute_working_bytes(model, shape, False),
-            act.recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
-        )
+        act.rebuilt_layer_bytes(model, shape)
         + sum(ft.adapter_working_max(model, tuned, shape).values()),
         act.backward_working_bytes(model, shape),
         act.logits_buffer_bytes(model, shape, job.cross_entropy),

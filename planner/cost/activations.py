@@ -344,6 +344,15 @@ def recompute_working_bytes(model: ModelSpec, shape: ActivationShape, moe_layer:
     return activation_bytes_per_layer(model, whole, moe_layer)
 
 
+def rebuilt_layer_bytes(model: ModelSpec, shape: ActivationShape) -> float:
+    """The larger of a dense and a MoE layer rebuilt during its backward under full
+    recomputation (:func:`recompute_working_bytes`): the one a rank holds at its peak."""
+    return max(
+        recompute_working_bytes(model, shape, False),
+        recompute_working_bytes(model, shape, True) if model.is_moe else 0.0,
+    )
+
+
 def backward_working_bytes(model: ModelSpec, shape: ActivationShape) -> float:
     """Activation gradients alive together at the peak of one layer's backward (bytes).
 

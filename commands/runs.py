@@ -169,7 +169,7 @@ def fit(
 ) -> None:
     """Fit an efficiency profile (at most 8 of 9 bounded terms) to measured runs by robust
     least squares on log throughput; report in-sample, k-fold and leave-one-source-out
-    errors."""
+    errors, each held-out fold fitted and its terms selected without its rows."""
     import shlex
     import sys
 
@@ -194,7 +194,8 @@ def fit(
         f"{accelerator}: {f['num_rows']} rows in {f['num_groups']} groups; MAPE ideal "
         f"{pct(f['ideal_mape'])} → in-sample {pct(f['in_sample_mape'])}, k-fold by "
         f"{'source' if f['loso_mape'] is not None else 'configuration group (one source)'} "
-        f"{pct(f['kfold_mape'])}, leave-one-source-out {pct(f['loso_mape'])}"
+        f"{pct(f['kfold_mape'])}, leave-one-source-out {pct(f['loso_mape'])} (each fold "
+        "selects its own terms)"
     )
     table = Table(title="fitted terms")
     table.add_column("term")

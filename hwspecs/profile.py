@@ -75,6 +75,10 @@ class ProfileFit(BaseModel):
     num_rows: int
     num_groups: int
     in_sample_mape: float
+    #: True where every held-out error repeats the term selection inside its fold (nested
+    #: cross-validation); False in a profile fitted before: its terms were selected on all
+    #: rows, so its held-out errors and band are optimistic.
+    held_out_selects_terms: bool = False
     kfold_mape: float | None = None
     loso_mape: float | None = None
     loso_mape_by_source: dict[str, float] = Field(default_factory=dict)

@@ -127,7 +127,7 @@ def extrapolation(accelerator: str, runs: list[str] | None = None) -> list:
     from planner.runs.extrapolation import extrapolation_errors
 
     covered, _, _ = _fit_rows(runs, accelerator)
-    return extrapolation_errors(covered, accelerator)
+    return extrapolation_errors(covered)
 
 
 class LayoutRanksReport(BaseModel):

@@ -6,7 +6,8 @@ This module measures what such an extrapolation costs on the runs themselves: sp
 accelerator's rows at a degree (e.g. pp ≤ 4 against pp > 4), fit the whole profile — term
 selection included — on the rows inside, and predict the rows beyond. Beside it, the same
 rows' error when the fit had seen layouts like theirs and left out only their source (the
-leave-one-source-out prediction of the fit on every row). The difference is the price of
+leave-one-source-out prediction of the whole procedure on every other source's rows, term
+selection included). The difference is the price of
 extrapolating along that axis, on the rows that exist.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from planner.runs.check import RowPrediction
-from planner.runs.fit import fit_profile, held_out_predictions, mape, predicted_tokens_of
+from planner.runs.fit import fitted_terms_of, held_out_predictions, mape, predicted_tokens_of
 
 #: The splits measured: a name, the rows inside (a predicate on a row's layout and GPU
 #: count) and what lies beyond, in words.
@@ -51,14 +52,13 @@ class SplitExtrapolation(BaseModel):
 
 
 def extrapolation_errors(
-    rows: list[RowPrediction], accelerator: str, splits: dict | None = None
+    rows: list[RowPrediction], splits: dict | None = None
 ) -> list[SplitExtrapolation]:
     """Each measurable split of ``rows`` (covered ideal-model predictions of one accelerator,
     as ``llmplan fit`` takes them): see the module docstring."""
     splits = SPLITS if splits is None else splits
-    whole = fit_profile(rows, accelerator, None)
     families = np.array([r.source_family for r in rows])
-    interpolated = held_out_predictions(rows, whole.fitted_terms, families)
+    interpolated = held_out_predictions(rows, families)
     measured = np.array([r.measured_tokens_per_s_per_gpu for r in rows])
     found = []
     for name, (inside_of, description) in splits.items():
@@ -67,8 +67,8 @@ def extrapolation_errors(
         kept = [rows[i] for i in np.flatnonzero(inside)]
         if len(beyond) < MIN_BEYOND or len({r.source_family for r in kept}) < MIN_SOURCES_INSIDE:
             continue
-        fitted = fit_profile(kept, accelerator, None)
-        predicted = predicted_tokens_of([rows[i] for i in beyond], fitted.values)
+        names, values = fitted_terms_of(kept)
+        predicted = predicted_tokens_of([rows[i] for i in beyond], values)
         errors = predicted / measured[beyond] - 1
         found.append(
             SplitExtrapolation(
@@ -80,7 +80,7 @@ def extrapolation_errors(
                 extrapolated_mape=mape(predicted, measured[beyond]),
                 interpolated_mape=mape(interpolated[beyond], measured[beyond]),
                 extrapolated_median_error=float(np.median(errors)),
-                fitted_terms_inside=fitted.fitted_terms,
+                fitted_terms_inside=names,
             )
         )
     return found

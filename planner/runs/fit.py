@@ -9,8 +9,13 @@ configuration measured under several software releases counts once). Terms are b
 their physical ranges; terms no row can inform (FP8 efficiency without FP8 rows) stay ideal.
 
 Cross-validation splits by source family (a publisher's harness), never by row: k-fold
-over families and leave-one-source-out, both reported per family. The held-out ratios of
-measured to predicted step time give the interval an estimate carries (10th–90th percentile).
+over families and leave-one-source-out, both reported per family. Each fold repeats the
+whole procedure on the rows it keeps, term selection included (nested cross-validation,
+Varma and Simon 2006, "Bias in error estimation when using cross-validation for model
+selection"): selecting the terms on every row and then holding rows out would judge the
+selection on rows that chose it. The held-out ratios of measured to predicted step time
+give the interval an estimate carries (10th–90th percentile) and the ratio error the search
+ranks under.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ def _columns(rows: list[RowPrediction]) -> dict[str, np.ndarray]:
     cols["ideal_tokens"] = np.array([r.predicted_tokens_per_s_per_gpu for r in rows])
     cols["measured_tokens"] = np.array([r.measured_tokens_per_s_per_gpu for r in rows])
     cols["model"] = np.array([r.model for r in rows])
+    cols["family"] = np.array([r.source_family for r in rows])
+    cols["group"] = np.array([r.group for r in rows])
     return cols
 
 
@@ -154,9 +161,13 @@ def predicted_tokens_of(rows: list[RowPrediction], values: dict[str, float]) -> 
     return predicted_tokens(_columns(rows), values)
 
 
-def held_out_predictions(rows: list[RowPrediction], names: list[str], by) -> np.ndarray:
-    """Each row's prediction from a fit of ``names`` on the rows of every other value of
-    ``by`` (sources: leave-one-source-out), weighted as :func:`fit_profile` weights them."""
+def held_out_predictions(
+    rows: list[RowPrediction], by, names: list[str] | None = None
+) -> np.ndarray:
+    """Each row's prediction from a fit on the rows of every other value of ``by`` (sources:
+    leave-one-source-out), weighted as :func:`fit_profile` weights them: of ``names``, or,
+    by default, of the terms :func:`select_terms` keeps on those other rows (the whole
+    procedure held out, selection included)."""
     weights = _group_weights(np.array([r.group for r in rows]))
     by = np.asarray(by)
     folds = [np.array([value]) for value in sorted(set(by))]
@@ -164,14 +175,18 @@ def held_out_predictions(rows: list[RowPrediction], names: list[str], by) -> np.
 
 
 def _held_out(cols, weights, names, families, folds: list[np.ndarray]) -> np.ndarray:
-    """Each row's prediction from a fit on the folds it is not in."""
+    """Each row's prediction from a fit on the folds it is not in: of ``names``, or where
+    ``names`` is None of the terms :func:`select_terms` keeps on those folds' rows (nested
+    cross-validation: the selection never sees the rows it is judged on)."""
     held = np.full(len(families), np.nan)
     for fold in folds:
         test = np.isin(families, fold)
         if test.all() or not test.any():
             continue
         train = ~test
-        values = fit_values(_take(cols, train), weights[train], names)
+        rows = _take(cols, train)
+        kept = select_terms(rows, weights[train]) if names is None else names
+        values = fit_values(rows, weights[train], kept)
         held[test] = predicted_tokens(_take(cols, test), values)
     return held
 
@@ -193,8 +208,9 @@ def terms_that_earn_their_place(cols, weights, names: list[str], families) -> li
     forward selection is run too (from the best single term, add the one whose presence
     lowers the held-out MAPE most while it lowers it by more than :data:`MIN_CV_GAIN`), and
     the set with the lower held-out MAPE is kept (the smaller one on a tie); neither walk
-    keeps more than :data:`MAX_FITTED_TERMS`. The CV errors reported afterwards are
-    measured on the same folds, so they are slightly optimistic (no nested CV)."""
+    keeps more than :data:`MAX_FITTED_TERMS`. The errors :func:`fit_profile` reports repeat
+    this selection inside each of their folds (:func:`_held_out`), so they are not measured
+    on the folds that chose the terms."""
     if len(names) <= 1:
         return list(names)
     score = {}
@@ -247,17 +263,33 @@ def term_ranges_one_model_out(cols: dict, weights: np.ndarray, names: list[str])
     return {name: [min(values), max(values)] for name, values in seen.items() if values}
 
 
+def select_terms(cols: dict, weights: np.ndarray) -> list[str]:
+    """The terms a fit on ``cols`` keeps: those its rows inform (:func:`informed_terms`)
+    that earn their place on held-out sources (:func:`terms_that_earn_their_place`); with
+    one source, on held-out configuration groups."""
+    names = informed_terms(cols)
+    families = cols["family"] if len(set(cols["family"])) > 1 else cols["group"]
+    if len(set(families)) > 1:
+        names = terms_that_earn_their_place(cols, weights, names, families)
+    return names
+
+
+def fitted_terms_of(rows: list[RowPrediction]) -> tuple[list[str], dict[str, float]]:
+    """The terms :func:`fit_profile` keeps on ``rows`` and every term's value (the others
+    ideal), without its error estimates."""
+    cols = _columns(rows)
+    weights = _group_weights(cols["group"])
+    names = select_terms(cols, weights)
+    return names, {**{n: TERMS[n].ideal for n in TERMS}, **fit_values(cols, weights, names)}
+
+
 def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) -> FitResult:
     """Fit the profile terms to ``rows`` (covered ideal-model predictions of one accelerator)."""
     cols = _columns(rows)
-    weights = _group_weights(np.array([r.group for r in rows]))
-    families = np.array([r.source_family for r in rows])
-    names = informed = informed_terms(cols)
-    groups = np.array([r.group for r in rows])
-    # Terms earn their place on held-out sources; with one source, on held-out groups.
-    held_out_by = families if len(set(families)) > 1 else groups
-    if len(set(held_out_by)) > 1:
-        names = terms_that_earn_their_place(cols, weights, names, held_out_by)
+    weights = _group_weights(cols["group"])
+    families, groups = cols["family"], cols["group"]
+    informed = informed_terms(cols)
+    names = select_terms(cols, weights)
     values = fit_values(cols, weights, names)
     predicted = predicted_tokens(cols, values)
     measured = cols["measured_tokens"]
@@ -266,19 +298,19 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
     loso = kfold = None
     loso_by: dict[str, float] = {}
     rng = np.random.default_rng(0)
+    # Held out: the whole procedure, term selection included, refitted without each fold.
     if len(unique) > 1:
-        held = _held_out(cols, weights, names, families, [np.array([f]) for f in unique])
+        held = _held_out(cols, weights, None, families, [np.array([f]) for f in unique])
         loso = mape(held, measured)
         loso_by = {f: mape(held[families == f], measured[families == f]) for f in unique}
         folds = np.array_split(rng.permutation(unique), min(NUM_FOLDS, len(unique)))
-        kfold = mape(_held_out(cols, weights, names, families, folds), measured)
+        kfold = mape(_held_out(cols, weights, None, families, folds), measured)
     else:  # one source: k-fold over configuration groups (never over rows)
         folds = np.array_split(rng.permutation(sorted(set(groups))), NUM_FOLDS)
-        held = _held_out(cols, weights, names, groups, folds)
+        held = _held_out(cols, weights, None, groups, folds)
         kfold = mape(held, measured)
     ratio = held / measured  # held-out: measured over predicted step time
     jobs = np.array([r.job for r in rows])
-    groups = np.array([r.group for r in rows])
     ratio_fields = ratio_error_fields(
         held, cols["ideal_tokens"], measured, weights, families, jobs, groups
     )
@@ -345,6 +377,7 @@ def profile_toml(result: FitResult, command: str, date: str) -> str:
     out += ["[fit]", line("command", command), line("date", date),
             line("num_rows", result.num_rows), line("num_groups", result.num_groups),
             line("in_sample_mape", round(result.in_sample_mape, 4))]  # fmt: skip
+    out.append("held_out_selects_terms = true")  # nested: see fit_profile
     if result.kfold_mape is not None:
         out.append(line("kfold_mape", round(result.kfold_mape, 4)))
     if result.loso_mape is not None:

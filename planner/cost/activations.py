@@ -281,6 +281,8 @@ def apply_memory_measures(
       still stored are FP8 too.
     * Cached SwiGLU inputs (§3.3.3): routed and shared experts keep their gate and up
       outputs in FP8 and recompute the product; the experts' weighted outputs are not kept.
+    * Routing probabilities inside the experts' activation (Megatron-Core from 0.13,
+      ``probs_in_expert_activation``): the experts' outputs are not kept either.
     """
     measures, e = shape.measures, shape.element_bytes
     out = dict(tensors)
@@ -305,6 +307,7 @@ def apply_memory_measures(
         for name in ("moe.expert_intermediate", "moe.shared_intermediate"):
             if name in out:  # keep the activation's inputs (stored − 1 of them) in FP8
                 out[name] *= (stored - 1) / stored * FP8_BYTES / e
+    if moe_layer and (measures.swiglu_input_cached or measures.probs_in_expert_activation):
         out.pop("moe.expert_output", None)
     return out
 

@@ -22,11 +22,15 @@ from planner.runs.finetune import run_finetune
 from planner.runs.kernels import attention_kernel, cross_entropy_kernel, ran_flash_attention
 from planner.runs.uncovered import Uncovered
 from planner.spec.job import Job
-from planner.spec.measures import memory_measures
+from planner.spec.measures import MemoryMeasures, memory_measures
 from planner.spec.model import ModelSpec
 from planner.spec.precision import PrecisionSpec
 from planner.spec.recompute import MEGATRON_MODULES, checked_recompute, module_policies
-from planner.spec.stack import framework_on_transformer_engine, framework_overlaps_tp
+from planner.spec.stack import (
+    framework_applies_probs_in_experts,
+    framework_on_transformer_engine,
+    framework_overlaps_tp,
+)
 
 #: The catalog cluster a run on each accelerator is predicted on, grown to the run's GPU
 #: count with its outermost link where the run is larger (rows rarely print their network).
@@ -375,12 +379,15 @@ def _accelerator_kind(row: RunRow) -> str | None:
     return load_accelerator(row.hardware.accelerator).kind
 
 
-def run_measures(partial: bool, framework: str | None) -> str:
-    """The memory-measure set a row ran: DeepSeek-V3's where its recompute text names them,
-    else TransformerEngine's FP8 caches where its FP8 layers were TE's, else none."""
-    if partial:
-        return "deepseek-v3"
-    return "te-fp8" if framework_on_transformer_engine(framework) else "none"
+def run_measures(partial: bool, framework: str | None) -> MemoryMeasures:
+    """The memory measures a row ran: DeepSeek-V3's set where its recompute text names them,
+    else TransformerEngine's FP8 caches where its FP8 layers were TE's, else none; and the
+    routing probabilities inside the experts' activation where its Megatron-Core applied
+    them there (:func:`planner.spec.stack.framework_applies_probs_in_experts`)."""
+    on_te = framework_on_transformer_engine(framework)
+    name = "deepseek-v3" if partial else ("te-fp8" if on_te else "none")
+    probs = framework_applies_probs_in_experts(framework)
+    return memory_measures(name).model_copy(update={"probs_in_expert_activation": probs})
 
 
 def run_job(row: RunRow, model: ModelSpec) -> Job:
@@ -403,7 +410,7 @@ def run_job(row: RunRow, model: ModelSpec) -> Job:
             seq_len=t.seq_len,
             global_batch_tokens=t.global_batch_tokens,
             precision=PrecisionSpec(recipe=precision_recipe(t.precision), grad_dtype=t.grad_dtype),
-            memory_measures=memory_measures(run_measures(partial, t.framework)),
+            memory_measures=run_measures(partial, t.framework),
             tp_comm_overlap=framework_overlaps_tp(t.framework, _accelerator_kind(row)),
             attention_kernel=attention_kernel(row),
             flash_attention=ran_flash_attention(row),

@@ -58,6 +58,14 @@ class MemoryMeasures(BaseModel):
     copy its weight gradient reads (one byte an element; MXFP8's E8M0 scales, one per 32,
     are left out), the attention output besides the 16-bit one the fused attention keeps
     for its own backward. Only under FP8 GEMMs."""
+    probs_in_expert_activation: bool = False
+    """Megatron-Core from 0.13 (2025-07): the routing probabilities scale the routed experts'
+    activation (``transformer/moe/experts.py``'s ``activation_func_with_probs``, fused as
+    ``fusions/fused_bias_swiglu.py``'s ``weighted_bias_swiglu_impl``, which saves the
+    activation's input and the probabilities) rather than their outputs at the combine (the
+    token dispatcher's ``unpermute`` takes no probabilities, ``token_dispatcher.py`` at
+    ``core_v0.13.0``), so the experts' outputs are not stored for the probabilities'
+    gradient. Any GEMM dtype."""
 
     @property
     def any(self) -> bool:
@@ -66,6 +74,7 @@ class MemoryMeasures(BaseModel):
             or self.fp8_linear_inputs
             or self.swiglu_input_cached
             or self.te_fp8_linear_inputs
+            or self.probs_in_expert_activation
         )
 
     @property

@@ -64,11 +64,15 @@ def stack_memory_measures(stack: str | None, measures):
     """``measures`` with what ``stack``'s kernels do anyway: Megatron-Core's FP8 Linear
     layers are TransformerEngine's, which keep their inputs in FP8 for the weight gradient
     (:attr:`planner.spec.measures.MemoryMeasures.te_fp8_linear_inputs`; it applies only
-    under FP8 GEMMs). Other stacks, or none named: ``measures`` as they are (torchao's
-    ``Float8Linear`` keeps the 16-bit input and casts it again in the backward)."""
-    if stack not in STACKS_ON_TRANSFORMER_ENGINE or measures.te_fp8_linear_inputs:
+    under FP8 GEMMs), and its MoE layers (0.13 on) apply the routing probabilities inside
+    the experts' activation (:attr:`~planner.spec.measures.MemoryMeasures.
+    probs_in_expert_activation`). Other stacks, or none named: ``measures`` as they are
+    (torchao's ``Float8Linear`` keeps the 16-bit input and casts it again in the backward)."""
+    if stack not in STACKS_ON_TRANSFORMER_ENGINE:
         return measures
-    return measures.model_copy(update={"te_fp8_linear_inputs": True})
+    return measures.model_copy(
+        update={"te_fp8_linear_inputs": True, "probs_in_expert_activation": True}
+    )
 
 
 def _megatron_core(framework: str | None) -> bool:
@@ -80,6 +84,17 @@ def framework_on_transformer_engine(framework: str | None) -> bool:
     """Whether a published run's FP8 Linear layers were TransformerEngine's: Megatron-Core's
     are (its ``TELinear`` layers)."""
     return _megatron_core(framework)
+
+
+def framework_applies_probs_in_experts(framework: str | None) -> bool:
+    """Whether a published run's Megatron-Core applied the routing probabilities inside
+    the experts' activation (Megatron-Core 0.13 and later,
+    :attr:`planner.spec.measures.MemoryMeasures.probs_in_expert_activation`): every
+    Megatron-Bridge release the catalog holds does (the first, in the NeMo 25.09 container,
+    requires ``megatron-core>=0.14.0a0``: its ``pyproject.toml`` at NVIDIA-NeMo/
+    Megatron-Bridge@bf71eba). NeMo rows (containers to 25.07) are taken not to: no row's
+    Megatron-Core version was checked, and those before 2025-07 predate 0.13."""
+    return _megatron_core(framework) and "megatron-bridge" in (framework or "").lower()
 
 
 def framework_adapter_dtypes(framework: str | None) -> dict[str, str]:

@@ -860,24 +860,33 @@ def test_megatron_core_fp8_rows_keep_te_fp8_inputs_and_run_their_recipes_without
     assert not run_job(fsdp, model_spec(fsdp)).memory_measures.any
 
 
+def test_megatron_bridge_rows_keep_no_expert_outputs_and_older_nemo_rows_do():
+    """Megatron-Bridge's first release in the catalog (NeMo 25.09 container) requires
+    megatron-core 0.14 (its ``pyproject.toml`` at bf71eba), which applies the routing
+    probabilities inside the experts; the NeMo 25.04 rows of dgxc-benchmarking 25.05 are
+    taken to predate it."""
+    rows = {row.id: row for row in load_runs()}
+    bridge = rows["mbridge-26.04-gb200-gpt-oss-120b-pretrain-bf16-64g-main"]
+    assert run_job(bridge, model_spec(bridge)).active_memory_measures.probs_in_expert_activation
+    nemo = rows["dgxc-2505-gb200-deepseek-v3-bf16-128g"]
+    assert not run_job(nemo, model_spec(nemo)).memory_measures.probs_in_expert_activation
+
+
 def test_megatron_bridge_rows_search_the_selective_modules_their_recipes_choose_from():
     """Megatron-Bridge's recipes pick ``recompute_modules`` per model and system
-    (``perf_recipes/deepseek/gb200/deepseek_v3.py``: ``mla_up_proj``); an unpublished
-    recompute setting is searched over every set of the model's modules, so DeepSeek-V3 on
-    GB200 with an FP32 gradient buffer (Megatron-Core's default), which does not fit without
-    a module, does not fall back to full recomputation (with the recipe's BF16 buffer it
-    fits without any). Rows of older NeMo containers keep the whole-layer policies."""
+    (``perf_recipes/deepseek/gb300/deepseek_v3.py`` at 26.04: ``mla_up_proj``); an
+    unpublished recompute setting is searched over every set of the model's modules, so
+    DeepSeek-V3 on GB300 at 26.04's layout, which does not fit without a module, does not
+    fall back to full recomputation. Rows of older NeMo containers keep the whole-layer
+    policies."""
     rows = {row.id: row for row in load_runs()}
-    row = rows["mbridge-26.08-gb200-deepseekv3-pretrain-mxfp8-256g-main"]
+    row = rows["mbridge-26.04-gb300-deepseekv3-pretrain-mxfp8-256g-main"]
     assert ran_recompute_modules(row)
     searched = search_space(row, model_spec(row)).recompute
     assert len(searched) == 2 + 63 and searched[0] == "none" and searched[-1] == "full"
-    row = row.model_copy(
-        update={"training": row.training.model_copy(update={"grad_dtype": "fp32"})}
-    )
     found = predict_row(row)
     assert found.layout["recompute"] not in ("none", "full", "selective")
-    assert found.predicted_memory_gib <= load_accelerator("gb200").hbm_bytes / 2**30
+    assert found.predicted_memory_gib <= load_accelerator("gb300").hbm_bytes / 2**30
     nemo = next(r for r in rows.values() if r.id.startswith("nemo2407-"))
     assert not ran_recompute_modules(nemo)
     assert search_space(nemo, model_spec(nemo)).recompute == ["none", "selective", "full"]

@@ -147,14 +147,31 @@ def test_a_megatron_stack_caches_fp8_inputs_and_others_do_not():
 
     job = api.build_job("llama3-8b", 8192, global_batch_size=8, precision="fp8-mixed")
     megatron = with_profile(job, "h100-sxm", "none", "megatron")
-    assert megatron.active_memory_measures == TE
+    assert megatron.active_memory_measures == TE.model_copy(**PROBS)
     for stack in (None, "pytorch-fsdp", "jax", "deepspeed"):
         assert not with_profile(job, "h100-sxm", "none", stack).memory_measures.any
     assert stack_memory_measures("megatron", ALL) == ALL.model_copy(
-        update={"te_fp8_linear_inputs": True}
+        update={"te_fp8_linear_inputs": True, **PROBS["update"]}
     )
     bf16 = api.build_job("llama3-8b", 8192, global_batch_size=8)
-    assert not with_profile(bf16, "h100-sxm", "none", "megatron").active_memory_measures.any
+    measures = with_profile(bf16, "h100-sxm", "none", "megatron").active_memory_measures
+    assert measures == MemoryMeasures().model_copy(**PROBS)  # FP8's caches need FP8 GEMMs
+
+
+PROBS = {"update": {"probs_in_expert_activation": True}}
+
+
+def test_megatron_core_scales_the_experts_activation_and_keeps_no_expert_output():
+    """Megatron-Core 0.13 on multiplies the routing probabilities into the experts'
+    activation (``activation_func_with_probs``) instead of their outputs at the combine, so
+    the k·h outputs per token are not kept for the probabilities' gradient; nothing else
+    changes, dense layers not at all, and it holds under any GEMM dtype."""
+    base, probs = tensors(MemoryMeasures()), tensors(MemoryMeasures().model_copy(**PROBS))
+    assert base["moe.expert_output"] == S * 8 * H * 2
+    assert probs == {name: v for name, v in base.items() if name != "moe.expert_output"}
+    dense = tensors(MemoryMeasures().model_copy(**PROBS), moe_layer=False)
+    assert dense == tensors(MemoryMeasures(), moe_layer=False)
+    assert MemoryMeasures().model_copy(**PROBS).for_gemm_dtype("bf16").probs_in_expert_activation
 
 
 def test_memory_explain_names_the_measures_in_use(capsys):

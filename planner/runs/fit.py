@@ -184,9 +184,9 @@ def _held_out(cols, weights, names, families, folds: list[np.ndarray]) -> np.nda
         if test.all() or not test.any():
             continue
         train = ~test
-        rows = _take(cols, train)
-        kept = select_terms(rows, weights[train]) if names is None else names
-        values = fit_values(rows, weights[train], kept)
+        kept_cols = _take(cols, train)
+        kept = select_terms(kept_cols, weights[train]) if names is None else names
+        values = fit_values(kept_cols, weights[train], kept)
         held[test] = predicted_tokens(_take(cols, test), values)
     return held
 

@@ -772,6 +772,26 @@ def test_megatron_bridge_rows_reduce_gradients_in_bf16():
     assert other.training.grad_dtype is None
 
 
+def test_nemo_performance_scripts_reduce_fp8_gradients_in_bf16_but_deepseek_v3s_in_fp32():
+    """NeMo 2.0's performance scripts (NeMo 2.2-2.4 and the commits dgxc-benchmarking 25.04
+    and 25.05 pin) set ``grad_reduce_in_fp32 = False`` under FP8; dgxc 25.05's DeepSeek-V3
+    runs BF16 on a recipe that reduces in FP32 (``recipes/deepseek.py``: its DDP config and
+    ``bf16_mixed()``), unchanged by the script outside FP8. The FP8 recipe's default FP32
+    gradients and bf16-mixed's BF16 are what these rows would otherwise take."""
+    from planner.runs.rows import model_spec, run_job
+
+    rows = {r.id: r for r in load_runs("train")}
+    fp8 = [r for i, r in rows.items() if i.startswith(("nemodocs-25", "dgxc-2505"))
+           and "fp8" in r.training.precision.lower()]  # fmt: skip
+    assert len(fp8) == 29 and all(r.training.grad_dtype == "bf16" for r in fp8)
+    llama = rows["dgxc-2504-h100-llama3.1-405b-fp8-1024g"]
+    assert run_job(llama, model_spec(llama)).precision.gradient_dtype == "bf16"
+    deepseek = rows["dgxc-2505-gb200-deepseek-v3-bf16-256g"]
+    assert run_job(deepseek, model_spec(deepseek)).precision.gradient_dtype == "fp32"
+    yaml = rows["dgxc-2504-h100-gpt3-175b-fp8-512g"]  # NeMo 1's YAML launcher: not read
+    assert yaml.training.grad_dtype is None
+
+
 def test_maxtexts_minimal_remat_is_the_dots_policy():
     """MaxText's ``remat_policy=minimal`` saves the projections' outputs only
     (``checkpoint_dots_with_no_batch_dims`` at the rows' commit), not Megatron's selective
@@ -808,8 +828,8 @@ def test_a_launch_scripts_setting_fills_only_what_the_table_left_empty():
     filled = [rows[i] for entry in supplements for i in entry["ids"]]
     assert len(filled) == 6
     for row in filled:
-        (supplement,) = row.supplements
-        assert supplement.field == "training.vpp" and row.training.vpp == supplement.value == 12
+        (supplement,) = [s for s in row.supplements if s.field == "training.vpp"]
+        assert row.training.vpp == supplement.value == 12
         assert supplement.source_ref.commit == row.source_ref.commit
         assert supplement.source_ref.path == "nemotron/launch.sh"
         assert "launch.sh" in row.notes

@@ -10,7 +10,8 @@
    (MFU, BF16 peak) on Meta's 24K RoCE cluster and DeepSeek-V3 (causal MFU and tokens/s
    per GPU) on H800 nodes, published vs predicted.
 
-Run: ``python benchmarks/runs_check.py`` (about half a minute on 2 cores). Prints Markdown.
+Run: ``python benchmarks/runs_check.py`` (about four minutes on 2 cores: each refit selects
+its terms again inside every held-out fold). Prints Markdown.
 """
 
 from __future__ import annotations

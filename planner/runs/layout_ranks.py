@@ -53,19 +53,21 @@ class PublishedLayoutRank(BaseModel):
     preference: str
 
 
-def job_key(row: RunRow) -> tuple:
+def layout_job_key(row: RunRow) -> tuple:
     """What a run's authors chose a layout for: model, accelerator, GPUs, sequence, batch,
-    precision, task and stack (rows of several releases of one job share it)."""
+    precision as published, task and stack (rows of several releases of one job share it).
+    Not :func:`planner.runs.check.job_key`, the job two layouts are compared on, which
+    leaves the GPUs, batch and accelerator free."""
     t = row.training
     return (row.model.name, row.hardware.accelerator, row.hardware.num_gpus, t.seq_len,
             t.global_batch_tokens, t.precision, t.task, stack_label(row))  # fmt: skip
 
 
 def one_row_per_job(rows: list[RunRow]) -> list[RunRow]:
-    """The first row of each :func:`job_key`, in the rows' order."""
+    """The first row of each :func:`layout_job_key`, in the rows' order."""
     kept: dict[tuple, RunRow] = {}
     for row in rows:
-        kept.setdefault(job_key(row), row)
+        kept.setdefault(layout_job_key(row), row)
     return list(kept.values())
 
 

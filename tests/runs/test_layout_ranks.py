@@ -5,7 +5,7 @@ import pytest
 from hwspecs.catalog import load_runs
 from planner.api.search import rank_settings
 from planner.runs.layout_ranks import (
-    job_key,
+    layout_job_key,
     one_row_per_job,
     published_layout_rank,
     summarize_ranks,
@@ -29,7 +29,8 @@ def test_the_published_degrees_are_found_and_measured_against_the_fastest(found)
     assert found.rank is not None and found.slower >= 0
     # A row holding them ties with the fastest exactly when the fastest of them is in the band.
     assert found.equivalent_to_best == (found.slower <= found.band + 1e-12)
-    assert sum(found.winner[axis] for axis in ("tp", "cp", "pp", "dp")) > 0
+    w = found.winner
+    assert w["tp"] * w["cp"] * w["pp"] * w["dp"] == ROWS[SMALL].hardware.num_gpus == 64
 
 
 def test_an_unpublished_degree_matches_any_value(found):
@@ -43,8 +44,10 @@ def test_an_unpublished_degree_matches_any_value(found):
 def test_one_row_per_job_keeps_the_first_release_of_each_job():
     rows = [row for row in ROWS.values() if "qwen3-235b" in row.id and "gb300" in row.id]
     kept = one_row_per_job(rows)
-    assert len({job_key(row) for row in rows}) == len(kept) < len(rows)
-    assert all(row is next(r for r in rows if job_key(r) == job_key(row)) for row in kept)
+    assert len({layout_job_key(row) for row in rows}) == len(kept) < len(rows)
+    assert all(
+        row is next(r for r in rows if layout_job_key(r) == layout_job_key(row)) for row in kept
+    )
 
 
 def test_the_summary_counts_first_places_ties_and_the_median_gap(found):

@@ -334,8 +334,29 @@ SPLIT_HELP = (
     "layers per pipeline stage: even; first-last-fewer (one fewer on the first and last, "
     "Llama 3); balanced (stages differ by at most one); work-balanced (the first and last "
     "stage's layers set so the busiest rank, head and MTP counted, does the least); auto "
-    "(even, else first-last-fewer, else balanced)"
+    "(even, else first-last-fewer, else balanced); or each virtual stage's layers in "
+    "Megatron-Core's --pipeline-model-parallel-layout notation, e.g. 'Et*4|(t*4|)*14tmL' "
+    "(E embedding, t layer, m MTP module, L loss, '|' between stages)"
 )
+
+
+class LayerSplitParam(Parser):
+    """A named layer split, or a layout in Megatron-Core's notation
+    (:func:`planner.spec.layout.checked_layer_split`)."""
+
+    choices: ClassVar[list[str]] = [member.value for member in LayerSplitName]
+    allowed = f"{one_of(choices)}, or a layout in Megatron-Core's notation (e.g. Et*4|(t*4|)*14tmL)"
+
+    def parse(self, text: str):
+        for member in LayerSplitName:
+            if member.value == text:
+                return member
+        from planner.api import checked_layer_split  # numpy and pydantic: on use only
+
+        try:
+            return checked_layer_split(text)
+        except PlanError:
+            self.fail(text)
 
 
 class Recipe(str, Enum):
@@ -642,7 +663,7 @@ LAYOUT = FlagGroup(
               show_allowed=True),
         _switch("sequence_parallel", "--sequence-parallel/--no-sequence-parallel",
                 "shard norms and dropout over TP (default on)", True),
-        _flag("pipeline_layer_split", Choice(LayerSplitName), SPLIT_HELP, LayerSplitName.auto,
+        _flag("pipeline_layer_split", LayerSplitParam(), SPLIT_HELP, LayerSplitName.auto,
               show_allowed=True),
     )
 )  # fmt: skip
@@ -674,7 +695,7 @@ PINS = FlagGroup(
         _switch("sequence_parallel", "--sequence-parallel/--no-sequence-parallel", "pin"),
         _switch("allow_cross_node_tp", "--allow-cross-node-tp/--no-cross-node-tp",
                 "let TP groups span nodes", False),
-        _flag("pipeline_layer_split", Choice(LayerSplitName),
+        _flag("pipeline_layer_split", LayerSplitParam(),
               "how every candidate splits its layers over its stages (default work-balanced); "
               "the choices as for estimate's --pipeline-layer-split",
               show_allowed=True),

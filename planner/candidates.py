@@ -281,8 +281,10 @@ def screening_checks(job: Job, cluster: Cluster, space: SearchSpace) -> list[Che
         ),
     }
     checks: list[Check] = []
+    split = space.pipeline_layer_split  # one split for every row: not a grid axis
     for rule in RULES:
-        checks.append((rule.reason(model), rule.reads, lambda c, r=rule: r.broken(model, s, c)))
+        checks.append((rule.reason(model), rule.reads,
+                       lambda c, r=rule: r.broken(model, s, {"split": split, **c})))  # fmt: skip
         if rule.name in search_rules:
             checks.append(search_rules[rule.name])
     checks += [

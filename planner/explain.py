@@ -67,8 +67,10 @@ def layer_split_lines(model, result: dict) -> list[str]:
     split = lay.get("pipeline_layer_split", "auto")
     layers = model_layers_per_virtual_stage(model, pp, vpp, split, schedule)
     line = f"layers per virtual stage: {_counts_text(layers)} ({split})"
+    if split != "work-balanced":
+        return [line]
     auto = layers_per_virtual_stage(model.num_layers, pp, vpp, "auto")
-    if split == "work-balanced" and (layers != auto).any():
+    if (layers != auto).any():
         ends = end_stage_work(model)
         line += (
             f"; auto's {_counts_text(auto)} would leave the busiest rank "

@@ -66,6 +66,7 @@ _EXPORTS = {
     "Layout": "planner.spec.layout",
     "check_layout": "planner.spec.rules",
     "layers_per_virtual_stage": "planner.spec.layout",
+    "checked_layer_split": "planner.spec.layout",
     "model_layers_per_virtual_stage": "planner.spec.layout",
     "virtual_stage_ranks": "planner.spec.layout",
     "ModelSpec": "planner.spec.model",

@@ -17,11 +17,31 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from hwspecs.errors import PlanError
 from planner.pipeline.schedules.registry import V_SHAPE_SCHEDULES
+from planner.spec.pipeline_layout import is_layout_notation, layout_layers, layout_stages
 from planner.spec.recompute import checked_recompute
 
 #: A recomputation policy (planner.spec.recompute): a whole-layer one or Megatron-Core modules.
 RecomputeName = Annotated[str, AfterValidator(checked_recompute)]
-LayerSplit = Literal["auto", "even", "first-last-fewer", "balanced", "work-balanced"]
+#: The named layer splits (:func:`layers_per_virtual_stage`).
+LAYER_SPLITS: tuple[str, ...] = ("auto", "even", "first-last-fewer", "balanced", "work-balanced")
+
+
+def checked_layer_split(split: str) -> str:
+    """A named split, or a layout in Megatron-Core's notation (its stage count and layers are
+    checked against each layout: :func:`planner.spec.pipeline_layout.layout_layers`)."""
+    if split in LAYER_SPLITS:
+        return split
+    if not is_layout_notation(split):
+        raise PlanError(
+            f"pipeline_layer_split '{split}' unknown; choose one of: {', '.join(LAYER_SPLITS)}, "
+            f"or a layout in Megatron-Core's notation, e.g. 'Et*4|(t*4|)*14tmL'"
+        )
+    layout_stages(split)  # its repeats unroll
+    return split
+
+
+#: How a pipeline's layers split over its stages: a named rule or a written layout.
+LayerSplit = Annotated[str, AfterValidator(checked_layer_split)]
 #: Context-parallel algorithms (planner.comm.context_parallel): Llama 3's K/V all-gather,
 #: ring attention, DeepSpeed-Ulysses all-to-all, Ulysses inside the scale-up domain with a
 #: ring across (Megatron-Core's ``a2a+p2p``).
@@ -211,13 +231,16 @@ def layers_per_virtual_stage(
     middle stages (DeepSeek-V3's 61 layers on 16 stages: 3, 4, …, 4, 3, 3).
     ``work-balanced`` (:func:`work_balanced_layers`) reads ``ends``, the first and the last
     stage's work beyond their layers in layers (:func:`end_stage_work`), and ``schedule``,
-    which places the stages on ranks.
+    which places the stages on ranks. Any other split is a layout in Megatron-Core's
+    notation (:mod:`planner.spec.pipeline_layout`), its layers as written.
     """
     if split == "work-balanced":
         from planner.spec.work_balance import work_balanced_layers  # it reads this module
 
         return work_balanced_layers(num_layers, pp, vpp, ends, schedule)
     stages = pp * vpp
+    if split not in LAYER_SPLITS:  # a written layout
+        return layout_layers(split, num_layers, stages)
     if split == "auto":
         if num_layers % stages == 0:
             split = "even"
@@ -279,6 +302,8 @@ def model_layers_per_virtual_stage(
     """:func:`layers_per_virtual_stage` of ``model``: its layers, and for the
     ``work-balanced`` split its ends' work (:func:`end_stage_work`) on ``schedule``'s
     placement of the stages."""
+    if split not in LAYER_SPLITS:  # a written layout: its MTP modules are the model's
+        return layout_layers(split, model.num_layers, pp * vpp, model.num_mtp_modules)
     ends = end_stage_work(model) if split == "work-balanced" else (0.0, 0.0)
     return layers_per_virtual_stage(model.num_layers, pp, vpp, split, ends, schedule)
 

@@ -26,11 +26,13 @@ from hwspecs.errors import PlanError
 from planner.columns.codes import Labels
 from planner.spec.layout import (
     CP_ALGORITHMS,
+    LAYER_SPLITS,
     Layout,
     check_expert_tp,
     layers_per_virtual_stage,
 )
 from planner.spec.model import ModelSpec
+from planner.spec.pipeline_layout import layout_layers
 
 #: Columns the rules read: tp, cp, pp, dp, ep, etp (resolved: tp where experts split like the
 #: MLP), vpp, sequence_parallel, schedule (strings or Labels) and, where a schedule rule is
@@ -58,10 +60,11 @@ def _fold(c: Columns) -> np.ndarray:
     return np.maximum(c["tp"] // np.maximum(c["etp"], 1), 1)
 
 
-def layers_broken(layers: int, c: Columns) -> np.ndarray:
+def layers_broken(layers: int, c: Columns, num_mtp_modules: int | None = None) -> np.ndarray:
     """Rows whose ``layers`` cannot split over pp·vpp stages (the auto split, and the
     work-balanced one, which is legal wherever auto is: evenly, one fewer on the first and
-    last stage, or balanced; another named split is checked per distinct value)."""
+    last stage, or balanced; another named split, or a written layout, which must also place
+    the model's ``num_mtp_modules``, is checked per distinct value)."""
     stages = c["pp"] * c["vpp"]
     split = c.get("split", "auto")
     if isinstance(split, str) and split in ("auto", "work-balanced"):  # legal where auto is
@@ -75,16 +78,24 @@ def layers_broken(layers: int, c: Columns) -> np.ndarray:
         keys = {(int(p), int(v), s) for p, v, s in zip(c["pp"], c["vpp"], splits, strict=True)}
     for key in keys:
         try:
-            layers_per_virtual_stage(layers, *key)
+            _split_layers(layers, *key, num_mtp_modules)
         except PlanError:
             p, v, s = key
             bad |= (c["pp"] == p) & (c["vpp"] == v) & (splits == s)
     return bad
 
 
+def _split_layers(layers: int, pp: int, vpp: int, split: str, num_mtp_modules: int | None):
+    """:func:`layers_per_virtual_stage`; a written layout's MTP modules checked too."""
+    if split in LAYER_SPLITS:
+        return layers_per_virtual_stage(layers, pp, vpp, split)
+    return layout_layers(split, layers, pp * vpp, num_mtp_modules)
+
+
 def _layers_message(model: ModelSpec, row: dict) -> str:
+    split = row.get("split", "auto")
     try:
-        layers_per_virtual_stage(model.num_layers, row["pp"], row["vpp"], row.get("split", "auto"))
+        _split_layers(model.num_layers, row["pp"], row["vpp"], split, model.num_mtp_modules)
     except PlanError as error:
         return str(error)
     return ""
@@ -232,7 +243,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "layers",
         lambda m: "layers do not split over pp·vpp stages",
-        lambda m, s, c: layers_broken(m.num_layers, c),
+        lambda m, s, c: layers_broken(m.num_layers, c, m.num_mtp_modules),
         lambda m, s, r: _layers_message(m, r),
         ("pp", "vpp", "split"),
     ),

@@ -164,7 +164,7 @@ def test_choice_flags_offer_exactly_the_values_the_specs_accept():
 
     from commands import flags
     from planner.spec import job
-    from planner.spec.layout import CP_ALGORITHMS, LayerSplit
+    from planner.spec.layout import CP_ALGORITHMS, LAYER_SPLITS
 
     pairs = {
         flags.AttentionKernel: get_args(job.AttentionKernel),
@@ -172,7 +172,7 @@ def test_choice_flags_offer_exactly_the_values_the_specs_accept():
         flags.UlyssesKvHeads: get_args(job.UlyssesKvHeads),
         flags.WeightPass: get_args(job.WeightPassMemory),
         flags.CpAlgorithm: tuple(CP_ALGORITHMS),
-        flags.LayerSplitName: get_args(LayerSplit),
+        flags.LayerSplitName: LAYER_SPLITS,
     }
     for choice, accepted in pairs.items():
         assert [member.value for member in choice] == list(accepted), choice.__name__

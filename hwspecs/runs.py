@@ -141,6 +141,18 @@ class RunTraining(RunSpecModel):
         "and the optimizer reads (Megatron-Core's grad_reduce_in_fp32 false: the parameters' "
         "bf16); None: not stated, the precision recipe's default",
     )
+    pp_layout: str | None = Field(
+        None,
+        description="each virtual pipeline stage's layers in Megatron-Core's "
+        "--pipeline-model-parallel-layout notation (E embedding, t layer, m MTP module, "
+        "L loss, '|' between stages: 'Et*4|(t*4|)*14tmL'); None: not stated",
+    )
+    mtp_modules: int | None = Field(
+        None,
+        ge=0,
+        description="multi-token-prediction modules the run trained beside the model "
+        "(DeepSeek-V3 §2.2; Megatron-Core's mtp_num_layers); None: not stated",
+    )
     lora_rank: int | None = Field(
         None, ge=1, description="LoRA adapter rank r (task lora); None: not stated"
     )

@@ -103,10 +103,13 @@ MTP_DEPTH = re.compile(r"\bMTP depth (\d+)")
 
 
 def mtp_modules(row: RunRow) -> int:
-    """The MTP modules a row trained: the depth its architecture note states, where its
-    configuration is labelled as trained with MTP ("w/ MTP"; DeepSeek-V3 §2.2); 0 where the
+    """The MTP modules a row trained (DeepSeek-V3 §2.2): ``training.mtp_modules`` where the
+    row (or its launch script's supplement) states it; else the depth its architecture note
+    states, where its configuration is labelled as trained with MTP ("w/ MTP"); 0 where the
     row does not say (its benchmark may have left MTP out: "some benchmark rows exclude
     MTP")."""
+    if row.training.mtp_modules is not None:
+        return row.training.mtp_modules
     depth = MTP_DEPTH.search(row.model.arch_notes or "")
     return int(depth.group(1)) if depth and WITH_MTP.search(row.notes or "") else 0
 
@@ -328,12 +331,12 @@ def search_space(row: RunRow, model: ModelSpec) -> SearchSpace:
         pins["recompute"] = ["none", *module_policies(model), "full"]
     if t.cp > 1:
         pins["cp_algorithm"] = [cp_algorithm(row)]
-    # The run ran: its TP may cross a node and its CP be as large as it was. No row names its
-    # layer split: it ran its trainer's default, even where the layers divide (Megatron-LM
-    # splits evenly unless --decoder-first/last-pipeline-num-layers are set), i.e. ``auto``.
+    # The run ran: its TP may cross a node and its CP be as large as it was. Its layer split
+    # is the layout it states (``training.pp_layout``), else its trainer's default, even
+    # where the layers divide (Megatron-LM splits evenly unless told otherwise): ``auto``.
     return SearchSpace(
         **pins, allow_cross_node_tp=True, max_cp=max(64, t.cp), max_interleave=max(8, t.vpp or 1),
-        pipeline_layer_split="auto",
+        pipeline_layer_split=t.pp_layout or "auto",
     )  # fmt: skip
 
 

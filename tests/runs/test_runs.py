@@ -720,7 +720,59 @@ def test_a_row_labelled_with_mtp_trains_its_modules():
     assert all(model_spec(r).num_mtp_modules == 1 for r in labelled)
     without = [r for r in rows if "w/o MTP" in (r.notes or "")]
     assert without and all(mtp_modules(r) == 0 for r in without)
-    assert sum(mtp_modules(r) for r in rows) == len(labelled)
+
+
+def test_published_flops_per_token_count_the_mtp_module_each_deepseek_row_trained():
+    """Megatron's model FLOP counter counts the MTP module (DeepSeek-V3 §2.2: a 2h → h
+    projection, one more layer and the shared head's second pass). Every DeepSeek-V3 row
+    that prints model TFLOP/s beside tokens/s prints, within 1%, the causal training FLOPs
+    per token of the model with the MTP modules the row trained (the "w/ MTP" label, or the
+    launch script's ``mtp_num_layers`` a supplement quotes) and not the other count, 4% away.
+    The rows without a module are Megatron-Bridge 25.11's "w/o MTP" and NeMo AutoModel's."""
+    from planner.cost.flops import layer_ops, lm_head_op, model_flops_per_token, sum_ops
+    from planner.runs.rows import model_spec, mtp_modules
+
+    rows = [r for r in load_runs("train") if "DeepSeek-V3" in r.model.name]
+    printed = [
+        r for r in rows if r.measured.model_tflops_per_gpu and r.measured.tokens_per_s_per_gpu
+    ]
+    assert len(printed) == len(rows) == 32
+    for row in printed:
+        model, seq = model_spec(row), row.training.seq_len
+        layer = sum_ops(layer_ops(model, seq, 1.0, moe_layer=True, causal=True)).total / seq
+        module = 6 * 2 * model.hidden_size**2 + layer + lm_head_op(model, seq).total / seq
+        main = model_flops_per_token(model, seq, causal=True)
+        published = row.measured.model_tflops_per_gpu * 1e12 / row.measured.tokens_per_s_per_gpu
+        counted = main + mtp_modules(row) * module
+        assert published / counted == pytest.approx(1.0, abs=0.01), row.id
+        other = main + (1 - mtp_modules(row)) * module
+        assert abs(published / other - 1) > 0.03, row.id
+    trained = sum(mtp_modules(r) for r in rows)
+    assert trained == 27 and {r.source_ref.repo for r in rows if not mtp_modules(r)} == {
+        "NVIDIA-NeMo/Megatron-Bridge",
+        "NVIDIA-NeMo/Automodel",
+    }
+
+
+def test_a_row_that_states_its_pipeline_layout_is_predicted_on_it():
+    """Rows whose launch scripts write their layers stage by stage (Megatron-Bridge's
+    DeepSeek-V3 ``pipeline_model_parallel_layout``, NeMo's first and last stage's layers)
+    are searched on that layout alone and each is covered: its stages are the row's pp·vpp,
+    its layers the model's, its MTP modules the row's."""
+    from planner.runs.rows import model_spec, search_space
+    from planner.spec.layout import model_layers_per_virtual_stage
+
+    rows = [r for r in load_runs("train") if r.training.pp_layout]
+    assert len(rows) == 24
+    for row in rows:
+        model = model_spec(row)
+        assert search_space(row, model).pipeline_layer_split == row.training.pp_layout
+        stages = model_layers_per_virtual_stage(
+            model, row.training.pp, row.training.vpp or 1, row.training.pp_layout
+        )
+        assert stages.sum() == model.num_layers and stages[-1] < stages[1], row.id
+    for row in rows[:2]:
+        assert predict_row(row).covered, row.id
 
 
 def test_runs_check_says_how_far_a_run_that_does_not_fit_is_off(tmp_path, capsys, monkeypatch):

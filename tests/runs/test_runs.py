@@ -756,14 +756,15 @@ def test_published_flops_per_token_count_the_mtp_module_each_deepseek_row_traine
 
 def test_a_row_that_states_its_pipeline_layout_is_predicted_on_it():
     """Rows whose launch scripts write their layers stage by stage (Megatron-Bridge's
-    DeepSeek-V3 ``pipeline_model_parallel_layout``, NeMo's first and last stage's layers)
+    DeepSeek-V3 and Kimi-K2 ``pipeline_model_parallel_layout``, NeMo's first and last
+    stage's layers)
     are searched on that layout alone and each is covered: its stages are the row's pp·vpp,
     its layers the model's, its MTP modules the row's."""
     from planner.runs.rows import model_spec, search_space
     from planner.spec.layout import model_layers_per_virtual_stage
 
     rows = [r for r in load_runs("train") if r.training.pp_layout]
-    assert len(rows) == 24
+    assert len(rows) == 28
     for row in rows:
         model = model_spec(row)
         assert search_space(row, model).pipeline_layer_split == row.training.pp_layout

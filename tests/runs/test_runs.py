@@ -845,6 +845,22 @@ def test_nemo_performance_scripts_reduce_fp8_gradients_in_bf16_but_deepseek_v3s_
     assert yaml.training.grad_dtype is None
 
 
+def test_nemo_1_yaml_workloads_of_dgxc_24_11_reduce_gradients_in_bf16():
+    """dgxc-benchmarking 24.11.1's NeMo 1 YAML workloads (Llama 3.1 405B, GPT-3 175B,
+    Nemotron-4 15B and 340B) train with Apex's distributed Adam and ``grad_sync_dtype:
+    bf16``, whose gradient buffer is allocated in that dtype: their FP8 rows too, which
+    the FP8 recipe would otherwise give FP32 gradients."""
+    from planner.runs.rows import model_spec, run_job
+
+    rows = [r for r in load_runs("train") if r.id.startswith("dgxc-2411")]
+    nemo = [r for r in rows if "NeMo" in (r.training.framework or "")]
+    assert len(nemo) == 35 and all(r.training.grad_dtype == "bf16" for r in nemo)
+    fp8 = [r for r in nemo if "fp8" in r.training.precision.lower()]
+    assert len(fp8) == 18
+    assert all(run_job(r, model_spec(r)).precision.gradient_dtype == "bf16" for r in fp8)
+    assert all(r.training.grad_dtype is None for r in rows if r not in nemo)  # JAX: not read
+
+
 def test_maxtexts_minimal_remat_is_the_dots_policy():
     """MaxText's ``remat_policy=minimal`` saves the projections' outputs only
     (``checkpoint_dots_with_no_batch_dims`` at the rows' commit), not Megatron's selective

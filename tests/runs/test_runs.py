@@ -841,24 +841,29 @@ def test_nemo_performance_scripts_reduce_fp8_gradients_in_bf16_but_deepseek_v3s_
     assert run_job(llama, model_spec(llama)).precision.gradient_dtype == "bf16"
     deepseek = rows["dgxc-2505-gb200-deepseek-v3-bf16-256g"]
     assert run_job(deepseek, model_spec(deepseek)).precision.gradient_dtype == "fp32"
-    yaml = rows["dgxc-2504-h100-gpt3-175b-fp8-512g"]  # NeMo 1's YAML launcher: not read
-    assert yaml.training.grad_dtype is None
+    yaml = rows["dgxc-2504-h100-gpt3-175b-fp8-512g"]  # NeMo 1's YAML: grad_sync_dtype bf16
+    assert run_job(yaml, model_spec(yaml)).precision.gradient_dtype == "bf16"
 
 
-def test_nemo_1_yaml_workloads_of_dgxc_24_11_reduce_gradients_in_bf16():
-    """dgxc-benchmarking 24.11.1's NeMo 1 YAML workloads (Llama 3.1 405B, GPT-3 175B,
-    Nemotron-4 15B and 340B) train with Apex's distributed Adam and ``grad_sync_dtype:
-    bf16``, whose gradient buffer is allocated in that dtype: their FP8 rows too, which
-    the FP8 recipe would otherwise give FP32 gradients."""
+def test_nemo_1_yaml_workloads_of_dgxc_reduce_gradients_in_bf16():
+    """dgxc-benchmarking's NeMo 1 YAML workloads set ``grad_sync_dtype: bf16``: 24.11.1's
+    (Llama 3.1 405B, GPT-3 175B, Nemotron-4 15B and 340B) and 25.04's GPT-3 with Apex's
+    distributed Adam, whose gradient buffer is allocated in that dtype, and 25.04's Grok-1
+    with Megatron-Core's distributed optimizer, which NeMo 2.1 then builds with
+    ``grad_reduce_in_fp32=False``: their FP8 rows too, which the FP8 recipe would otherwise
+    give FP32 gradients."""
     from planner.runs.rows import model_spec, run_job
 
     rows = [r for r in load_runs("train") if r.id.startswith("dgxc-2411")]
     nemo = [r for r in rows if "NeMo" in (r.training.framework or "")]
     assert len(nemo) == 35 and all(r.training.grad_dtype == "bf16" for r in nemo)
-    fp8 = [r for r in nemo if "fp8" in r.training.precision.lower()]
-    assert len(fp8) == 18
-    assert all(run_job(r, model_spec(r)).precision.gradient_dtype == "bf16" for r in fp8)
     assert all(r.training.grad_dtype is None for r in rows if r not in nemo)  # JAX: not read
+    yaml_2504 = [r for r in load_runs("train") if r.id.startswith(("dgxc-2504-h100-grok1",
+                 "dgxc-2504-h100-gpt3"))]  # fmt: skip
+    assert len(yaml_2504) == 22 and all(r.training.grad_dtype == "bf16" for r in yaml_2504)
+    fp8 = [r for r in nemo + yaml_2504 if "fp8" in r.training.precision.lower()]
+    assert len(fp8) == 27
+    assert all(run_job(r, model_spec(r)).precision.gradient_dtype == "bf16" for r in fp8)
 
 
 def test_maxtexts_minimal_remat_is_the_dots_policy():

@@ -43,11 +43,32 @@ def layout_stages(text: str) -> list[str]:
         )
     unrolled = text.replace(",", "")
     while REPEATED_GROUP.search(unrolled):
-        unrolled = REPEATED_GROUP.sub(lambda m: m.group(1) * int(m.group(2)), unrolled)
-    unrolled = REPEATED_CHARACTER.sub(lambda m: m.group(1) * int(m.group(2)), unrolled)
+        unrolled = _unrolled(text, REPEATED_GROUP, unrolled)
+    unrolled = _unrolled(text, REPEATED_CHARACTER, unrolled)
     if re.search(r"[()*0-9]", unrolled):
         raise PlanError(f"pipeline layout '{text}': a repeat is not of a character or a group")
     return unrolled.split("|")
+
+
+#: The longest layout unrolled: far beyond any pipeline (a bound, not a model limit).
+MAX_UNROLLED = 1_000_000
+
+
+def _unrolled(text: str, pattern: re.Pattern, current: str) -> str:
+    """``current`` with every repeat ``pattern`` finds unrolled, refused once the unrolled
+    parts of this pass would pass :data:`MAX_UNROLLED` entries."""
+    budget = [MAX_UNROLLED]
+
+    def repeated(match: re.Match) -> str:
+        part, count = match.group(1), int(match.group(2))
+        budget[0] -= len(part) * count
+        if budget[0] < 0:
+            raise PlanError(
+                f"pipeline layout '{text}' unrolls to more than {MAX_UNROLLED:,} entries"
+            )
+        return part * count
+
+    return pattern.sub(repeated, current)
 
 
 def layout_layers(

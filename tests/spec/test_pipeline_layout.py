@@ -44,6 +44,8 @@ def test_megatron_bridge_deepseek_v3_layouts_as_its_layout_map_writes_them():
         ("Et*4|(t*4|)*14tm", 16, 1, "the loss (L) once"),
         ("Et*4|(t*4|)*14tmL|", 16, 1, "has 17 stages"),
         ("Ex*4|L", 2, 0, "not in Megatron-Core's notation"),
+        ("E(t*99999|)*99999L", 2, 0, "unrolls to more than 1,000,000 entries"),
+        ("E" + "(t|)*999999" * 3 + "L", 2, 0, "unrolls to more than 1,000,000 entries"),
     ],
 )
 def test_a_layout_the_model_cannot_run_says_why(text, stages, mtp, says):

@@ -727,7 +727,7 @@ def test_published_flops_per_token_count_the_mtp_module_each_deepseek_row_traine
     projection, one more layer and the shared head's second pass). Every DeepSeek-V3 row
     that prints model TFLOP/s beside tokens/s prints, within 1%, the causal training FLOPs
     per token of the model with the MTP modules the row trained (the "w/ MTP" label, or the
-    launch script's ``mtp_num_layers`` a supplement quotes) and not the other count, 4% away.
+    launch script's ``mtp_num_layers`` a supplement quotes), and more than 3% from the other.
     The rows without a module are Megatron-Bridge 25.11's "w/o MTP" and NeMo AutoModel's."""
     from planner.cost.flops import layer_ops, lm_head_op, model_flops_per_token, sum_ops
     from planner.runs.rows import model_spec, mtp_modules
@@ -757,9 +757,9 @@ def test_published_flops_per_token_count_the_mtp_module_each_deepseek_row_traine
 def test_a_row_that_states_its_pipeline_layout_is_predicted_on_it():
     """Rows whose launch scripts write their layers stage by stage (Megatron-Bridge's
     DeepSeek-V3 and Kimi-K2 ``pipeline_model_parallel_layout``, NeMo's first and last
-    stage's layers)
-    are searched on that layout alone and each is covered: its stages are the row's pp·vpp,
-    its layers the model's, its MTP modules the row's."""
+    stage's layers) are searched on that layout alone: its stages are the row's pp·vpp, its
+    layers the model's, its MTP modules the row's, and its last stage holds fewer layers than
+    its second (the head's stage unloaded); two of them are predicted and covered."""
     from planner.runs.rows import model_spec, search_space
     from planner.spec.layout import model_layers_per_virtual_stage
 

@@ -18,11 +18,11 @@ from hwspecs.catalog import load_accelerator
 from hwspecs.runs import RunRow
 from planner.layout_range import measured_layout_range, outside_reasons
 from planner.runs.measured import measured_tokens_per_s
+from planner.runs.placement import run_cluster
 from planner.runs.rows import (
     Uncovered,
     model_spec,
     precision_label,
-    run_cluster,
     run_job,
     search_space,
     sharded_further,

@@ -23,8 +23,9 @@ from hwspecs.catalog import load_accelerator
 from hwspecs.runs import RunRow
 from planner.candidates import SearchSpace
 from planner.rank import RankSettings, effective_step_time
+from planner.runs.placement import run_cluster
 from planner.runs.profiles import profile_for
-from planner.runs.rows import model_spec, run_cluster, run_job, stack_label
+from planner.runs.rows import model_spec, run_job, stack_label
 from planner.runs.uncovered import Uncovered
 from planner.search import search
 

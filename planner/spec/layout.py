@@ -222,6 +222,7 @@ def layers_per_virtual_stage(
     split: LayerSplit = "auto",
     ends: tuple[float, float] = (0.0, 0.0),
     schedule: str = "1f1b",
+    num_mtp_modules: int | None = None,
 ) -> np.ndarray:
     """Transformer layers in each virtual stage, in torch's stage order (chunk c, rank r → c·pp + r).
 
@@ -232,7 +233,8 @@ def layers_per_virtual_stage(
     ``work-balanced`` (:func:`work_balanced_layers`) reads ``ends``, the first and the last
     stage's work beyond their layers in layers (:func:`end_stage_work`), and ``schedule``,
     which places the stages on ranks. Any other split is a layout in Megatron-Core's
-    notation (:mod:`planner.spec.pipeline_layout`), its layers as written.
+    notation (:mod:`planner.spec.pipeline_layout`), its layers as written (and, where
+    ``num_mtp_modules`` is given, the model's MTP modules on its last stage).
     """
     if split == "work-balanced":
         from planner.spec.work_balance import work_balanced_layers  # it reads this module
@@ -240,7 +242,7 @@ def layers_per_virtual_stage(
         return work_balanced_layers(num_layers, pp, vpp, ends, schedule)
     stages = pp * vpp
     if split not in LAYER_SPLITS:  # a written layout
-        return layout_layers(split, num_layers, stages)
+        return layout_layers(split, num_layers, stages, num_mtp_modules)
     if split == "auto":
         if num_layers % stages == 0:
             split = "even"
@@ -302,10 +304,10 @@ def model_layers_per_virtual_stage(
     """:func:`layers_per_virtual_stage` of ``model``: its layers, and for the
     ``work-balanced`` split its ends' work (:func:`end_stage_work`) on ``schedule``'s
     placement of the stages."""
-    if split not in LAYER_SPLITS:  # a written layout: its MTP modules are the model's
-        return layout_layers(split, model.num_layers, pp * vpp, model.num_mtp_modules)
     ends = end_stage_work(model) if split == "work-balanced" else (0.0, 0.0)
-    return layers_per_virtual_stage(model.num_layers, pp, vpp, split, ends, schedule)
+    return layers_per_virtual_stage(
+        model.num_layers, pp, vpp, split, ends, schedule, model.num_mtp_modules
+    )
 
 
 def dense_and_moe_layers_per_virtual_stage(

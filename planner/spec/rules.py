@@ -26,13 +26,11 @@ from hwspecs.errors import PlanError
 from planner.columns.codes import Labels
 from planner.spec.layout import (
     CP_ALGORITHMS,
-    LAYER_SPLITS,
     Layout,
     check_expert_tp,
     layers_per_virtual_stage,
 )
 from planner.spec.model import ModelSpec
-from planner.spec.pipeline_layout import layout_layers
 
 #: Columns the rules read: tp, cp, pp, dp, ep, etp (resolved: tp where experts split like the
 #: MLP), vpp, sequence_parallel, schedule (strings or Labels) and, where a schedule rule is
@@ -76,26 +74,20 @@ def layers_broken(layers: int, c: Columns, num_mtp_modules: int | None = None) -
         keys = {(int(p), int(v), split) for p, v in pairs.T}
     else:
         keys = {(int(p), int(v), s) for p, v, s in zip(c["pp"], c["vpp"], splits, strict=True)}
-    for key in keys:
+    for p, v, name in keys:
         try:
-            _split_layers(layers, *key, num_mtp_modules)
+            layers_per_virtual_stage(layers, p, v, name, num_mtp_modules=num_mtp_modules)
         except PlanError:
-            p, v, s = key
-            bad |= (c["pp"] == p) & (c["vpp"] == v) & (splits == s)
+            bad |= (c["pp"] == p) & (c["vpp"] == v) & (splits == name)
     return bad
-
-
-def _split_layers(layers: int, pp: int, vpp: int, split: str, num_mtp_modules: int | None):
-    """:func:`layers_per_virtual_stage`; a written layout's MTP modules checked too."""
-    if split in LAYER_SPLITS:
-        return layers_per_virtual_stage(layers, pp, vpp, split)
-    return layout_layers(split, layers, pp * vpp, num_mtp_modules)
 
 
 def _layers_message(model: ModelSpec, row: dict) -> str:
     split = row.get("split", "auto")
     try:
-        _split_layers(model.num_layers, row["pp"], row["vpp"], split, model.num_mtp_modules)
+        layers_per_virtual_stage(
+            model.num_layers, row["pp"], row["vpp"], split, num_mtp_modules=model.num_mtp_modules
+        )
     except PlanError as error:
         return str(error)
     return ""

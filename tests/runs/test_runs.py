@@ -535,7 +535,7 @@ def test_a_run_that_fills_no_whole_nvl72_rack_is_spread_evenly():
     """256 GPUs on NVL72 racks: 4 racks of 64 (16 of 18 trays each), so a 64-rank expert
     group stays inside one NVLink domain; 576 GPUs fill 8 racks and stay as they are."""
     from hwspecs.catalog import load_cluster
-    from planner.runs.rows import spread_over_domains
+    from planner.runs.placement import spread_over_domains
 
     cluster = load_cluster("gb200-nvl72")
     spread = spread_over_domains(cluster, 256)
@@ -689,7 +689,7 @@ def test_maxtext_per_device_batch_counts_every_chip():
 def test_tpu_pods_over_dcn_grow_and_a_single_pod_does_not():
     """A run larger than the reference cluster of TPU v5e pods joined by DCN is predicted on
     more pods over DCN; a single v4 pod (its one tier is its torus) does not grow."""
-    from planner.runs.rows import run_cluster
+    from planner.runs.placement import run_cluster
 
     big = next(r for r in load_runs("train") if r.id == "maxtext-v5e-16b-x32")
     cluster = run_cluster(big)

@@ -153,6 +153,12 @@ class RunTraining(RunSpecModel):
         description="multi-token-prediction modules the run trained beside the model "
         "(DeepSeek-V3 §2.2; Megatron-Core's mtp_num_layers); None: not stated",
     )
+    expert_routing: Literal["consecutive"] | None = Field(
+        None,
+        description="a benchmark gate that routed each token to fixed experts in place of the "
+        "learned router: 'consecutive', token t to experts kt … kt+k−1 mod E (NeMo "
+        "AutoModel's FakeBalancedGate); None: the model's router",
+    )
     lora_rank: int | None = Field(
         None, ge=1, description="LoRA adapter rank r (task lora); None: not stated"
     )

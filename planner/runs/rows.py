@@ -94,10 +94,26 @@ def mtp_modules(row: RunRow) -> int:
     return int(depth.group(1)) if depth and WITH_MTP.search(row.notes or "") else 0
 
 
+def expert_routing_fields(row: RunRow) -> dict:
+    """The routing a row's MoE layers ran, as the model's routing limit: the model's
+    node-limited routing where the row states it (``max_nodes_per_token``); a benchmark gate
+    that sends token t to the k consecutive experts kt … kt+k−1 mod E
+    (``training.expert_routing = "consecutive"``: NeMo AutoModel's ``FakeBalancedGate``) is
+    group-limited routing to one of E/k groups of k experts, so under the contiguous expert
+    placement a token's copies reach ⌈k / experts-per-node⌉ nodes
+    (:func:`planner.comm.collectives.nodes_reached`), not the learned router's up to k."""
+    moe = row.model.moe
+    if row.training.expert_routing != "consecutive":
+        return {"max_nodes_per_token": moe.max_nodes_per_token}
+    if moe.experts % moe.top_k:
+        raise Uncovered("consecutive expert routing with top-k not dividing the experts")
+    return {"num_expert_groups": moe.experts // moe.top_k, "max_nodes_per_token": 1}
+
+
 def model_spec(row: RunRow) -> ModelSpec:
     """The row's architecture as a ModelSpec (gated MLPs as SwiGLU's three matrices, other
-    MLPs as two; shared experts counted in units of one routed expert's FFN; node-limited
-    routing where the row states it)."""
+    MLPs as two; shared experts counted in units of one routed expert's FFN; the routing
+    limit the row's gate kept: :func:`expert_routing_fields`)."""
     m = row.model
     fields: dict = {
         "name": m.name,
@@ -135,7 +151,7 @@ def model_spec(row: RunRow) -> ModelSpec:
             moe_ffn_hidden_size=m.moe.expert_ffn,
             num_shared_experts=round(m.moe.shared_experts * shared_ffn / m.moe.expert_ffn),
             num_dense_layers=min(m.moe.dense_layers or 0, m.layers),
-            max_nodes_per_token=m.moe.max_nodes_per_token,
+            **expert_routing_fields(row),
         )
     try:
         return ModelSpec(**fields)

@@ -49,10 +49,11 @@ def test_consecutive_routing_reaches_the_nodes_the_gate_sends_each_token_to(
 ):
     experts, top_k = 2**log_experts, 2 ** min(log_top_k, log_experts - 1)
     ep, gpus_per_node = 2 ** min(log_ep, log_experts), 2**log_gpus_per_node
-    top_k, max_nodes, groups = ep_routing(model_spec(_row_with(experts, top_k)))
+    routing = ep_routing(model_spec(_row_with(experts, top_k)))
+    assert routing == (top_k, 1, experts // top_k)  # one of E/k groups of k experts
     nodes = max(1, ep // gpus_per_node)
     expected = _gate_nodes(experts, top_k, ep, gpus_per_node)
-    assert nodes_reached(top_k, max_nodes, groups, nodes) == expected
+    assert nodes_reached(*routing, nodes) == expected
 
 
 def test_automodels_deepseek_rows_ran_the_consecutive_gate_and_reach_one_node():

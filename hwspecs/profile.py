@@ -49,8 +49,10 @@ class RatioErrorFit(BaseModel):
 class LayoutRange(BaseModel):
     """How far the training runs reached (``planner.layout_range``): each parallel degree's
     largest value over the runs' layouts, the fewest tokens of its sequence a CP rank held
-    (None: no run used CP), the most GPUs. Outside it, no measured error speaks for a
-    layout."""
+    (None: no run used CP), the most GPUs, and the largest share of a step's model FLOPs
+    the attention core took (None: a profile fitted before it was recorded). Outside it,
+    no measured error speaks for a layout, and beyond the attention share the profile's
+    attention term is extrapolated."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -61,6 +63,7 @@ class LayoutRange(BaseModel):
     cp_tokens_per_rank: int | None = Field(None, ge=1)
     num_gpus: int = Field(ge=1)
     num_runs: int = Field(ge=1)
+    attention_share: float | None = Field(None, ge=0.0, le=1.0)
 
 
 class ProfileFit(BaseModel):

@@ -211,15 +211,22 @@ def _estimate(
         usable_bytes=memory.usable_bytes,
         fits=memory.fits,
         **profile_intervals(job.efficiency_profile, value, _gemm_peak(accelerator, job)),
-        outside_measured_layouts=_outside_measured_layouts(job, layout, accelerator.id),
+        outside_measured_layouts=_outside_measured_layouts(
+            job, layout, accelerator.id, float(value["attention_share"])
+        ),
         checkpoint_bytes_per_rank=float(value["checkpoint_bytes_per_rank"]),
     )
 
 
-def _outside_measured_layouts(job: Job, layout: Layout, accelerator: str) -> list[str]:
-    """The axes ``layout`` leaves the runs the job's profile was measured on."""
+def _outside_measured_layouts(
+    job: Job, layout: Layout, accelerator: str, attention_share: float
+) -> list[str]:
+    """The axes ``layout`` leaves the runs the job's profile was measured on, and an
+    attention FLOP share (``attention_share``) beyond theirs."""
     measured = measured_layout_range(job.efficiency_profile, accelerator)
-    return outside_reasons(layout.model_dump(), measured, job.seq_len, layout.num_gpus)
+    return outside_reasons(
+        layout.model_dump(), measured, job.seq_len, layout.num_gpus, attention_share
+    )
 
 
 def _gemm_peak(accelerator, job: Job) -> float | None:

@@ -41,7 +41,7 @@ from pydantic import BaseModel
 
 from hwspecs.profile import LayoutRange
 from planner.columns.codes import Labels, distinct_rows
-from planner.layout_range import count_outside, describe, outside_reasons
+from planner.layout_range import attention_beyond, count_outside, describe, outside_reasons
 from planner.pipeline.schedules import SCHEDULES
 
 GIB = 2**30
@@ -74,6 +74,9 @@ class RankSettings(BaseModel):
     #: per CP rank); None: no range recorded, no row outside it.
     layout_range: LayoutRange | None = None
     seq_len: int | None = None
+    #: The job's attention FLOP share (:func:`planner.cost.profile.flop_shares`), said
+    #: where it is beyond the runs'; None: not said.
+    attention_share: float | None = None
 
 
 def schedule_complexity(name: str, vpp) -> np.ndarray:
@@ -377,4 +380,9 @@ def measured_range_lines(columns: dict, settings: RankSettings, within: int) -> 
     if gpus > found.num_gpus:
         lines.append(f"{gpus:,} GPUs are more than any run's ({found.num_gpus:,}): every "
                      "layout's synchronisation and collectives are extrapolated in scale")  # fmt: skip
+    share = settings.attention_share
+    if attention_beyond(found, share) is not None:
+        lines.append(f"attention is {share:.0%} of the model FLOPs, more than in any run "
+                     f"({found.attention_share:.0%}): every layout's attention time rests on "
+                     "the profile's attention term extrapolated")  # fmt: skip
     return lines

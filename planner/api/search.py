@@ -13,6 +13,7 @@ from planner.api.inputs import (
     with_profile,
 )
 from planner.api.layout import _with_time_to_train
+from planner.cost.profile import flop_shares
 from planner.explain import (
     cp_algorithm_lines,
     explain_plan,
@@ -22,10 +23,13 @@ from planner.explain import (
 from planner.rank import RANK_MODES, RankSettings, explain_ranking
 
 
-def rank_settings(rank: str, accelerator: str, profile, seq_len: int) -> RankSettings:
+def rank_settings(
+    rank: str, accelerator: str, profile, seq_len: int, attention_share: float | None = None
+) -> RankSettings:
     """``--rank`` checked, with the band measured for ``profile`` on ``accelerator``
     (:func:`planner.runs.ratio_error.ranking_band`) and the layouts it was measured on
-    (the profile's, or the ideal model's band's: the shipped profile's runs)."""
+    (the profile's, or the ideal model's band's: the shipped profile's runs);
+    ``attention_share``: the job's attention FLOP share, said where beyond the runs'."""
     from planner.layout_range import measured_layout_range
     from planner.runs.ratio_error import ranking_band
 
@@ -35,7 +39,12 @@ def rank_settings(rank: str, accelerator: str, profile, seq_len: int) -> RankSet
     band, source = ranking_band(accelerator, profile)
     layouts = measured_layout_range(profile, accelerator)
     return RankSettings(
-        mode=rank, band=band, band_source=source, layout_range=layouts, seq_len=seq_len
+        mode=rank,
+        band=band,
+        band_source=source,
+        layout_range=layouts,
+        seq_len=seq_len,
+        attention_share=attention_share,
     )
 
 
@@ -112,7 +121,10 @@ def plan(
         raise PlanError(f"--gpus {gpus} exceeds cluster {spec.id}'s {spec.num_gpus} GPUs")
     accelerator = load_accelerator(spec.accelerator)
     job = with_profile(job, spec.accelerator, profile, stack)
-    ranking = rank_settings(rank, spec.accelerator, job.efficiency_profile, job.seq_len)
+    attention_share = flop_shares(job.model, job.seq_len)[0]
+    ranking = rank_settings(
+        rank, spec.accelerator, job.efficiency_profile, job.seq_len, attention_share
+    )
     mesh = resolve_order(order) if order else None
     from planner.refine import DEFAULT_REFINE_TOP
 

@@ -224,7 +224,9 @@ def predict_row(row: RunRow, profile=None) -> RowPrediction:
         predicted_mfu_causal=float(best["mfu_causal"]),
         predicted_memory_gib=float(best["memory_per_gpu_bytes"]) / GIB,
         features=features,
-        outside_measured_layouts=outside_reasons(layout, measured_range, seq_len, num_gpus),
+        outside_measured_layouts=outside_reasons(
+            layout, measured_range, seq_len, num_gpus, features.get("attention_share")
+        ),
     )
 
 

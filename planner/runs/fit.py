@@ -340,7 +340,10 @@ def fit_profile(rows: list[RowPrediction], accelerator: str, stack: str | None) 
 def _layout_range(rows: list[RowPrediction]) -> dict:
     """The rows' layout range as the profile stores it ({} when no row has a layout)."""
     found = layout_range_of(
-        [r.layout for r in rows], [r.seq_len for r in rows], [r.num_gpus for r in rows]
+        [r.layout for r in rows],
+        [r.seq_len for r in rows],
+        [r.num_gpus for r in rows],
+        [(r.features or {}).get("attention_share") for r in rows],
     )
     return found.model_dump() if found is not None else {}
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hwspecs.catalog import load_profile, profile_names
 from hwspecs.profile import LayoutRange
-from planner.layout_range import layout_range_of, outside_reasons
+from planner.layout_range import describe, layout_range_of, outside_reasons
 from planner.rank import (
     BY_TIME,
     FASTEST,
@@ -140,8 +140,24 @@ def test_the_measured_range_is_the_runs_largest_degrees_and_fewest_tokens_per_cp
     ]  # fmt: skip
 
 
+def test_the_measured_range_records_the_largest_attention_share_and_names_a_larger_one():
+    layouts = [{"tp": 8, "cp": 1, "pp": 8, "ep": 1}, {"tp": 4, "cp": 2, "pp": 1, "ep": 1}, None]
+    found = layout_range_of(layouts, [4096, 16384, 131072], [64, 8, 8], [0.12, 0.33, 0.9])
+    assert found.attention_share == 0.33  # the third run has no layout: left out
+    assert layout_range_of(layouts, [4096, 16384, 131072], [64, 8, 8]).attention_share is None
+    runs = found.model_copy(update={"attention_share": 0.21})
+    layout = {"tp": 8, "cp": 1, "pp": 8, "ep": 1}
+    assert outside_reasons(layout, runs, 4096, 64, 0.41) == ["attention 41% of FLOPs > 21%"]
+    assert outside_reasons(layout, runs, 4096, 64, 0.2149) == []  # rounds to the runs' share
+    assert outside_reasons(layout, runs, 4096, 64, None) == []  # unknown: nothing said
+    assert outside_reasons(layout, H100_RUNS, 4096, 64, 0.99) == []  # a range without it
+    assert describe(runs).endswith("≤ 64 GPUs, attention ≤ 21% of FLOPs")
+
+
 def test_every_shipped_profile_records_the_range_of_its_training_rows():
     from hwspecs.catalog import load_runs
+    from planner.cost.profile import flop_shares
+    from planner.runs.rows import model_spec
 
     runs = {row.id: row for row in load_runs("train")}
     for name in profile_names():
@@ -151,6 +167,10 @@ def test_every_shipped_profile_records_the_range_of_its_training_rows():
         published = [t.pp for t in trained if t.pp is not None]
         assert max(published, default=1) <= found.layout_range.pp, name
         assert found.layout_range.num_runs == len(found.training_ids), name
+        # The largest attention FLOP share, from each row's own model and sequence.
+        shares = [flop_shares(model_spec(runs[i]), runs[i].training.seq_len)[0]
+                  for i in found.training_ids]  # fmt: skip
+        assert found.layout_range.attention_share == pytest.approx(max(shares), abs=1e-4), name
 
 
 def test_rule_1_fewer_axes_above_one():
@@ -337,6 +357,30 @@ def test_plan_and_estimate_name_the_axes_beyond_the_measured_layouts(capsys):
     code, out, _ = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100",
                        *layout, "--global-batch-size", "64")  # fmt: skip
     assert code == 0 and "beyond the profile's runs: pp 32 > 16" in " ".join(out.split())
+
+
+def test_a_job_with_more_attention_than_the_profiles_runs_says_so(capsys):
+    # GB200's runs reach 4-8K tokens (attention at most ~21% of the FLOPs); Llama 3 8B at
+    # 64K tokens spends most of its FLOPs in attention: the attention term is extrapolated.
+    measured = load_profile("gb200").fit.layout_range
+    assert measured.attention_share < 0.3
+    job = ["--model", "llama3-8b", "--cluster", "gb200-nvl72", "--tp", "1", "--cp", "8",
+           "--pp", "1", "--dp", "8", "--global-batch-size", "64"]  # fmt: skip
+    code, out, _ = run(capsys, "estimate", *job, "--seq-len", "65536", "--json")
+    assert code == 0
+    reasons = json.loads(out)["outside_measured_layouts"]
+    assert reasons[-1].startswith("attention ") and reasons[-1].endswith(
+        f"of FLOPs > {measured.attention_share:.0%}"
+    )
+    code, out, _ = run(capsys, "estimate", *job, "--cp", "1", "--seq-len", "4096", "--json")
+    assert code == 0
+    assert not any(r.startswith("attention") for r in json.loads(out)["outside_measured_layouts"])
+    plan = ["plan", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--gpus", "64",
+            "--seq-len", "65536", "--top", "3", "--explain", "--json"]  # fmt: skip
+    code, out, _ = run(capsys, *plan)
+    assert code == 0
+    data = json.loads(out)
+    assert any("more than in any run" in line for line in data["explanation"])
 
 
 def test_rank_time_is_the_time_ranking(capsys):

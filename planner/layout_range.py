@@ -7,10 +7,11 @@ pipeline, a higher TP, EP or CP degree, or CP ranks holding fewer tokens than an
 has a prediction nothing measured has checked: the model's physics extrapolated. So has a
 job whose attention core takes a larger share of the model FLOPs than in any run (a longer
 sequence, a narrower model): the profile's attention term was fitted where attention was
-a smaller part of the step. The range is stored in the profile (``[fit.layout_range]``, :class:`hwspecs.profile.LayoutRange`),
-found from the degrees the fit's rows ran (:func:`layout_range_of`); the search reads it
-per row (:func:`axes_outside`) for its first preference rule (:mod:`planner.rank`) and
-each result names the axes it leaves (:func:`outside_reasons`). Numpy over rows.
+a smaller part of the step. The range is stored in the profile (``[fit.layout_range]``,
+:class:`hwspecs.profile.LayoutRange`), found from the degrees the fit's rows ran
+(:func:`layout_range_of`); the search reads it per row (:func:`axes_outside`) for its
+first preference rule (:mod:`planner.rank`) and each result names the axes it leaves
+(:func:`outside_reasons`). Numpy over rows.
 """
 
 from __future__ import annotations

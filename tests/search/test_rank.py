@@ -364,9 +364,9 @@ def test_a_job_with_more_attention_than_the_profiles_runs_says_so(capsys):
     # 64K tokens spends most of its FLOPs in attention: the attention term is extrapolated.
     measured = load_profile("gb200").fit.layout_range
     assert measured.attention_share < 0.3
-    job = ["--model", "llama3-8b", "--cluster", "gb200-nvl72", "--tp", "1", "--cp", "8",
-           "--pp", "1", "--dp", "8", "--global-batch-size", "64"]  # fmt: skip
-    code, out, _ = run(capsys, "estimate", *job, "--seq-len", "65536", "--json")
+    job = ["--model", "llama3-8b", "--cluster", "gb200-nvl72", "--tp", "1", "--pp", "1",
+           "--dp", "8", "--global-batch-size", "64"]  # fmt: skip
+    code, out, _ = run(capsys, "estimate", *job, "--cp", "8", "--seq-len", "65536", "--json")
     assert code == 0
     reasons = json.loads(out)["outside_measured_layouts"]
     assert reasons[-1].startswith("attention ") and reasons[-1].endswith(
